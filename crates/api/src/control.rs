@@ -1,0 +1,286 @@
+//! Control-plane handlers (E2B REST, both SDK generations).
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use bulkhead_engine::{CreateRequest, ListRequest};
+use bulkhead_store::{ApiKeyRow, SandboxState};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use crate::error::ApiError;
+use crate::wire::{NewSandbox, RefreshBody, Sandbox, SandboxDetail, SandboxMetric, TimeoutBody};
+use crate::AppState;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// Request bodies are small JSON documents; anything bigger is a client bug or an attack.
+const MAX_BODY: usize = 2 << 20;
+
+pub fn routes(state: AppState) -> Router<AppState> {
+    let authed = Router::new()
+        .route("/sandboxes", post(create_v1).get(list_v1))
+        .route("/v2/sandboxes", post(create_v2).get(list_v2))
+        .route("/sandboxes/metrics", get(metrics_batch))
+        .route("/sandboxes/{id}", get(get_sandbox).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/templates", get(list_templates))
+        .layer(axum::middleware::from_fn_with_state(state, require_api_key));
+    Router::new()
+        .route("/health", get(health))
+        .merge(authed)
+        .fallback(not_found)
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!("No route for {} {}", req.method(), req.uri().path()))
+}
+
+async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
+    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let Some(key) = key else {
+        return ApiError::unauthorized().into_response();
+    };
+    match st.engine.authenticate(&key).await {
+        Ok(Some(row)) => {
+            req.extensions_mut().insert(row);
+            next.run(req).await
+        }
+        Ok(None) => ApiError::unauthorized().into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Parse an optional JSON body: empty → `T::default()`, malformed → 400 in E2B's shape.
+fn parse_body<T: DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
+    if body.iter().all(|b| b.is_ascii_whitespace()) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+}
+
+fn timeout_secs(t: Option<i64>) -> ApiResult<Option<u64>> {
+    match t {
+        None => Ok(None),
+        Some(t) if t < 0 => Err(ApiError::bad_request("Timeout must be a non-negative number of seconds")),
+        Some(t) => Ok(Some(t as u64)),
+    }
+}
+
+async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> ApiResult<Response> {
+    let req: NewSandbox = parse_body(body)?;
+    if req.template_id.trim().is_empty() {
+        return Err(ApiError::bad_request("templateID is required"));
+    }
+    if req.allow_internet_access == Some(true) {
+        tracing::warn!("allow_internet_access requested; egress is not available, the sandbox has no network");
+    }
+    let info = st
+        .engine
+        .create(
+            owner,
+            CreateRequest {
+                template: req.template_id,
+                timeout: timeout_secs(req.timeout)?,
+                metadata: req.metadata.unwrap_or_default(),
+                env_vars: req.env_vars.unwrap_or_default(),
+                // v2 is always secured; v1 defaults to secure like the SDKs do.
+                secure: v2 || req.secure.unwrap_or(true),
+            },
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response())
+}
+
+async fn create_v1(State(st): State<AppState>, Extension(owner): Extension<ApiKeyRow>, body: Bytes) -> ApiResult<Response> {
+    create(&st, &owner, &body, false).await
+}
+
+async fn create_v2(State(st): State<AppState>, Extension(owner): Extension<ApiKeyRow>, body: Bytes) -> ApiResult<Response> {
+    create(&st, &owner, &body, true).await
+}
+
+async fn get_sandbox(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<SandboxDetail>> {
+    let info = st.engine.get(&id).await?;
+    Ok(Json(SandboxDetail::new(&info, true)))
+}
+
+async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    if st.engine.kill(&id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("Sandbox {id} not found")))
+    }
+}
+
+async fn set_timeout(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+    let b: TimeoutBody = parse_body(&body)?;
+    let secs = timeout_secs(b.timeout)?.ok_or_else(|| ApiError::bad_request("timeout is required"))?;
+    st.engine.set_timeout(&id, secs).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn refresh(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+    let b: RefreshBody = parse_body(&body)?;
+    st.engine.connect(&id, timeout_secs(b.duration)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn connect(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+    let b: TimeoutBody = parse_body(&body)?;
+    let (info, resumed) = st.engine.connect(&id, timeout_secs(b.timeout)?).await?;
+    let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(Sandbox::from(&info))).into_response())
+}
+
+async fn metrics(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Vec<SandboxMetric>>> {
+    let u = st.engine.usage(&id).await?;
+    Ok(Json(vec![SandboxMetric::from(&u)]))
+}
+
+async fn metrics_batch(State(st): State<AppState>, req: Request) -> ApiResult<Json<serde_json::Value>> {
+    let q = query_pairs(req.uri().query());
+    let mut out = serde_json::Map::new();
+    for (k, v) in q {
+        if k != "sandbox_ids" {
+            continue;
+        }
+        for id in v.split(',').filter(|s| !s.is_empty()) {
+            if let Ok(u) = st.engine.usage(id).await {
+                out.insert(id.to_string(), serde_json::to_value(SandboxMetric::from(&u)).unwrap_or_default());
+            }
+        }
+    }
+    Ok(Json(serde_json::json!({ "sandboxes": out })))
+}
+
+fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(q.unwrap_or("").as_bytes()).into_owned().collect()
+}
+
+/// `GET /sandboxes` (v1, deprecated): running sandboxes, optional `metadata` filter.
+async fn list_v1(State(st): State<AppState>, req: Request) -> ApiResult<Json<Vec<SandboxDetail>>> {
+    let mut lr = list_request(req.uri().query())?;
+    lr.states = vec![SandboxState::Running];
+    lr.limit = Some(100);
+    let mut all = Vec::new();
+    loop {
+        let page = st.engine.list(&lr).await?;
+        all.extend(page.items.iter().map(|i| SandboxDetail::new(i, false)));
+        match page.next_token {
+            Some(t) => lr.next_token = Some(t),
+            None => break,
+        }
+    }
+    Ok(Json(all))
+}
+
+async fn list_v2(State(st): State<AppState>, req: Request) -> ApiResult<Response> {
+    let lr = list_request(req.uri().query())?;
+    let page = st.engine.list(&lr).await?;
+    let items: Vec<SandboxDetail> = page.items.iter().map(|i| SandboxDetail::new(i, false)).collect();
+    let mut headers = HeaderMap::new();
+    if let Some(t) = page.next_token.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
+        headers.insert("x-next-token", t);
+    }
+    headers.insert("x-total-running", HeaderValue::from(page.total_running));
+    Ok((StatusCode::OK, headers, Json(items)).into_response())
+}
+
+fn list_request(query: Option<&str>) -> ApiResult<ListRequest> {
+    let mut lr = ListRequest { order_desc: true, ..Default::default() };
+    for (k, v) in query_pairs(query) {
+        match k.as_str() {
+            "metadata" | "query" => {
+                // `metadata` is itself a URL-encoded `k=v&k2=v2` string.
+                let md: BTreeMap<String, String> = form_urlencoded::parse(v.as_bytes()).into_owned().collect();
+                lr.metadata.extend(md);
+            }
+            "state" => {
+                for s in v.split(',').filter(|s| !s.is_empty()) {
+                    let state = SandboxState::parse(s)
+                        .filter(|s| *s != SandboxState::Dead)
+                        .ok_or_else(|| ApiError::bad_request(format!("Invalid state {s:?}: use running or paused")))?;
+                    lr.states.push(state);
+                }
+            }
+            "template" | "templateID" => lr.template = Some(v),
+            "startedAfter" => {
+                let t = chrono::DateTime::parse_from_rfc3339(&v)
+                    .map_err(|_| ApiError::bad_request("startedAfter must be an RFC 3339 timestamp"))?;
+                lr.started_after = Some(t.with_timezone(&chrono::Utc));
+            }
+            "order" => match v.as_str() {
+                "asc" => lr.order_desc = false,
+                "desc" => lr.order_desc = true,
+                _ => return Err(ApiError::bad_request("order must be asc or desc")),
+            },
+            "limit" => {
+                let n: usize = v.parse().map_err(|_| ApiError::bad_request("limit must be a number from 1 to 100"))?;
+                if !(1..=100).contains(&n) {
+                    return Err(ApiError::bad_request("limit must be a number from 1 to 100"));
+                }
+                lr.limit = Some(n);
+            }
+            "nextToken" => lr.next_token = Some(v),
+            _ => {}
+        }
+    }
+    Ok(lr)
+}
+
+async fn list_templates(State(st): State<AppState>) -> Json<Vec<serde_json::Value>> {
+    Json(
+        st.engine
+            .templates()
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "templateID": t.id,
+                    "buildID": t.content_hash,
+                    "aliases": t.aliases,
+                    "names": t.aliases,
+                    "cpuCount": t.cpu_count,
+                    "memoryMB": t.memory_mb,
+                    "diskSizeMB": t.disk_size_mb,
+                    "public": false,
+                    "buildStatus": "ready",
+                })
+            })
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_query_parses_sdk_shapes() {
+        // Python sends state comma-joined and metadata as an encoded k=v&k2=v2 string.
+        let q = "state=running%2Cpaused&metadata=user%3Dalice%26env%3Ddev&limit=5&order=asc";
+        let lr = list_request(Some(q)).unwrap();
+        assert_eq!(lr.states, vec![SandboxState::Running, SandboxState::Paused]);
+        assert_eq!(lr.metadata.get("user").map(String::as_str), Some("alice"));
+        assert_eq!(lr.metadata.get("env").map(String::as_str), Some("dev"));
+        assert_eq!(lr.limit, Some(5));
+        assert!(!lr.order_desc);
+        assert!(list_request(Some("limit=0")).is_err());
+        assert!(list_request(Some("state=dead")).is_err());
+        assert!(list_request(Some("startedAfter=yesterday")).is_err());
+    }
+}

@@ -1,0 +1,31 @@
+//! The HTTP front end: E2B's control-plane REST API and the routing proxy that carries SDK
+//! traffic to each sandbox's agent. Everything is on one port; a request goes to a sandbox when
+//! it carries `E2b-Sandbox-Id`/`E2b-Sandbox-Port` (or a `{port}-{id}.{domain}` Host), or is a
+//! signed `/files` URL; otherwise it is a control-plane call. Handlers only translate between
+//! the wire and [`bulkhead_engine::Engine`].
+
+mod control;
+mod error;
+mod proxy;
+mod wire;
+
+use std::sync::Arc;
+
+use axum::Router;
+use bulkhead_engine::Engine;
+
+pub use error::ApiError;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: Arc<Engine>,
+}
+
+/// The full application: sandbox routing in front of the control plane.
+pub fn router(engine: Arc<Engine>) -> Router {
+    let state = AppState { engine };
+    control::routes(state.clone())
+        .layer(axum::middleware::from_fn_with_state(state.clone(), proxy::route_to_sandbox))
+        .layer(tower_http::catch_panic::CatchPanicLayer::new())
+        .with_state(state)
+}

@@ -1,0 +1,164 @@
+//! `bulkhead bench`: create→first-command latency through the HTTP API (sequential and a
+//! concurrent burst), against baselines measured in the same run: the same command run bare on
+//! the host and under bubblewrap over the same template rootfs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bulkhead_images::{ImageCache, TemplateRecipe};
+
+use crate::ClientArgs;
+use crate::client::{Client, SandboxRef, run_command};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Sequential create→first-command iterations.
+    #[arg(long, default_value_t = 100)]
+    n: usize,
+    /// Concurrent creates in the burst.
+    #[arg(long, default_value_t = 50)]
+    burst: usize,
+    /// Command (argv, run without a shell).
+    #[arg(long, num_args = 1.., default_values_t = ["python3".to_string(), "-c".to_string(), "print(1)".to_string()])]
+    cmd: Vec<String>,
+    /// Template rootfs for the bwrap baseline; default: the cached `base` image.
+    #[arg(long)]
+    rootfs: Option<PathBuf>,
+    #[arg(long, env = "BULKHEAD_IMAGE_CACHE", default_value = "/var/lib/bulkhead/images")]
+    image_cache: PathBuf,
+    #[arg(long, default_value = "base")]
+    template: String,
+}
+
+struct Stats {
+    name: String,
+    samples: Vec<Duration>,
+}
+
+impl Stats {
+    fn pct(&self, p: f64) -> f64 {
+        let mut v: Vec<f64> = self.samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        let idx = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
+        v[idx.min(v.len() - 1)]
+    }
+    fn row(&self, base: Option<&Stats>) -> String {
+        let mut s = format!(
+            "{:<44} n={:<4} p50={:>8.2}ms p95={:>8.2}ms p99={:>8.2}ms",
+            self.name,
+            self.samples.len(),
+            self.pct(50.0),
+            self.pct(95.0),
+            self.pct(99.0)
+        );
+        if let Some(b) = base {
+            s.push_str(&format!("  ×{:.2} p50 vs {}", self.pct(50.0) / b.pct(50.0), b.name));
+        }
+        s
+    }
+}
+
+async fn create_and_run(client: &Client, template: &str, cmd: &[String]) -> anyhow::Result<(Duration, String)> {
+    let t0 = Instant::now();
+    let (_, _, b) = client
+        .api(http::Method::POST, "/v2/sandboxes", Some(serde_json::json!({ "templateID": template, "timeout": 120 })))
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&b)?;
+    let sb = SandboxRef {
+        id: v["sandboxID"].as_str().context("no sandboxID")?.to_string(),
+        access_token: v["envdAccessToken"].as_str().map(str::to_owned),
+    };
+    let code = run_command(client, &sb, &cmd[0], &cmd[1..], Some(30_000), |_, _| {}).await?;
+    let elapsed = t0.elapsed();
+    anyhow::ensure!(code == 0, "benchmark command exited with {code}");
+    Ok((elapsed, sb.id))
+}
+
+fn time_process(mut c: std::process::Command) -> anyhow::Result<Duration> {
+    let t0 = Instant::now();
+    let st = c.stdout(std::process::Stdio::null()).status()?;
+    anyhow::ensure!(st.success(), "baseline command failed: {st}");
+    Ok(t0.elapsed())
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let client = Arc::new(Client::new(&args.client.api_url, &args.client.api_key)?);
+    let rootfs = args
+        .rootfs
+        .clone()
+        .unwrap_or_else(|| ImageCache::new(args.image_cache.clone()).rootfs_path(&TemplateRecipe::base()));
+    println!("bulkhead bench: command {:?}, {} sequential, burst {}", args.cmd, args.n, args.burst);
+
+    // Baselines first (same run, same machine state).
+    let mut host = Stats { name: "host: bare command".into(), samples: Vec::new() };
+    for _ in 0..args.n {
+        let mut c = std::process::Command::new(&args.cmd[0]);
+        c.args(&args.cmd[1..]);
+        host.samples.push(time_process(c)?);
+    }
+    let mut bwrap = Stats { name: "bwrap: --unshare-all over template rootfs".into(), samples: Vec::new() };
+    if which("bwrap") && rootfs.exists() {
+        for _ in 0..args.n {
+            let mut c = std::process::Command::new("bwrap");
+            c.args(["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--die-with-parent", "--new-session"])
+                .args(["--cap-drop", "ALL", "--ro-bind"])
+                .arg(&rootfs)
+                .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv"])
+                .args(["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"])
+                .args(&args.cmd);
+            bwrap.samples.push(time_process(c)?);
+        }
+    } else {
+        println!("(bwrap baseline skipped: install bubblewrap and build the base template)");
+    }
+
+    let mut seq = Stats { name: "bulkhead: create→first command (sequential)".into(), samples: Vec::new() };
+    for _ in 0..args.n {
+        let (d, id) = create_and_run(&client, &args.template, &args.cmd).await?;
+        seq.samples.push(d);
+        client.api(http::Method::DELETE, &format!("/sandboxes/{id}"), None).await?;
+    }
+
+    let mut burst = Stats { name: format!("bulkhead: create→first command (burst {})", args.burst), samples: Vec::new() };
+    let mut tasks = Vec::new();
+    for _ in 0..args.burst {
+        let client = client.clone();
+        let template = args.template.clone();
+        let cmd = args.cmd.clone();
+        tasks.push(tokio::spawn(async move { create_and_run(&client, &template, &cmd).await }));
+    }
+    let mut ids = Vec::new();
+    for t in tasks {
+        let (d, id) = t.await??;
+        burst.samples.push(d);
+        ids.push(id);
+    }
+    for id in ids {
+        client.api(http::Method::DELETE, &format!("/sandboxes/{id}"), None).await?;
+    }
+
+    println!("{}", host.row(None));
+    if !bwrap.samples.is_empty() {
+        println!("{}", bwrap.row(Some(&host)));
+    }
+    println!("{}", seq.row(Some(&host)));
+    if !bwrap.samples.is_empty() {
+        println!("{}", seq.row(Some(&bwrap)));
+    }
+    println!("{}", burst.row(Some(&host)));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn which(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}

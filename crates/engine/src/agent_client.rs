@@ -1,0 +1,65 @@
+//! A minimal HTTP/1.1 client over an [`AgentStream`], used by the engine for the agent's
+//! internal routes (`/init`, `/metrics`). Client traffic does not go through here: the API's
+//! routing proxy forwards it byte-for-byte.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+
+use crate::driver::AgentStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentClientError {
+    #[error("HTTP handshake with the agent failed")]
+    Handshake(#[source] hyper::Error),
+    #[error("Request to the agent failed")]
+    Request(#[source] hyper::Error),
+    #[error("Invalid request to the agent")]
+    Build(#[source] http::Error),
+    #[error("Agent answered {status}: {body}")]
+    Status { status: u16, body: String },
+}
+
+/// Send one request and return the body of a 2xx answer.
+pub async fn request(
+    stream: AgentStream,
+    method: http::Method,
+    path: &str,
+    json_body: Option<&serde_json::Value>,
+    access_token: Option<&str>,
+) -> Result<Bytes, AgentClientError> {
+    let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(AgentClientError::Handshake)?;
+    // The connection future drives I/O; it ends when the request is done.
+    let conn_task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let body = json_body.map(|v| Bytes::from(v.to_string())).unwrap_or_default();
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::HOST, "agent")
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = access_token {
+        builder = builder.header("X-Access-Token", token);
+    }
+    let req = builder.body(Full::new(body)).map_err(AgentClientError::Build)?;
+    let resp = sender.send_request(req).await.map_err(AgentClientError::Request)?;
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(AgentClientError::Request)?
+        .to_bytes();
+    conn_task.abort();
+    if !status.is_success() {
+        return Err(AgentClientError::Status {
+            status: status.as_u16(),
+            body: String::from_utf8_lossy(&bytes).into_owned(),
+        });
+    }
+    Ok(bytes)
+}

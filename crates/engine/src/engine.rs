@@ -1,0 +1,776 @@
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use base64::Engine as _;
+use bulkhead_store::{ApiKeyRow, SandboxFilter, SandboxRow, SandboxState, Store};
+use chrono::{DateTime, TimeZone, Utc};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::agent_client;
+use crate::driver::{AgentStream, Driver, DriverHandle, SandboxSpec};
+use crate::error::EngineError;
+use crate::ids;
+use crate::keys;
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// TTL when the client gives none (E2B: 300 s).
+    pub default_timeout: Duration,
+    /// Largest TTL a client may ask for.
+    pub max_timeout: Duration,
+    /// Started, anonymous sandboxes kept ready per template.
+    pub pool_size: usize,
+    /// envd version reported to SDKs (they gate features on it).
+    pub envd_version: String,
+    /// Most sandboxes running at once (pool members not counted).
+    pub max_sandboxes: usize,
+    /// How long records of dead sandboxes are kept.
+    pub dead_retention: Duration,
+    /// How often the reaper looks for expired sandboxes.
+    pub reap_interval: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+            pool_size: 2,
+            envd_version: "0.6.4".into(),
+            max_sandboxes: 1000,
+            dead_retention: Duration::from_secs(3600),
+            reap_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// A template the engine can start sandboxes from (its rootfs is already built).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateInfo {
+    pub id: String,
+    pub aliases: Vec<String>,
+    pub rootfs: PathBuf,
+    pub content_hash: String,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+    pub pids_max: u64,
+}
+
+impl TemplateInfo {
+    fn spec(&self) -> SandboxSpec {
+        SandboxSpec {
+            template_id: self.id.clone(),
+            rootfs: self.rootfs.clone(),
+            cpu_count: self.cpu_count,
+            memory_mb: self.memory_mb,
+            pids_max: self.pids_max,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    /// Template id or alias (`base` when empty).
+    pub template: String,
+    /// TTL in seconds.
+    pub timeout: Option<u64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    /// Issue an envd access token (v2 create is always secure).
+    pub secure: bool,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub template_id: String,
+    pub alias: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub started_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_size_mb: i64,
+    pub state: &'static str,
+    pub envd_access_token: Option<String>,
+    pub envd_version: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    /// Empty = running and paused.
+    pub states: Vec<SandboxState>,
+    pub metadata: BTreeMap<String, String>,
+    pub template: Option<String>,
+    pub started_after: Option<DateTime<Utc>>,
+    /// 1..=100, default 100.
+    pub limit: Option<usize>,
+    pub next_token: Option<String>,
+    pub order_desc: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ListPage {
+    pub items: Vec<SandboxInfo>,
+    pub next_token: Option<String>,
+    pub total_running: i64,
+}
+
+/// Resource usage with the CPU share already computed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Usage {
+    pub timestamp: DateTime<Utc>,
+    pub cpu_count: i64,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+struct Live {
+    handle: DriverHandle,
+    end_at_ms: i64,
+    access_token: Option<String>,
+    cancel: CancellationToken,
+    cpu_count: i64,
+    /// Last CPU sample (ns of CPU time, wall ms) for the usage percentage.
+    last_cpu: (u64, i64),
+}
+
+pub struct Engine {
+    store: Store,
+    driver: Arc<dyn Driver>,
+    cfg: EngineConfig,
+    templates: RwLock<HashMap<String, Arc<TemplateInfo>>>,
+    live: Mutex<HashMap<String, Live>>,
+    pools: Mutex<HashMap<String, VecDeque<DriverHandle>>>,
+    pool_wakeup: Notify,
+    shutdown: CancellationToken,
+}
+
+fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+fn ms_to_dt(ms: i64) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ms).single().unwrap_or_default()
+}
+
+impl Engine {
+    pub fn new(store: Store, driver: Arc<dyn Driver>, cfg: EngineConfig) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            driver,
+            cfg,
+            templates: RwLock::new(HashMap::new()),
+            live: Mutex::new(HashMap::new()),
+            pools: Mutex::new(HashMap::new()),
+            pool_wakeup: Notify::new(),
+            shutdown: CancellationToken::new(),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn driver_name(&self) -> &'static str {
+        self.driver.name()
+    }
+
+    // ----- templates -----
+
+    /// Make a built template available; records it in the store.
+    pub async fn register_template(&self, t: TemplateInfo) -> Result<()> {
+        let now = now_ms();
+        let created_at = match self.store.get_template(&t.id).await? {
+            Some(row) => row.created_at,
+            None => now,
+        };
+        self.store
+            .upsert_template(&bulkhead_store::TemplateRow {
+                id: t.id.clone(),
+                alias: t.aliases.first().cloned(),
+                content_hash: t.content_hash.clone(),
+                status: "ready".into(),
+                rootfs_path: t.rootfs.display().to_string(),
+                cpu_count: t.cpu_count as i64,
+                memory_mb: t.memory_mb as i64,
+                disk_size_mb: t.disk_size_mb as i64,
+                created_at,
+                updated_at: now,
+            })
+            .await?;
+        let t = Arc::new(t);
+        let mut map = self.templates.write().expect("templates lock");
+        map.insert(t.id.clone(), t.clone());
+        for a in &t.aliases {
+            map.insert(a.clone(), t.clone());
+        }
+        drop(map);
+        self.pool_wakeup.notify_one();
+        Ok(())
+    }
+
+    pub fn template(&self, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
+        // `name:tag` → tags are not versioned separately yet; the default tag is the template.
+        let name = id_or_alias.strip_suffix(":default").unwrap_or(id_or_alias);
+        self.templates.read().expect("templates lock").get(name).cloned()
+    }
+
+    pub fn templates(&self) -> Vec<Arc<TemplateInfo>> {
+        let map = self.templates.read().expect("templates lock");
+        let mut v: Vec<_> = map.values().cloned().collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v.dedup_by(|a, b| a.id == b.id);
+        v
+    }
+
+    // ----- API keys -----
+
+    /// Check an `X-API-Key` value.
+    pub async fn authenticate(&self, key: &str) -> Result<Option<ApiKeyRow>> {
+        Ok(keys::authenticate(&self.store, key).await?)
+    }
+
+    // ----- sandboxes -----
+
+    pub async fn create(self: &Arc<Self>, owner: &ApiKeyRow, req: CreateRequest) -> Result<SandboxInfo> {
+        let template_name = if req.template.is_empty() { "base" } else { req.template.as_str() };
+        let template = self
+            .template(template_name)
+            .ok_or_else(|| EngineError::TemplateNotFound(template_name.to_string()))?;
+        let timeout = self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
+        validate_env(&req.env_vars)?;
+        validate_metadata(&req.metadata)?;
+        if self.live.lock().expect("live lock").len() >= self.cfg.max_sandboxes {
+            return Err(EngineError::Capacity);
+        }
+
+        let id = ids::sandbox_id();
+        let token = req.secure.then(|| ids::random_hex(20));
+        let init = serde_json::json!({
+            "envVars": req.env_vars,
+            "accessToken": token,
+            "defaultUser": "user",
+            "sandboxId": id,
+        });
+        let handle = self.claim_and_init(&template, &init).await?;
+
+        let started = now_ms();
+        let end_at = started + timeout.as_millis() as i64;
+        let row = SandboxRow {
+            id: id.clone(),
+            template_id: template.id.clone(),
+            alias: template.aliases.first().cloned(),
+            state: SandboxState::Running,
+            owner_key_id: owner.id.clone(),
+            metadata: req.metadata.clone(),
+            env_vars: req.env_vars.clone(),
+            envd_access_token: token.clone(),
+            cpu_count: template.cpu_count as i64,
+            memory_mb: template.memory_mb as i64,
+            disk_size_mb: template.disk_size_mb as i64,
+            started_at: started,
+            end_at,
+            driver_handle: Some(serde_json::to_string(&handle).expect("handle serializes")),
+            end_reason: None,
+        };
+        if let Err(e) = self.store.insert_sandbox(&row).await {
+            let _ = self.driver.stop(&handle).await;
+            return Err(e.into());
+        }
+        self.track(&row, handle);
+        self.pool_wakeup.notify_one();
+        tracing::info!(sandbox = %id, template = %template.id, "sandbox created");
+        Ok(self.info_from_row(&row))
+    }
+
+    /// Take a warm sandbox (or start one) and give it its identity through `/init`.
+    async fn claim_and_init(&self, t: &TemplateInfo, init: &serde_json::Value) -> Result<DriverHandle> {
+        // A pooled sandbox may have died while waiting; try the pool a few times, then cold.
+        for _ in 0..3 {
+            let Some(handle) = self.pools.lock().expect("pool lock").get_mut(&t.id).and_then(|q| q.pop_front())
+            else {
+                break;
+            };
+            match self.init_agent(&handle, init).await {
+                Ok(()) => return Ok(handle),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pooled sandbox unusable, discarding it");
+                    let _ = self.driver.stop(&handle).await;
+                }
+            }
+        }
+        let handle = self.driver.start(&t.spec()).await?;
+        if let Err(e) = self.init_agent(&handle, init).await {
+            let _ = self.driver.stop(&handle).await;
+            return Err(e);
+        }
+        Ok(handle)
+    }
+
+    async fn init_agent(&self, handle: &DriverHandle, init: &serde_json::Value) -> Result<()> {
+        let stream = self.driver.connect(handle).await?;
+        agent_client::request(stream, http::Method::POST, "/init", Some(init), None)
+            .await
+            .map_err(|e| EngineError::Agent(e.to_string()))?;
+        Ok(())
+    }
+
+    fn track(self: &Arc<Self>, row: &SandboxRow, handle: DriverHandle) {
+        let cancel = CancellationToken::new();
+        let live = Live {
+            handle: handle.clone(),
+            end_at_ms: row.end_at,
+            access_token: row.envd_access_token.clone(),
+            cancel: cancel.clone(),
+            cpu_count: row.cpu_count,
+            last_cpu: (0, row.started_at),
+        };
+        self.live.lock().expect("live lock").insert(row.id.clone(), live);
+        let engine = Arc::clone(self);
+        let id = row.id.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = engine.driver.wait(&handle) => {
+                    engine.finish(&id, "exited").await;
+                }
+                _ = cancel.cancelled() => {}
+            }
+        });
+    }
+
+    /// Remove a sandbox from the live set, tear it down and record why it ended.
+    /// Returns false if it was not running.
+    async fn finish(&self, id: &str, reason: &str) -> bool {
+        let Some(live) = self.live.lock().expect("live lock").remove(id) else {
+            return false;
+        };
+        live.cancel.cancel();
+        if let Err(e) = self.driver.stop(&live.handle).await {
+            tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
+        }
+        if let Err(e) = self.store.set_sandbox_state(id, SandboxState::Dead, Some(reason)).await {
+            tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
+        }
+        let _ = self.store.set_sandbox_driver_handle(id, None).await;
+        tracing::info!(sandbox = %id, reason, "sandbox ended");
+        true
+    }
+
+    fn check_timeout(&self, secs: u64) -> Result<Duration> {
+        let max = self.cfg.max_timeout.as_secs();
+        if secs > max {
+            return Err(EngineError::BadRequest(format!(
+                "Timeout cannot be greater than {} hours",
+                max / 3600
+            )));
+        }
+        Ok(Duration::from_secs(secs.max(1)))
+    }
+
+    async fn running_row(&self, id: &str) -> Result<SandboxRow> {
+        let id = ids::normalize_sandbox_id(id);
+        if !ids::is_valid_sandbox_id(id) {
+            return Err(EngineError::SandboxNotFound(id.to_string()));
+        }
+        match self.store.get_sandbox(id).await? {
+            Some(row) if row.state != SandboxState::Dead && self.is_live(id) => Ok(row),
+            _ => Err(EngineError::SandboxNotFound(id.to_string())),
+        }
+    }
+
+    pub fn is_live(&self, id: &str) -> bool {
+        self.live.lock().expect("live lock").contains_key(id)
+    }
+
+    pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
+        let row = self.running_row(id).await?;
+        Ok(self.info_from_row(&row))
+    }
+
+    pub async fn list(&self, req: &ListRequest) -> Result<ListPage> {
+        let states = if req.states.is_empty() {
+            vec![SandboxState::Running, SandboxState::Paused]
+        } else {
+            req.states.clone()
+        };
+        let filter = SandboxFilter {
+            states,
+            metadata: req.metadata.clone(),
+            template_id: req.template.as_ref().map(|t| self.template(t).map(|t| t.id.clone()).unwrap_or(t.clone())),
+            started_after: req.started_after.map(|d| d.timestamp_millis()),
+            owner_key_id: None,
+        };
+        let limit = req.limit.unwrap_or(100).clamp(1, 100);
+        let after = match &req.next_token {
+            Some(t) if !t.is_empty() => Some(decode_token(t)?),
+            _ => None,
+        };
+        let mut rows = self
+            .store
+            .list_sandboxes(&filter, Some(limit as i64 + 1), req.order_desc, after)
+            .await?;
+        let next_token = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|r| encode_token(r.started_at, &r.id))
+        } else {
+            None
+        };
+        let total_running = self
+            .store
+            .count_sandboxes(&SandboxFilter { states: vec![SandboxState::Running], ..Default::default() })
+            .await?;
+        Ok(ListPage {
+            items: rows.iter().map(|r| self.info_from_row(r)).collect(),
+            next_token,
+            total_running,
+        })
+    }
+
+    pub async fn kill(&self, id: &str) -> Result<bool> {
+        let id = ids::normalize_sandbox_id(id);
+        Ok(self.finish(id, "killed").await)
+    }
+
+    /// `POST /sandboxes/{id}/timeout`: end_at = now + timeout (may shorten).
+    pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<()> {
+        let row = self.running_row(id).await?;
+        let timeout = self.check_timeout(secs)?;
+        let end_at = now_ms() + timeout.as_millis() as i64;
+        self.set_end_at(&row.id, end_at).await
+    }
+
+    /// Connect to a running sandbox: extends the TTL to at least now + timeout, never shortens.
+    /// Returns the info and whether the sandbox had to be resumed (never, until pause exists).
+    pub async fn connect(&self, id: &str, secs: Option<u64>) -> Result<(SandboxInfo, bool)> {
+        let row = self.running_row(id).await?;
+        let timeout = self.check_timeout(secs.unwrap_or(self.cfg.default_timeout.as_secs()))?;
+        let wanted = now_ms() + timeout.as_millis() as i64;
+        if wanted > row.end_at {
+            self.set_end_at(&row.id, wanted).await?;
+        }
+        let row = self.running_row(&row.id).await?;
+        Ok((self.info_from_row(&row), false))
+    }
+
+    async fn set_end_at(&self, id: &str, end_at: i64) -> Result<()> {
+        {
+            let mut live = self.live.lock().expect("live lock");
+            let Some(l) = live.get_mut(id) else {
+                return Err(EngineError::SandboxNotFound(id.to_string()));
+            };
+            l.end_at_ms = end_at;
+        }
+        self.store.set_sandbox_end_at(id, end_at).await?;
+        Ok(())
+    }
+
+    pub async fn usage(&self, id: &str) -> Result<Usage> {
+        let row = self.running_row(id).await?;
+        let handle = self.handle(&row.id)?;
+        let u = self.driver.usage(&handle).await?;
+        let now = now_ms();
+        let mut pct = 0.0;
+        if let Some(l) = self.live.lock().expect("live lock").get_mut(&row.id) {
+            let (prev_ns, prev_ms) = l.last_cpu;
+            let wall_ns = ((now - prev_ms).max(1) as f64) * 1e6;
+            pct = (u.cpu_usage_ns.saturating_sub(prev_ns) as f64 / wall_ns / l.cpu_count.max(1) as f64 * 100.0)
+                .clamp(0.0, 100.0);
+            l.last_cpu = (u.cpu_usage_ns, now);
+        }
+        Ok(Usage {
+            timestamp: ms_to_dt(now),
+            cpu_count: row.cpu_count,
+            cpu_used_pct: (pct * 100.0).round() / 100.0,
+            mem_used: u.mem_used_bytes,
+            mem_total: if u.mem_limit_bytes > 0 { u.mem_limit_bytes } else { row.memory_mb as u64 * 1024 * 1024 },
+            mem_cache: u.mem_cache_bytes,
+            disk_used: u.disk_used_bytes,
+            disk_total: if u.disk_total_bytes > 0 { u.disk_total_bytes } else { row.disk_size_mb as u64 * 1024 * 1024 },
+        })
+    }
+
+    fn handle(&self, id: &str) -> Result<DriverHandle> {
+        self.live
+            .lock()
+            .expect("live lock")
+            .get(id)
+            .map(|l| l.handle.clone())
+            .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))
+    }
+
+    /// A fresh byte stream to a running sandbox's agent (for the routing proxy).
+    pub async fn agent_stream(&self, id: &str) -> Result<AgentStream> {
+        let id = ids::normalize_sandbox_id(id);
+        let handle = self.handle(id)?;
+        Ok(self.driver.connect(&handle).await?)
+    }
+
+    /// Find the sandbox whose access token produced a signed `/files` URL (download/upload URLs
+    /// carry no sandbox id when the SDK uses one sandbox URL for everything).
+    pub fn find_by_file_signature(
+        &self,
+        path: &str,
+        operation: &str,
+        username: &str,
+        signature: &str,
+        expiration: Option<&str>,
+    ) -> Option<String> {
+        let live = self.live.lock().expect("live lock");
+        live.iter().find_map(|(id, l)| {
+            let token = l.access_token.as_deref()?;
+            let expected = file_signature(path, operation, username, token, expiration);
+            keys::constant_time_eq(&expected, signature).then(|| id.clone())
+        })
+    }
+
+    fn info_from_row(&self, row: &SandboxRow) -> SandboxInfo {
+        let end_at = self
+            .live
+            .lock()
+            .expect("live lock")
+            .get(&row.id)
+            .map(|l| l.end_at_ms)
+            .unwrap_or(row.end_at);
+        SandboxInfo {
+            id: row.id.clone(),
+            template_id: row.template_id.clone(),
+            alias: row.alias.clone(),
+            metadata: row.metadata.clone(),
+            started_at: ms_to_dt(row.started_at),
+            end_at: ms_to_dt(end_at),
+            cpu_count: row.cpu_count,
+            memory_mb: row.memory_mb,
+            disk_size_mb: row.disk_size_mb,
+            state: row.state.as_str(),
+            envd_access_token: row.envd_access_token.clone(),
+            envd_version: self.cfg.envd_version.clone(),
+        }
+    }
+
+    // ----- background work -----
+
+    /// Re-adopt sandboxes that survived a server restart, mark the rest dead and reclaim any
+    /// driver leftovers. Call once before serving.
+    pub async fn recover(self: &Arc<Self>) -> Result<usize> {
+        let rows = self
+            .store
+            .list_sandboxes(
+                &SandboxFilter { states: vec![SandboxState::Running, SandboxState::Paused], ..Default::default() },
+                None,
+                false,
+                None,
+            )
+            .await?;
+        let mut keep = Vec::new();
+        for row in rows {
+            let handle = row
+                .driver_handle
+                .as_deref()
+                .and_then(|h| serde_json::from_str::<DriverHandle>(h).ok());
+            match handle {
+                Some(h) if h.driver == self.driver.name() && row.end_at > now_ms() && self.driver.adopt(&h).await => {
+                    tracing::info!(sandbox = %row.id, "re-adopted running sandbox");
+                    keep.push(h.clone());
+                    self.track(&row, h);
+                }
+                _ => {
+                    tracing::info!(sandbox = %row.id, "sandbox did not survive the restart");
+                    self.store.set_sandbox_state(&row.id, SandboxState::Dead, Some("lost on restart")).await?;
+                    self.store.set_sandbox_driver_handle(&row.id, None).await?;
+                }
+            }
+        }
+        let reclaimed = self.driver.reclaim_orphans(&keep).await?;
+        if reclaimed > 0 {
+            tracing::info!(reclaimed, "cleaned up leftover sandboxes");
+        }
+        Ok(keep.len())
+    }
+
+    /// Start the reaper and the warm-pool filler.
+    pub fn start_background(self: &Arc<Self>) {
+        let engine = Arc::clone(self);
+        tokio::spawn(async move { engine.reaper().await });
+        let engine = Arc::clone(self);
+        tokio::spawn(async move { engine.pool_filler().await });
+    }
+
+    async fn reaper(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.reap_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_gc = now_ms();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+            let now = now_ms();
+            let expired: Vec<String> = self
+                .live
+                .lock()
+                .expect("live lock")
+                .iter()
+                .filter(|(_, l)| l.end_at_ms <= now)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in expired {
+                self.finish(&id, "timeout").await;
+            }
+            if now - last_gc > 60_000 {
+                last_gc = now;
+                let cutoff = now - self.cfg.dead_retention.as_millis() as i64;
+                if let Err(e) = self.store.delete_dead_sandboxes_before(cutoff).await {
+                    tracing::warn!(error = %e, "pruning dead sandbox records failed");
+                }
+            }
+        }
+    }
+
+    async fn pool_filler(self: Arc<Self>) {
+        loop {
+            for t in self.templates() {
+                loop {
+                    if self.shutdown.is_cancelled() {
+                        return;
+                    }
+                    let have = self.pools.lock().expect("pool lock").get(&t.id).map_or(0, |q| q.len());
+                    if have >= self.cfg.pool_size {
+                        break;
+                    }
+                    match self.driver.start(&t.spec()).await {
+                        Ok(h) => self.pools.lock().expect("pool lock").entry(t.id.clone()).or_default().push_back(h),
+                        Err(e) => {
+                            tracing::warn!(template = %t.id, error = %e, "warm pool: starting a sandbox failed");
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                            break;
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.pool_wakeup.notified() => {}
+                _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// Stop background work and warm-pool members. Running sandboxes keep running so the next
+    /// server start re-adopts them.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        let pooled: Vec<DriverHandle> = self.pools.lock().expect("pool lock").drain().flat_map(|(_, q)| q).collect();
+        for h in pooled {
+            let _ = self.driver.stop(&h).await;
+        }
+    }
+
+    /// Kill every running sandbox (used by tests and `serve --kill-on-exit`).
+    pub async fn kill_all(&self) {
+        let ids: Vec<String> = self.live.lock().expect("live lock").keys().cloned().collect();
+        for id in ids {
+            self.finish(&id, "killed").await;
+        }
+    }
+
+    pub fn pool_len(&self, template: &str) -> usize {
+        self.pools.lock().expect("pool lock").get(template).map_or(0, |q| q.len())
+    }
+}
+
+/// `v1_` + base64(sha256("path:operation:username:token[:expiration]")), no padding (envd's
+/// signed-URL scheme).
+pub fn file_signature(path: &str, operation: &str, username: &str, token: &str, expiration: Option<&str>) -> String {
+    let mut s = format!("{path}:{operation}:{username}:{token}");
+    if let Some(e) = expiration {
+        s.push(':');
+        s.push_str(e);
+    }
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(Sha256::digest(s.as_bytes()))
+    )
+}
+
+fn encode_token(started_at: i64, id: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{started_at}:{id}"))
+}
+
+fn decode_token(t: &str) -> Result<(i64, String)> {
+    let bad = || EngineError::BadRequest("Invalid nextToken: pass the X-Next-Token of the previous page".into());
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t).map_err(|_| bad())?;
+    let s = String::from_utf8(raw).map_err(|_| bad())?;
+    let (ts, id) = s.split_once(':').ok_or_else(bad)?;
+    Ok((ts.parse().map_err(|_| bad())?, id.to_string()))
+}
+
+fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(EngineError::BadRequest(format!(
+                "Invalid environment variable name {k:?}: names must be non-empty and contain no '=' or NUL"
+            )));
+        }
+    }
+    if env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > 1 << 20 {
+        return Err(EngineError::BadRequest("Environment variables exceed 1 MiB in total".into()));
+    }
+    Ok(())
+}
+
+fn validate_metadata(md: &BTreeMap<String, String>) -> Result<()> {
+    if md.len() > 256 || md.iter().any(|(k, v)| k.len() > 1024 || v.len() > 4096) {
+        return Err(EngineError::BadRequest(
+            "Metadata too large: at most 256 entries, keys ≤ 1 KiB and values ≤ 4 KiB".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_matches_envd_scheme() {
+        // sha256("/home/user/a.txt:read::tok") computed independently with python hashlib.
+        let sig = file_signature("/home/user/a.txt", "read", "", "tok", None);
+        assert_eq!(sig, "v1_Zkbb3914oLJLvMBzCAHQhm2ydBLxbSx2eQUR/kLdvIY");
+        assert_ne!(sig, file_signature("/home/user/a.txt", "write", "", "tok", None));
+        assert_ne!(sig, file_signature("/home/user/a.txt", "read", "", "tok", Some("123")));
+    }
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        let t = encode_token(1234, "abc");
+        assert_eq!(decode_token(&t).unwrap(), (1234, "abc".to_string()));
+        assert!(decode_token("!!!").is_err());
+        assert!(decode_token(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("x")).is_err());
+    }
+
+    #[test]
+    fn env_validation() {
+        let mut env = BTreeMap::new();
+        env.insert("A".to_string(), "1".to_string());
+        assert!(validate_env(&env).is_ok());
+        env.insert("B=C".to_string(), "1".to_string());
+        assert!(validate_env(&env).is_err());
+    }
+}

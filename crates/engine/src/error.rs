@@ -1,0 +1,20 @@
+use crate::driver::DriverError;
+
+/// Errors of engine operations. Each variant maps to one E2B HTTP status in the API layer.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("Sandbox {0} not found: it may have timed out or been killed; create a new one")]
+    SandboxNotFound(String),
+    #[error("Template '{0}' not found: build it with `bulkhead template build {0}` or use 'base'")]
+    TemplateNotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("Sandbox capacity exhausted: kill unused sandboxes or raise the server's limit")]
+    Capacity,
+    #[error("Sandbox could not be started")]
+    Driver(#[from] DriverError),
+    #[error("Sandbox agent failed: {0}")]
+    Agent(String),
+    #[error("Storage failure")]
+    Store(#[from] bulkhead_store::StoreError),
+}

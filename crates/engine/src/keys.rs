@@ -1,0 +1,106 @@
+//! API keys: `e2b_` + 40 lowercase hex (the shape old SDKs validate), stored as SHA-256 only,
+//! compared in constant time.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::ids::random_hex;
+
+pub const KEY_PREFIX: &str = "e2b_";
+
+pub fn generate_key() -> String {
+    format!("{KEY_PREFIX}{}", random_hex(20))
+}
+
+pub fn is_well_formed(key: &str) -> bool {
+    key.len() == KEY_PREFIX.len() + 40
+        && key.starts_with(KEY_PREFIX)
+        && key[KEY_PREFIX.len()..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+/// The part shown in listings (`e2b_1a2b3c…`).
+pub fn display_prefix(key: &str) -> String {
+    key.chars().take(KEY_PREFIX.len() + 6).collect()
+}
+
+pub fn constant_time_eq(a: &str, b: &str) -> bool {
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_are_well_formed_and_hash_stably() {
+        let k = generate_key();
+        assert!(is_well_formed(&k), "{k}");
+        assert_eq!(hash_key(&k), hash_key(&k));
+        assert_ne!(hash_key(&k), hash_key(&generate_key()));
+        assert!(!is_well_formed("e2b_XYZ"));
+        assert!(!is_well_formed(&k.to_uppercase()));
+        assert!(constant_time_eq(&k, &k.clone()));
+        assert!(!constant_time_eq(&k, "e2b_"));
+    }
+}
+
+use bulkhead_store::{ApiKeyRow, Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error(
+        "API key must be e2b_ followed by 40 lowercase hex characters (got {0} characters); create one with `bulkhead keys create`"
+    )]
+    Malformed(usize),
+    #[error("Key storage failed")]
+    Store(#[from] StoreError),
+}
+
+fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+async fn insert(store: &Store, name: &str, key: &str) -> Result<ApiKeyRow, KeyError> {
+    let row = ApiKeyRow {
+        id: random_hex(8),
+        name: name.to_string(),
+        hash: hash_key(key),
+        prefix: display_prefix(key),
+        created_at: now_ms(),
+        revoked_at: None,
+    };
+    store.insert_api_key(&row).await?;
+    Ok(row)
+}
+
+/// Create a new key; the plaintext is returned once and never stored.
+pub async fn create(store: &Store, name: &str) -> Result<(ApiKeyRow, String), KeyError> {
+    let key = generate_key();
+    Ok((insert(store, name, &key).await?, key))
+}
+
+/// Ensure a given key (e.g. from `BULKHEAD_API_KEY`) is accepted. Returns true if it was added.
+pub async fn seed(store: &Store, key: &str, name: &str) -> Result<bool, KeyError> {
+    if !is_well_formed(key) {
+        return Err(KeyError::Malformed(key.len()));
+    }
+    if store.find_active_api_key_by_hash(&hash_key(key)).await?.is_some() {
+        return Ok(false);
+    }
+    insert(store, name, key).await?;
+    Ok(true)
+}
+
+/// The active key matching `key`, if any.
+pub async fn authenticate(store: &Store, key: &str) -> Result<Option<ApiKeyRow>, StoreError> {
+    if !key.starts_with(KEY_PREFIX) || key.len() > 128 {
+        return Ok(None);
+    }
+    let hash = hash_key(key);
+    let row = store.find_active_api_key_by_hash(&hash).await?;
+    Ok(row.filter(|r| constant_time_eq(&r.hash, &hash)))
+}

@@ -1,0 +1,289 @@
+//! Engine logic against a test double driver (no root): lifecycle, TTL, pool, recovery.
+//! The double runs a real HTTP agent stand-in over in-memory pipes so `/init` is exercised.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bulkhead_engine::driver::{AgentStream, Driver, DriverError, DriverHandle, ResourceUsage, SandboxSpec};
+use bulkhead_engine::{CreateRequest, Engine, EngineConfig, EngineError, ListRequest, TemplateInfo};
+use bulkhead_store::{SandboxState, Store};
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct FakeDriver {
+    next_pid: AtomicI32,
+    alive: Mutex<HashSet<i32>>,
+    deaths: Mutex<HashMap<i32, Arc<Notify>>>,
+    inits: Arc<Mutex<Vec<serde_json::Value>>>,
+    started: AtomicI32,
+    stopped: AtomicI32,
+}
+
+impl FakeDriver {
+    fn crash(&self, pid: i32) {
+        self.alive.lock().unwrap().remove(&pid);
+        if let Some(n) = self.deaths.lock().unwrap().get(&pid) {
+            n.notify_waiters();
+            n.notify_one();
+        }
+    }
+}
+
+#[async_trait]
+impl Driver for FakeDriver {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+    async fn start(&self, _spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        let pid = self.next_pid.fetch_add(1, Ordering::SeqCst) + 100;
+        self.alive.lock().unwrap().insert(pid);
+        self.deaths.lock().unwrap().insert(pid, Arc::new(Notify::new()));
+        self.started.fetch_add(1, Ordering::SeqCst);
+        Ok(DriverHandle { driver: "fake".into(), pid, pid_start_time: 1, slot: pid as u32, data: serde_json::Value::Null })
+    }
+    async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+        self.crash(h.pid);
+        Ok(())
+    }
+    async fn wait(&self, h: &DriverHandle) {
+        let n = self.deaths.lock().unwrap().get(&h.pid).cloned();
+        if let Some(n) = n {
+            if !self.alive.lock().unwrap().contains(&h.pid) {
+                return;
+            }
+            n.notified().await;
+        }
+    }
+    async fn adopt(&self, h: &DriverHandle) -> bool {
+        self.alive.lock().unwrap().contains(&h.pid)
+    }
+    async fn connect(&self, h: &DriverHandle) -> Result<AgentStream, DriverError> {
+        if !self.alive.lock().unwrap().contains(&h.pid) {
+            return Err(DriverError::NotRunning);
+        }
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let sink = Arc::clone(&self.inits);
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let sink = sink.clone();
+                async move {
+                    use http_body_util::BodyExt;
+                    let path = req.uri().path().to_string();
+                    let body = req.into_body().collect().await?.to_bytes();
+                    if path == "/init" {
+                        sink.lock().unwrap().push(serde_json::from_slice::<serde_json::Value>(&body).unwrap());
+                    }
+                    let status = if path == "/init" { 204 } else { 404 };
+                    Ok::<_, hyper::Error>(
+                        hyper::Response::builder().status(status).body(http_body_util::Full::new(bytes::Bytes::new())).unwrap(),
+                    )
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(server), svc)
+                .await;
+        });
+        Ok(Box::new(client))
+    }
+    async fn usage(&self, _h: &DriverHandle) -> Result<ResourceUsage, DriverError> {
+        Ok(ResourceUsage { cpu_usage_ns: 5_000_000, mem_used_bytes: 1 << 20, ..Default::default() })
+    }
+    async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
+        let keep: HashSet<i32> = keep.iter().map(|h| h.pid).collect();
+        let orphans: Vec<i32> = self.alive.lock().unwrap().iter().copied().filter(|p| !keep.contains(p)).collect();
+        for p in &orphans {
+            self.crash(*p);
+        }
+        Ok(orphans.len())
+    }
+}
+
+fn template() -> TemplateInfo {
+    TemplateInfo {
+        id: "base".into(),
+        aliases: vec!["debian".into()],
+        rootfs: PathBuf::from("/nonexistent"),
+        content_hash: "h".into(),
+        cpu_count: 2,
+        memory_mb: 512,
+        disk_size_mb: 1024,
+        pids_max: 64,
+    }
+}
+
+async fn setup(pool: usize) -> (tempfile::TempDir, Arc<FakeDriver>, Arc<Engine>, bulkhead_store::ApiKeyRow) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+    let driver = Arc::new(FakeDriver::default());
+    let engine = Engine::new(
+        store.clone(),
+        driver.clone(),
+        EngineConfig { pool_size: pool, reap_interval: Duration::from_millis(20), ..Default::default() },
+    );
+    engine.register_template(template()).await.unwrap();
+    let (owner, _) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
+    (dir, driver, engine, owner)
+}
+
+#[tokio::test]
+async fn create_get_list_kill() {
+    let (_d, driver, engine, owner) = setup(0).await;
+    let mut md = BTreeMap::new();
+    md.insert("user".to_string(), "alice".to_string());
+    let info = engine
+        .create(&owner, CreateRequest { template: "debian".into(), metadata: md.clone(), secure: true, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(info.template_id, "base");
+    assert_eq!(info.id.len(), 20);
+    assert!(info.envd_access_token.is_some());
+    let ttl = info.end_at - info.started_at;
+    assert_eq!(ttl.num_seconds(), 300);
+
+    let got = engine.get(&info.id).await.unwrap();
+    assert_eq!(got.metadata, md);
+    // Legacy `<id>-<clientID>` form.
+    assert!(engine.get(&format!("{}-bulkhead", info.id)).await.is_ok());
+
+    let other = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
+    let page = engine.list(&ListRequest { metadata: md.clone(), ..Default::default() }).await.unwrap();
+    assert_eq!(page.items.len(), 1);
+    assert_eq!(page.items[0].id, info.id);
+    assert_eq!(page.total_running, 2);
+
+    // Pagination: limit 1 gives a token, the second page has the other sandbox.
+    let p1 = engine.list(&ListRequest { limit: Some(1), order_desc: true, ..Default::default() }).await.unwrap();
+    assert_eq!(p1.items.len(), 1);
+    let p2 = engine
+        .list(&ListRequest { limit: Some(1), order_desc: true, next_token: p1.next_token.clone(), ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(p2.items.len(), 1);
+    assert_ne!(p1.items[0].id, p2.items[0].id);
+    assert!(p2.next_token.is_none());
+
+    assert!(engine.kill(&info.id).await.unwrap());
+    assert!(!engine.kill(&info.id).await.unwrap());
+    assert!(matches!(engine.get(&info.id).await, Err(EngineError::SandboxNotFound(_))));
+    assert!(engine.kill(&other.id).await.unwrap());
+    assert_eq!(driver.stopped.load(Ordering::SeqCst), 2);
+    let row = engine.store().get_sandbox(&info.id).await.unwrap().unwrap();
+    assert_eq!(row.state, SandboxState::Dead);
+    assert_eq!(row.end_reason.as_deref(), Some("killed"));
+}
+
+#[tokio::test]
+async fn unknown_template_and_bad_timeout_are_rejected() {
+    let (_d, driver, engine, owner) = setup(0).await;
+    let e = engine.create(&owner, CreateRequest { template: "nope".into(), ..Default::default() }).await;
+    assert!(matches!(e, Err(EngineError::TemplateNotFound(_))));
+    let e = engine
+        .create(&owner, CreateRequest { template: "base".into(), timeout: Some(10 * 24 * 3600), ..Default::default() })
+        .await;
+    assert!(matches!(e, Err(EngineError::BadRequest(_))));
+    assert_eq!(driver.started.load(Ordering::SeqCst), 0, "nothing started for rejected requests");
+}
+
+#[tokio::test]
+async fn ttl_reaper_kills_and_timeouts_move_end_at() {
+    let (_d, _driver, engine, owner) = setup(0).await;
+    engine.start_background();
+    let sb = engine.create(&owner, CreateRequest { template: "base".into(), timeout: Some(1), ..Default::default() }).await.unwrap();
+    // connect extends, never shortens.
+    let (c, resumed) = engine.connect(&sb.id, Some(60)).await.unwrap();
+    assert!(!resumed);
+    assert!((c.end_at - c.started_at).num_seconds() >= 59);
+    let (c2, _) = engine.connect(&sb.id, Some(1)).await.unwrap();
+    assert_eq!(c2.end_at, c.end_at);
+    // set_timeout may shorten.
+    engine.set_timeout(&sb.id, 1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(matches!(engine.get(&sb.id).await, Err(EngineError::SandboxNotFound(_))));
+    let row = engine.store().get_sandbox(&sb.id).await.unwrap().unwrap();
+    assert_eq!(row.end_reason.as_deref(), Some("timeout"));
+}
+
+#[tokio::test]
+async fn dead_sandbox_is_noticed() {
+    let (_d, driver, engine, owner) = setup(0).await;
+    let sb = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
+    let h: bulkhead_engine::driver::DriverHandle =
+        serde_json::from_str(&engine.store().get_sandbox(&sb.id).await.unwrap().unwrap().driver_handle.unwrap()).unwrap();
+    driver.crash(h.pid);
+    for _ in 0..50 {
+        if engine.get(&sb.id).await.is_err() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(matches!(engine.get(&sb.id).await, Err(EngineError::SandboxNotFound(_))));
+}
+
+#[tokio::test]
+async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
+    let (_d, driver, engine, owner) = setup(2).await;
+    engine.start_background();
+    for _ in 0..100 {
+        if engine.pool_len("base") == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(engine.pool_len("base"), 2);
+    let started_before = driver.started.load(Ordering::SeqCst);
+    let mut env = BTreeMap::new();
+    env.insert("FOO".to_string(), "bar".to_string());
+    let sb = engine
+        .create(&owner, CreateRequest { template: "base".into(), env_vars: env, secure: true, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(driver.started.load(Ordering::SeqCst), started_before, "create claimed from the pool");
+    let inits = driver.inits.lock().unwrap().clone();
+    let mine = inits.iter().find(|v| v["sandboxId"] == sb.id.as_str()).expect("init sent");
+    assert_eq!(mine["envVars"]["FOO"], "bar");
+    assert_eq!(mine["accessToken"], sb.envd_access_token.clone().unwrap().as_str());
+    for _ in 0..100 {
+        if engine.pool_len("base") == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(engine.pool_len("base"), 2, "pool refilled");
+    engine.shutdown().await;
+}
+
+#[tokio::test]
+async fn recover_readopts_live_and_buries_dead() {
+    let (dir, driver, engine, owner) = setup(0).await;
+    let a = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
+    let b = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
+    let hb: bulkhead_engine::driver::DriverHandle =
+        serde_json::from_str(&engine.store().get_sandbox(&b.id).await.unwrap().unwrap().driver_handle.unwrap()).unwrap();
+    // An orphan the store does not know about (e.g. a pool member of the dead server).
+    let orphan = driver.start(&SandboxSpec {
+        template_id: "base".into(),
+        rootfs: "/x".into(),
+        cpu_count: 1,
+        memory_mb: 1,
+        pids_max: 1,
+    })
+    .await
+    .unwrap();
+    // "Restart": a new engine over the same store and host; b died meanwhile.
+    drop(engine);
+    driver.alive.lock().unwrap().remove(&hb.pid);
+    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+    let engine2 = Engine::new(store, driver.clone(), EngineConfig { pool_size: 0, ..Default::default() });
+    engine2.register_template(template()).await.unwrap();
+    assert_eq!(engine2.recover().await.unwrap(), 1);
+    assert!(engine2.get(&a.id).await.is_ok());
+    assert!(engine2.get(&b.id).await.is_err());
+    assert!(!driver.alive.lock().unwrap().contains(&orphan.pid), "orphan reclaimed");
+    let row = engine2.store().get_sandbox(&b.id).await.unwrap().unwrap();
+    assert_eq!(row.end_reason.as_deref(), Some("lost on restart"));
+}

@@ -1,0 +1,128 @@
+//! The launcher's wire contract: one JSON request on stdin, one JSON reply line on stdout.
+//!
+//! ```text
+//! stdin : {"op":"start", ...StartSpec}   or   {"op":"idmap", ...IdmapSpec}
+//! stdout: {"pid":1234,"start_time":5678} | {"ok":true} | {"error":"<step>: <reason>"}
+//! exit  : 0 on success, 1 on a reported error, 2 when the request itself is unreadable
+//! ```
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the launcher needs to start one sandbox. Host paths are absolute.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StartSpec {
+    /// First host uid/gid of the slot; 0..id_count inside maps to uid_base.. outside.
+    pub uid_base: u32,
+    pub id_count: u32,
+    /// Idmapped, read-only view of the template root filesystem.
+    pub lower: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub merged: PathBuf,
+    /// Host directory bind-mounted to `/run/bulkhead/sock` (the agent's socket lands here).
+    pub sock_dir: PathBuf,
+    /// Host path of the agent binary, bind-mounted read-only to `/run/bulkhead/agent`.
+    pub agent_binary: PathBuf,
+    /// argv of the agent; argv[0] is the in-sandbox path that is executed.
+    pub argv: Vec<String>,
+    /// Complete environment of the agent (`KEY=value`).
+    pub env: Vec<String>,
+    pub hostname: String,
+    /// `cgroup.procs` files the child is written into before it is released.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// Sizes of the `/tmp` and `/dev/shm` tmpfs mounts.
+    pub tmp_size_mb: u64,
+    pub shm_size_mb: u64,
+}
+
+/// Create an idmapped, read-only view of `source` at `target` for one slot's uid range.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct IdmapSpec {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub uid_base: u32,
+    pub id_count: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum LaunchRequest {
+    Start(StartSpec),
+    Idmap(IdmapSpec),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum LaunchReply {
+    Started { pid: i32, start_time: u64 },
+    Done { ok: bool },
+    Failed { error: String },
+}
+
+impl LaunchReply {
+    /// Parse the launcher's stdout: the last non-empty line is the reply (anything before it is
+    /// noise, e.g. a panic message would go to stderr but be defensive anyway).
+    pub fn parse(stdout: &str) -> Option<LaunchReply> {
+        let line = stdout.lines().rev().find(|l| !l.trim().is_empty())?;
+        serde_json::from_str(line).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StartSpec {
+        StartSpec {
+            uid_base: 1_065_536,
+            id_count: 65536,
+            lower: "/var/lib/bulkhead/jail/l/1-abc".into(),
+            upper: "/var/lib/bulkhead/jail/s/1/upper".into(),
+            work: "/var/lib/bulkhead/jail/s/1/work".into(),
+            merged: "/var/lib/bulkhead/jail/s/1/merged".into(),
+            sock_dir: "/var/lib/bulkhead/jail/s/1/sock".into(),
+            agent_binary: "/usr/lib/bulkhead/bulkhead-agent".into(),
+            argv: vec!["/run/bulkhead/agent".into(), "--listen".into()],
+            env: vec!["PATH=/usr/bin:/bin".into()],
+            hostname: "sandbox".into(),
+            cgroup_procs: vec!["/sys/fs/cgroup/pids/bulkhead/1-x/cgroup.procs".into()],
+            tmp_size_mb: 256,
+            shm_size_mb: 64,
+        }
+    }
+
+    #[test]
+    fn request_round_trips_with_op_tag() {
+        let req = LaunchRequest::Start(sample());
+        let json = serde_json::to_string(&req).unwrap();
+        assert!(json.starts_with(r#"{"op":"start","#), "{json}");
+        assert_eq!(serde_json::from_str::<LaunchRequest>(&json).unwrap(), req);
+
+        let idmap = LaunchRequest::Idmap(IdmapSpec {
+            source: "/img".into(),
+            target: "/l/0-x".into(),
+            uid_base: 1_000_000,
+            id_count: 65536,
+        });
+        let json = serde_json::to_string(&idmap).unwrap();
+        assert!(json.contains(r#""op":"idmap""#));
+        assert_eq!(serde_json::from_str::<LaunchRequest>(&json).unwrap(), idmap);
+    }
+
+    #[test]
+    fn replies_parse_from_the_last_line() {
+        assert_eq!(
+            LaunchReply::parse("noise\n{\"pid\":42,\"start_time\":7}\n"),
+            Some(LaunchReply::Started { pid: 42, start_time: 7 })
+        );
+        assert_eq!(LaunchReply::parse(r#"{"ok":true}"#), Some(LaunchReply::Done { ok: true }));
+        assert_eq!(
+            LaunchReply::parse(r#"{"error":"mount overlay: EPERM"}"#),
+            Some(LaunchReply::Failed { error: "mount overlay: EPERM".into() })
+        );
+        assert_eq!(LaunchReply::parse(""), None);
+        assert_eq!(LaunchReply::parse("not json"), None);
+    }
+}

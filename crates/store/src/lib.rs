@@ -1,0 +1,132 @@
+//! Durable state: API keys, sandboxes, templates. sqlx over SQLite (default, a file in the data
+//! dir) or PostgreSQL (by URL), one set of portable migrations for both.
+
+use std::collections::BTreeMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "Unsupported database URL {url:?}: use sqlite:///abs/path.db, sqlite:relative.db or postgres://user:pass@host/db"
+    )]
+    InvalidUrl { url: String },
+    #[error("Cannot create the directory {path} for the SQLite database: check permissions")]
+    CreateDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("Cannot open the database at {url}: check the path or URL and that the server is up")]
+    Connect {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
+    #[error("Database migration failed")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error("Database query failed")]
+    Query(#[from] sqlx::Error),
+    /// A unique constraint rejected the write (duplicate id, key hash or template alias).
+    #[error("{what} already exists")]
+    Conflict { what: String },
+    #[error("{query:?} matches {count} API keys: use the key id instead")]
+    Ambiguous { query: String, count: usize },
+    #[error("Stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// An API key as stored: only the SHA-256 of the secret is kept.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKeyRow {
+    pub id: String,
+    pub name: String,
+    /// Lowercase hex SHA-256 of the full key.
+    pub hash: String,
+    /// First characters of the key (e.g. `e2b_1a2b`), to recognise it in listings.
+    pub prefix: String,
+    /// Unix milliseconds.
+    pub created_at: i64,
+    pub revoked_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SandboxState {
+    Running,
+    Paused,
+    /// Killed, timed out or died; kept for a while for `GET /sandboxes/{id}` → 404 decisions
+    /// and cleanup bookkeeping.
+    Dead,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Dead => "dead",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "running" => Some(SandboxState::Running),
+            "paused" => Some(SandboxState::Paused),
+            "dead" => Some(SandboxState::Dead),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub template_id: String,
+    pub alias: Option<String>,
+    pub state: SandboxState,
+    /// Id of the API key that created it.
+    pub owner_key_id: String,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub envd_access_token: Option<String>,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_size_mb: i64,
+    /// Unix milliseconds.
+    pub started_at: i64,
+    pub end_at: i64,
+    /// Serialised `DriverHandle` (JSON), None when not running.
+    pub driver_handle: Option<String>,
+    /// Why it died (killed, timeout, exited, lost on restart).
+    pub end_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxFilter {
+    pub states: Vec<SandboxState>,
+    /// All of these key/value pairs must match.
+    pub metadata: BTreeMap<String, String>,
+    pub template_id: Option<String>,
+    /// Unix ms; only sandboxes started after this.
+    pub started_after: Option<i64>,
+    pub owner_key_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateRow {
+    pub id: String,
+    pub alias: Option<String>,
+    /// Content hash of the build recipe; the rootfs is cached under it.
+    pub content_hash: String,
+    /// `building` | `ready` | `error`.
+    pub status: String,
+    pub rootfs_path: String,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_size_mb: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+mod sql;
+pub use sql::Store;
+
