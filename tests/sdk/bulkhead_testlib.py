@@ -131,6 +131,7 @@ class BulkheadServer:
         self._argv = argv
         self._env = env
         self._log_file = None
+        self.cgroups_before: set = set()
 
     # ---- construction -------------------------------------------------------------------
 
@@ -200,6 +201,9 @@ class BulkheadServer:
             argv=argv,
             env=env,
         )
+        # Cgroups that existed before this server (a crashed earlier run, a colleague's server):
+        # the leak test only blames the ones that appear after.
+        srv.cgroups_before = set(cgroup_dirs())
         srv._spawn()
         srv.wait_ready(timeout=float(os.environ.get("BULKHEAD_STARTUP_TIMEOUT", "1200")))
         return srv

@@ -12,6 +12,8 @@ mod engine;
 mod error;
 pub mod ids;
 pub mod keys;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use engine::{
     CreateRequest, Engine, EngineConfig, ListPage, ListRequest, SandboxInfo, TemplateInfo, Usage,

@@ -399,17 +399,18 @@ macro_rules! proto_enum {
 #[doc(hidden)]
 macro_rules! proto_oneof {
     (
-        $msg:ident . $field:ident : $($oneof:ident)::+ {
+        $msg:ident . $field:ident : $oneof:ty {
             $($variant:ident ( $ty:ty ) = $json:literal with $with:path,)+
         }
     ) => {
         impl ::serde::Serialize for $msg {
             fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 use ::serde::ser::SerializeMap as _;
+                type Oneof = $oneof;
                 let mut map = s.serialize_map(Some(usize::from(self.$field.is_some())))?;
                 match &self.$field {
                     None => {}
-                    $(Some($($oneof)::+::$variant(value)) => {
+                    $(Some(Oneof::$variant(value)) => {
                         struct W<'a>(&'a $ty);
                         impl ::serde::Serialize for W<'_> {
                             fn serialize<S: ::serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -436,7 +437,8 @@ macro_rules! proto_oneof {
                         Ok($msg { $field: None })
                     }
                     fn visit_map<A: ::serde::de::MapAccess<'de>>(self, mut map: A) -> Result<$msg, A::Error> {
-                        let mut found: Option<$($oneof)::+> = None;
+                        type Oneof = $oneof;
+                        let mut found: Option<Oneof> = None;
                         while let Some(key) = map.next_key::<::std::string::String>()? {
                             match key.as_str() {
                                 $($json => {
@@ -456,7 +458,7 @@ macro_rules! proto_oneof {
                                                 stringify!($msg)
                                             )));
                                         }
-                                        found = Some($($oneof)::+::$variant(value));
+                                        found = Some(Oneof::$variant(value));
                                     }
                                 })+
                                 _ => {

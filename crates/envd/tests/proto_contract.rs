@@ -229,7 +229,10 @@ fn scalar_sample(ty: &str) -> Value {
 fn value_sample(schema: &Schema, message: &str, ty: &FieldType, depth: usize) -> Value {
     match ty {
         FieldType::Scalar(s) => scalar_sample(s),
-        FieldType::Map(_, v) => json!({ "k": value_sample(schema, message, v, depth) }),
+        FieldType::Map(k, v) => {
+            assert_eq!(k, "string", "only string map keys are sampled");
+            json!({ "k": value_sample(schema, message, v, depth) })
+        }
         FieldType::Named(name) => {
             let full = resolve(schema, message, name);
             if full == "google.protobuf.Timestamp" {

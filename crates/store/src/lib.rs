@@ -129,4 +129,3 @@ pub struct TemplateRow {
 
 mod sql;
 pub use sql::Store;
-

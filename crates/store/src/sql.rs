@@ -15,9 +15,7 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, AssertSqlSafe, Executor, Row};
 
-use crate::{
-    ApiKeyRow, Result, SandboxFilter, SandboxRow, SandboxState, StoreError, TemplateRow,
-};
+use crate::{ApiKeyRow, Result, SandboxFilter, SandboxRow, SandboxState, StoreError, TemplateRow};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -138,11 +136,8 @@ impl Store {
                 let in_memory = is_sqlite_memory(&url);
                 // Each connection to `:memory:` is a separate database, so the pool must keep
                 // exactly one connection alive forever.
-                let mut pool_options = AnyPoolOptions::new().max_connections(if in_memory {
-                    1
-                } else {
-                    8
-                });
+                let mut pool_options =
+                    AnyPoolOptions::new().max_connections(if in_memory { 1 } else { 8 });
                 if in_memory {
                     pool_options = pool_options
                         .min_connections(1)
@@ -228,14 +223,20 @@ impl Store {
         .bind(key.revoked_at)
         .execute(&self.pool)
         .await
-        .map_err(|e| conflict(e, || format!("API key {} (or one with the same hash)", key.id)))?;
+        .map_err(|e| {
+            conflict(e, || {
+                format!("API key {} (or one with the same hash)", key.id)
+            })
+        })?;
         Ok(())
     }
 
     /// All keys, revoked ones included, oldest first.
     pub async fn list_api_keys(&self) -> Result<Vec<ApiKeyRow>> {
         let sql = format!("SELECT {API_KEY_COLUMNS} FROM api_keys ORDER BY created_at, id");
-        let rows = sqlx::query(AssertSqlSafe(sql)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(api_key_from_row).collect()
     }
 
@@ -245,11 +246,12 @@ impl Store {
     /// several active keys is refused ([`StoreError::Ambiguous`]) rather than revoking them all.
     pub async fn revoke_api_key(&self, id_or_prefix: &str) -> Result<bool> {
         let now = now_ms();
-        let by_id = sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
-            .bind(now)
-            .bind(id_or_prefix)
-            .execute(&self.pool)
-            .await?;
+        let by_id =
+            sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+                .bind(now)
+                .bind(id_or_prefix)
+                .execute(&self.pool)
+                .await?;
         if by_id.rows_affected() > 0 {
             return Ok(true);
         }
@@ -519,7 +521,10 @@ impl Store {
             .await
             .map_err(|e| {
                 conflict(e, || {
-                    format!("A template with alias {:?}", t.alias.as_deref().unwrap_or(""))
+                    format!(
+                        "A template with alias {:?}",
+                        t.alias.as_deref().unwrap_or("")
+                    )
                 })
             })?;
         Ok(())
@@ -541,7 +546,9 @@ impl Store {
     /// All templates, oldest first.
     pub async fn list_templates(&self) -> Result<Vec<TemplateRow>> {
         let sql = format!("SELECT {TEMPLATE_COLUMNS} FROM templates ORDER BY created_at, id");
-        let rows = sqlx::query(AssertSqlSafe(sql)).fetch_all(&self.pool).await?;
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(template_from_row).collect()
     }
 }
@@ -562,16 +569,16 @@ fn normalize_url(url: &str) -> Result<(Backend, String)> {
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))
     else {
-        return Err(StoreError::InvalidUrl {
-            url: redact(url),
-        });
+        return Err(StoreError::InvalidUrl { url: redact(url) });
     };
     let (path, query) = match rest.split_once('?') {
         Some((p, q)) => (p, Some(q)),
         None => (rest, None),
     };
     if path.is_empty() {
-        return Err(StoreError::InvalidUrl { url: url.to_owned() });
+        return Err(StoreError::InvalidUrl {
+            url: url.to_owned(),
+        });
     }
     if is_sqlite_memory(url) {
         return Ok((Backend::Sqlite, url.to_owned()));
@@ -586,7 +593,10 @@ fn normalize_url(url: &str) -> Result<(Backend, String)> {
         query.push_str("mode=rwc");
     }
     let decoded = urlencoding_decode(path);
-    if let Some(parent) = Path::new(&decoded).parent().filter(|p| !p.as_os_str().is_empty()) {
+    if let Some(parent) = Path::new(&decoded)
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
         std::fs::create_dir_all(parent).map_err(|source| StoreError::CreateDir {
             path: parent.to_owned(),
             source,
@@ -684,8 +694,11 @@ fn to_json(map: &BTreeMap<String, String>) -> String {
 }
 
 fn from_json(text: &str, id: &str, column: &str) -> Result<BTreeMap<String, String>> {
-    serde_json::from_str(text)
-        .map_err(|e| StoreError::Corrupt(format!("sandbox {id}: column {column} is not a JSON string map: {e}")))
+    serde_json::from_str(text).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "sandbox {id}: column {column} is not a JSON string map: {e}"
+        ))
+    })
 }
 
 fn api_key_from_row(row: &AnyRow) -> Result<ApiKeyRow> {
@@ -751,7 +764,10 @@ mod tests {
         let (b, url) = normalize_url(&format!("sqlite://{}", abs.display())).unwrap();
         assert_eq!(b, Backend::Sqlite);
         assert_eq!(url, format!("sqlite://{}?mode=rwc", abs.display()));
-        assert!(abs.parent().unwrap().is_dir(), "parent directory is created");
+        assert!(
+            abs.parent().unwrap().is_dir(),
+            "parent directory is created"
+        );
 
         let (_, url) = normalize_url("sqlite:rel.db?mode=ro").unwrap();
         assert_eq!(url, "sqlite:rel.db?mode=ro");

@@ -24,7 +24,7 @@ from e2b import (
     SandboxException,
 )
 
-from _util import aware, now_utc, poll
+from _util import aware, now_utc
 from bulkhead_testlib import TEMPLATE
 
 MiB = 1024 * 1024

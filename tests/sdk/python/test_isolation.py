@@ -6,16 +6,15 @@ other."""
 from __future__ import annotations
 
 import errno
-import http.server
 import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -63,7 +62,6 @@ def test_cannot_see_host_processes(sandbox, server, user):
     joined = "\n".join(cmds)
     assert "bulkhead serve" not in joined
     assert "pytest" not in joined
-    assert "bulkhead-agent" not in joined or all("serve" not in c for c in cmds)
     if server.pid:
         # The server's pid, if it exists in the sandbox at all, is some sandbox process.
         for pid, cmd in seen:
@@ -204,7 +202,7 @@ def test_file_api_refuses_dotdot_and_symlink_escapes(sandbox, server, host_marke
 # ---- network ------------------------------------------------------------------------------------
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
+class _Hello(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         self.send_response(200)
         self.end_headers()
@@ -216,7 +214,7 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def host_http():
-    srv = http.server.ThreadingHTTPServer(("0.0.0.0", 0), _Hello)
+    srv = ThreadingHTTPServer(("0.0.0.0", 0), _Hello)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv.server_address[1]
@@ -245,7 +243,7 @@ def test_cannot_reach_host_loopback_or_addresses(sandbox_factory, server, host_h
     targets = [f"http://{a}:{port}/" for a in _host_addresses()] + [f"http://127.0.0.1:{server_port}/health"]
     for url in targets:
         t0 = time.monotonic()
-        r = sbx.commands.run(f"curl -sS -m 5 {url}; echo \" rc=$?\"", timeout=30)
+        r = sbx.commands.run(f"curl -sSf -m 5 {url}; echo \" rc=$?\"", timeout=30)
         took = time.monotonic() - t0
         assert "host-says-hello" not in r.stdout, f"{url} reachable from the sandbox"
         assert " rc=0" not in r.stdout, f"{url}: {r.stdout} {r.stderr}"

@@ -24,7 +24,9 @@ enum Cleanup {
 impl Harness {
     pub async fn sqlite() -> Harness {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = Store::open_sqlite_in(dir.path()).await.expect("open sqlite store");
+        let store = Store::open_sqlite_in(dir.path())
+            .await
+            .expect("open sqlite store");
         let url = format!("sqlite://{}", dir.path().join("bulkhead.db").display());
         Harness {
             store,

@@ -44,3 +44,53 @@ store_tests!(
     templates_upsert_and_lookup,
     concurrent_writes,
 );
+
+mod sqlite_only {
+    use bulkhead_store::{SandboxFilter, Store, StoreError};
+
+    #[tokio::test]
+    async fn memory_database_is_shared_by_the_pool() {
+        let s = Store::open("sqlite::memory:").await.unwrap();
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut row = crate::suite::sandbox_for_tests(&format!("m{i}"));
+                row.started_at = i;
+                s.insert_sandbox(&row).await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            s.count_sandboxes(&SandboxFilter::default()).await.unwrap(),
+            4
+        );
+    }
+
+    #[tokio::test]
+    async fn file_database_uses_wal_and_creates_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let nested = dir.path().join("a dir/with?odd#chars");
+        let s = Store::open_sqlite_in(&nested).await.unwrap();
+        assert_eq!(s.backend(), "sqlite");
+        s.insert_sandbox(&crate::suite::sandbox_for_tests("x"))
+            .await
+            .unwrap();
+        assert!(nested.join("bulkhead.db").is_file());
+        // The -wal file exists while a WAL-mode database is open.
+        assert!(nested.join("bulkhead.db-wal").is_file(), "journal_mode=WAL");
+
+        let url = format!("sqlite://{}", dir.path().join("other/x.db").display());
+        let s2 = Store::open(&url).await.unwrap();
+        assert_eq!(s2.count_active_api_keys().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn unknown_scheme_is_rejected() {
+        let err = Store::open("mysql://root@localhost/db").await.unwrap_err();
+        assert!(matches!(err, StoreError::InvalidUrl { .. }), "{err:?}");
+        assert!(err.to_string().contains("sqlite:///abs/path.db"));
+    }
+}

@@ -64,9 +64,16 @@ fn ids(rows: &[SandboxRow]) -> Vec<&str> {
 }
 
 pub async fn open_is_idempotent(h: &Harness) {
-    let expected = if h.url.starts_with("sqlite") { "sqlite" } else { "postgres" };
+    let expected = if h.url.starts_with("sqlite") {
+        "sqlite"
+    } else {
+        "postgres"
+    };
     assert_eq!(h.store.backend(), expected);
-    h.store.insert_api_key(&key("k1", "e2b_aaaa", 1)).await.unwrap();
+    h.store
+        .insert_api_key(&key("k1", "e2b_aaaa", 1))
+        .await
+        .unwrap();
     // Reopening runs the migrator again over an up-to-date schema and sees the same data.
     let again = Store::open(&h.url).await.unwrap();
     assert_eq!(again.backend(), expected);
@@ -83,7 +90,10 @@ pub async fn api_keys_roundtrip(h: &Harness) {
     let k1 = key("k1", "e2b_aaaa", 10);
     s.insert_api_key(&k2).await.unwrap();
     s.insert_api_key(&k1).await.unwrap();
-    assert_eq!(s.list_api_keys().await.unwrap(), vec![k1.clone(), k2.clone()]);
+    assert_eq!(
+        s.list_api_keys().await.unwrap(),
+        vec![k1.clone(), k2.clone()]
+    );
     assert_eq!(s.count_active_api_keys().await.unwrap(), 2);
     assert_eq!(
         s.find_active_api_key_by_hash(&k1.hash).await.unwrap(),
@@ -121,7 +131,11 @@ pub async fn api_key_revoke_by_prefix(h: &Harness) {
         matches!(&err, StoreError::Ambiguous { count: 2, .. }),
         "{err:?}"
     );
-    assert_eq!(s.count_active_api_keys().await.unwrap(), 2, "nothing revoked");
+    assert_eq!(
+        s.count_active_api_keys().await.unwrap(),
+        2,
+        "nothing revoked"
+    );
     // Once one of the two is revoked by id, the prefix is unambiguous again.
     assert!(s.revoke_api_key("k2").await.unwrap());
     assert!(s.revoke_api_key("e2b_bbbb").await.unwrap());
@@ -132,7 +146,11 @@ pub async fn sandbox_roundtrip(h: &Harness) {
     let s = &h.store;
     let mut sb = sandbox("sb1", 1_700_000_000_000);
     sb.alias = Some("my-alias".to_owned());
-    sb.metadata = map(&[("user", "alice"), ("quote", "a \"b\" \\ c"), ("ünï", "çødé ✓")]);
+    sb.metadata = map(&[
+        ("user", "alice"),
+        ("quote", "a \"b\" \\ c"),
+        ("ünï", "çødé ✓"),
+    ]);
     sb.env_vars = map(&[("PATH", "/usr/bin"), ("EMPTY", "")]);
     sb.envd_access_token = Some("tok".to_owned());
     sb.driver_handle = Some(r#"{"pid":42}"#.to_owned());
@@ -155,7 +173,11 @@ pub async fn sandbox_updates(h: &Harness) {
     assert!(s.set_sandbox_end_at("sb1", 999).await.unwrap());
     assert!(!s.set_sandbox_end_at("nope", 999).await.unwrap());
 
-    assert!(s.set_sandbox_driver_handle("sb1", Some("{\"pid\":7}")).await.unwrap());
+    assert!(
+        s.set_sandbox_driver_handle("sb1", Some("{\"pid\":7}"))
+            .await
+            .unwrap()
+    );
     assert!(
         s.set_sandbox_state("sb1", SandboxState::Paused, Some("paused by user"))
             .await
@@ -168,14 +190,22 @@ pub async fn sandbox_updates(h: &Harness) {
     assert_eq!(got.driver_handle.as_deref(), Some("{\"pid\":7}"));
 
     // Resume clears the reason; the handle can be cleared independently.
-    assert!(s.set_sandbox_state("sb1", SandboxState::Running, None).await.unwrap());
+    assert!(
+        s.set_sandbox_state("sb1", SandboxState::Running, None)
+            .await
+            .unwrap()
+    );
     assert!(s.set_sandbox_driver_handle("sb1", None).await.unwrap());
     let got = s.get_sandbox("sb1").await.unwrap().unwrap();
     assert_eq!(got.state, SandboxState::Running);
     assert_eq!(got.end_reason, None);
     assert_eq!(got.driver_handle, None);
 
-    assert!(!s.set_sandbox_state("nope", SandboxState::Dead, Some("killed")).await.unwrap());
+    assert!(
+        !s.set_sandbox_state("nope", SandboxState::Dead, Some("killed"))
+            .await
+            .unwrap()
+    );
     assert!(!s.set_sandbox_driver_handle("nope", None).await.unwrap());
 }
 
@@ -196,23 +226,46 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
 
     let all = SandboxFilter::default();
     assert_eq!(s.count_sandboxes(&all).await.unwrap(), 3);
-    assert_eq!(ids(&s.list_sandboxes(&all, None, false, None).await.unwrap()), ["a", "b", "c"]);
-    assert_eq!(ids(&s.list_sandboxes(&all, None, true, None).await.unwrap()), ["c", "b", "a"]);
-    assert_eq!(ids(&s.list_sandboxes(&all, Some(2), true, None).await.unwrap()), ["c", "b"]);
-    assert!(s.list_sandboxes(&all, Some(0), false, None).await.unwrap().is_empty());
+    assert_eq!(
+        ids(&s.list_sandboxes(&all, None, false, None).await.unwrap()),
+        ["a", "b", "c"]
+    );
+    assert_eq!(
+        ids(&s.list_sandboxes(&all, None, true, None).await.unwrap()),
+        ["c", "b", "a"]
+    );
+    assert_eq!(
+        ids(&s.list_sandboxes(&all, Some(2), true, None).await.unwrap()),
+        ["c", "b"]
+    );
+    assert!(
+        s.list_sandboxes(&all, Some(0), false, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     let live = SandboxFilter {
         states: vec![SandboxState::Running, SandboxState::Paused],
         ..Default::default()
     };
-    assert_eq!(ids(&s.list_sandboxes(&live, None, false, None).await.unwrap()), ["a", "b"]);
+    assert_eq!(
+        ids(&s.list_sandboxes(&live, None, false, None).await.unwrap()),
+        ["a", "b"]
+    );
     assert_eq!(s.count_sandboxes(&live).await.unwrap(), 2);
 
     let by_template = SandboxFilter {
         template_id: Some("code-interpreter-v1".to_owned()),
         ..Default::default()
     };
-    assert_eq!(ids(&s.list_sandboxes(&by_template, None, false, None).await.unwrap()), ["c"]);
+    assert_eq!(
+        ids(&s
+            .list_sandboxes(&by_template, None, false, None)
+            .await
+            .unwrap()),
+        ["c"]
+    );
 
     let by_owner = SandboxFilter {
         owner_key_id: Some("k1".to_owned()),
@@ -224,13 +277,19 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
         started_after: Some(10),
         ..Default::default()
     };
-    assert_eq!(ids(&s.list_sandboxes(&recent, None, false, None).await.unwrap()), ["b", "c"]);
+    assert_eq!(
+        ids(&s.list_sandboxes(&recent, None, false, None).await.unwrap()),
+        ["b", "c"]
+    );
 
     let team_x = SandboxFilter {
         metadata: map(&[("team", "x")]),
         ..Default::default()
     };
-    assert_eq!(ids(&s.list_sandboxes(&team_x, None, false, None).await.unwrap()), ["a", "b"]);
+    assert_eq!(
+        ids(&s.list_sandboxes(&team_x, None, false, None).await.unwrap()),
+        ["a", "b"]
+    );
     assert_eq!(s.count_sandboxes(&team_x).await.unwrap(), 2);
 
     // Every pair must match.
@@ -238,7 +297,13 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
         metadata: map(&[("team", "x"), ("env", "prod")]),
         ..Default::default()
     };
-    assert_eq!(ids(&s.list_sandboxes(&team_x_prod, None, false, None).await.unwrap()), ["a"]);
+    assert_eq!(
+        ids(&s
+            .list_sandboxes(&team_x_prod, None, false, None)
+            .await
+            .unwrap()),
+        ["a"]
+    );
     assert_eq!(s.count_sandboxes(&team_x_prod).await.unwrap(), 1);
 
     let combined = SandboxFilter {
@@ -248,14 +313,25 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
         template_id: Some("base".to_owned()),
         started_after: Some(0),
     };
-    assert_eq!(ids(&s.list_sandboxes(&combined, None, false, None).await.unwrap()), ["b"]);
+    assert_eq!(
+        ids(&s
+            .list_sandboxes(&combined, None, false, None)
+            .await
+            .unwrap()),
+        ["b"]
+    );
     assert_eq!(s.count_sandboxes(&combined).await.unwrap(), 1);
 
     let none = SandboxFilter {
         metadata: map(&[("team", "y")]),
         ..Default::default()
     };
-    assert!(s.list_sandboxes(&none, Some(5), false, None).await.unwrap().is_empty());
+    assert!(
+        s.list_sandboxes(&none, Some(5), false, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(s.count_sandboxes(&none).await.unwrap(), 0);
 }
 
@@ -264,7 +340,10 @@ async fn walk(s: &Store, filter: &SandboxFilter, page: i64, desc: bool) -> Vec<S
     let mut out = Vec::new();
     let mut after = None;
     loop {
-        let rows = s.list_sandboxes(filter, Some(page), desc, after.clone()).await.unwrap();
+        let rows = s
+            .list_sandboxes(filter, Some(page), desc, after.clone())
+            .await
+            .unwrap();
         assert!(rows.len() as i64 <= page);
         out.extend(rows.iter().map(|r| r.id.clone()));
         match rows.last() {
@@ -282,7 +361,9 @@ pub async fn sandbox_keyset_pagination(h: &Harness) {
     let mut expected = Vec::new();
     for i in 0..25 {
         let id = format!("sb{:02}", (i * 7) % 25);
-        s.insert_sandbox(&sandbox(&id, 1000 + (i / 3) as i64)).await.unwrap();
+        s.insert_sandbox(&sandbox(&id, 1000 + (i / 3) as i64))
+            .await
+            .unwrap();
         expected.push((1000 + (i / 3) as i64, id));
     }
     expected.sort();
@@ -317,7 +398,10 @@ pub async fn sandbox_pagination_with_metadata_filter(h: &Harness) {
     };
     assert_eq!(s.count_sandboxes(&filter).await.unwrap(), 150);
     let everything = s.list_sandboxes(&filter, None, false, None).await.unwrap();
-    assert_eq!(ids(&everything), tagged.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        ids(&everything),
+        tagged.iter().map(String::as_str).collect::<Vec<_>>()
+    );
     assert_eq!(walk(s, &filter, 40, false).await, tagged);
     let mut rev = tagged.clone();
     rev.reverse();
@@ -352,9 +436,15 @@ pub async fn templates_upsert_and_lookup(h: &Harness) {
     let ci = template("tpl-ci", Some("code-interpreter-v1"), 20);
     s.upsert_template(&ci).await.unwrap();
     s.upsert_template(&base).await.unwrap();
-    assert_eq!(s.list_templates().await.unwrap(), vec![base.clone(), ci.clone()]);
+    assert_eq!(
+        s.list_templates().await.unwrap(),
+        vec![base.clone(), ci.clone()]
+    );
     assert_eq!(s.get_template("base").await.unwrap(), Some(base.clone()));
-    assert_eq!(s.get_template("code-interpreter-v1").await.unwrap(), Some(ci.clone()));
+    assert_eq!(
+        s.get_template("code-interpreter-v1").await.unwrap(),
+        Some(ci.clone())
+    );
     assert_eq!(s.get_template("tpl-ci").await.unwrap(), Some(ci.clone()));
     assert_eq!(s.get_template("nope").await.unwrap(), None);
 
@@ -400,5 +490,15 @@ pub async fn concurrent_writes(h: &Harness) {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(h.store.count_sandboxes(&SandboxFilter::default()).await.unwrap(), 200);
+    assert_eq!(
+        h.store
+            .count_sandboxes(&SandboxFilter::default())
+            .await
+            .unwrap(),
+        200
+    );
+}
+
+pub fn sandbox_for_tests(id: &str) -> SandboxRow {
+    sandbox(id, 0)
 }
