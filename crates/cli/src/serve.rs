@@ -75,7 +75,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let mut recipe = TemplateRecipe::base();
     recipe.extra_ca_bundle = args.extra_ca_bundle.clone();
-    let cache = ImageCache::new(args.data.image_cache());
+    let cache = ImageCache::new(args.data.image_cache()).install_missing_tools(true);
     let rootfs = crate::template::ensure_built(&cache, &recipe).await?;
 
     let exe = std::env::current_exe().context("cannot find the bulkhead executable")?;

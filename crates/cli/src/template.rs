@@ -22,7 +22,7 @@ pub enum TemplateCmd {
 }
 
 pub async fn run(data: DataArgs, cmd: TemplateCmd) -> anyhow::Result<ExitCode> {
-    let cache = ImageCache::new(data.image_cache());
+    let cache = ImageCache::new(data.image_cache()).install_missing_tools(true);
     match cmd {
         TemplateCmd::Build { name, extra_ca_bundle } => {
             let mut recipe = match name.as_str() {

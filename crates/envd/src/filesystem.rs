@@ -248,6 +248,7 @@ pub mod watch_dir_response {
 
     /// The `event` oneof.
     #[derive(Debug, Clone, PartialEq, Eq)]
+    #[expect(clippy::large_enum_variant, reason = "mirrors the proto oneof; values are short-lived")]
     pub enum Event {
         /// The watch is established.
         Start(StartEvent),

@@ -258,10 +258,10 @@ fn message_sample(schema: &Schema, message: &str, depth: usize) -> Value {
     let mut seen_oneofs = BTreeSet::new();
     let mut obj = serde_json::Map::new();
     for field in &schema.messages[message] {
-        if let Some(o) = &field.oneof {
-            if !seen_oneofs.insert(o.clone()) {
-                continue;
-            }
+        if let Some(o) = &field.oneof
+            && !seen_oneofs.insert(o.clone())
+        {
+            continue;
         }
         obj.insert(lower_camel(&field.name), field_sample(schema, message, field, depth));
     }

@@ -82,8 +82,12 @@ pub trait CgroupBackend: Send + Sync + std::fmt::Debug {
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
-    fs::write(path, value)
-        .map_err(|e| io::Error::new(e.kind(), format!("write {value:?} to {}: {e}", path.display())))
+    fs::write(path, value).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("write {value:?} to {}: {e}", path.display()),
+        )
+    })
 }
 
 fn read_u64(path: &Path) -> io::Result<u64> {
@@ -92,8 +96,12 @@ fn read_u64(path: &Path) -> io::Result<u64> {
     if s == "max" {
         return Ok(u64::MAX);
     }
-    s.parse()
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {s:?}", path.display())))
+    s.parse().map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {s:?}", path.display()),
+        )
+    })
 }
 
 /// `key value` lines (memory.stat, cpu.stat).
@@ -220,7 +228,10 @@ impl CgroupBackend for V1 {
         let pids = self.dir("pids", name).expect("checked above");
         write(&pids.join("pids.max"), &limits.pids_max.to_string())?;
         let cpu = self.dir("cpu", name).expect("checked above");
-        write(&cpu.join("cpu.cfs_period_us"), &limits.cpu_period_us.to_string())?;
+        write(
+            &cpu.join("cpu.cfs_period_us"),
+            &limits.cpu_period_us.to_string(),
+        )?;
         if let Some(q) = limits.cpu_quota_us {
             write(&cpu.join("cpu.cfs_quota_us"), &q.to_string())?;
         }
@@ -252,7 +263,10 @@ impl CgroupBackend for V1 {
         let mut first_err = None;
         for d in self.unique_dirs(name) {
             if let Err(e) = rmdir_if_exists(&d) {
-                first_err.get_or_insert(io::Error::new(e.kind(), format!("rmdir {}: {e}", d.display())));
+                first_err.get_or_insert(io::Error::new(
+                    e.kind(),
+                    format!("rmdir {}: {e}", d.display()),
+                ));
             }
         }
         first_err.map_or(Ok(()), Err)
@@ -344,7 +358,8 @@ impl CgroupBackend for V2 {
     fn create(&self, name: &str, limits: &CgroupLimits) -> io::Result<Vec<PathBuf>> {
         self.ensure_parent()?;
         let d = self.dir(name);
-        fs::create_dir(&d).map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", d.display())))?;
+        fs::create_dir(&d)
+            .map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", d.display())))?;
         write(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
         // memory.max does not include swap: forbid swap so memory+swap equals the limit.
         let swap = d.join("memory.swap.max");
@@ -352,8 +367,13 @@ impl CgroupBackend for V2 {
             write(&swap, "0")?;
         }
         write(&d.join("pids.max"), &limits.pids_max.to_string())?;
-        let quota = limits.cpu_quota_us.map_or("max".to_string(), |q| q.to_string());
-        write(&d.join("cpu.max"), &format!("{quota} {}", limits.cpu_period_us))?;
+        let quota = limits
+            .cpu_quota_us
+            .map_or("max".to_string(), |q| q.to_string());
+        write(
+            &d.join("cpu.max"),
+            &format!("{quota} {}", limits.cpu_period_us),
+        )?;
         Ok(vec![d.join("cgroup.procs")])
     }
 
@@ -387,7 +407,8 @@ impl CgroupBackend for V2 {
 
     fn remove(&self, name: &str) -> io::Result<()> {
         let d = self.dir(name);
-        rmdir_if_exists(&d).map_err(|e| io::Error::new(e.kind(), format!("rmdir {}: {e}", d.display())))
+        rmdir_if_exists(&d)
+            .map_err(|e| io::Error::new(e.kind(), format!("rmdir {}: {e}", d.display())))
     }
 
     fn usage(&self, name: &str) -> io::Result<CgroupUsage> {
@@ -396,7 +417,9 @@ impl CgroupBackend for V2 {
         let cpu = fs::read_to_string(d.join("cpu.stat")).unwrap_or_default();
         let current = read_u64(&d.join("memory.current"))?;
         Ok(CgroupUsage {
-            cpu_usage_ns: stat_field(&cpu, "usage_usec").unwrap_or(0).saturating_mul(1000),
+            cpu_usage_ns: stat_field(&cpu, "usage_usec")
+                .unwrap_or(0)
+                .saturating_mul(1000),
             mem_used_bytes: current.saturating_sub(stat_field(&stat, "inactive_file").unwrap_or(0)),
             mem_cache_bytes: stat_field(&stat, "file").unwrap_or(0),
             mem_limit_bytes: read_u64(&d.join("memory.max"))?,
@@ -458,7 +481,9 @@ fn unescape(s: &str) -> String {
 pub fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
     let mut out = Vec::new();
     for line in text.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else { continue };
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
         let pre: Vec<&str> = pre.split(' ').collect();
         let post: Vec<&str> = post.split(' ').collect();
         if pre.len() < 5 || post.len() < 3 {
@@ -490,18 +515,25 @@ pub fn detect_from(
     for m in mounts.iter().filter(|m| !m.v2) {
         for c in V1_CONTROLLERS {
             if m.options.iter().any(|o| o == c) {
-                v1.entry(c.to_string()).or_insert_with(|| m.mount_point.clone());
+                v1.entry(c.to_string())
+                    .or_insert_with(|| m.mount_point.clone());
             }
         }
     }
     if v1.contains_key("memory") {
-        return Ok(Box::new(V1 { mounts: v1, parent: parent.to_string() }));
+        return Ok(Box::new(V1 {
+            mounts: v1,
+            parent: parent.to_string(),
+        }));
     }
     for m in mounts.iter().filter(|m| m.v2) {
         let ctl = controllers_of(&m.mount_point);
         let have = |c: &str| ctl.split_whitespace().any(|x| x == c);
         if V2_CONTROLLERS.iter().all(|c| have(c)) {
-            return Ok(Box::new(V2 { root: m.mount_point.clone(), parent: parent.to_string() }));
+            return Ok(Box::new(V2 {
+                root: m.mount_point.clone(),
+                parent: parent.to_string(),
+            }));
         }
     }
     Err(format!(
@@ -600,7 +632,10 @@ mod tests {
         let mounts = parse_mountinfo(UNIFIED);
         let be = detect_from(&mounts, "bulkhead", |_| "cpuset cpu io memory pids".into()).unwrap();
         assert_eq!(be.version(), CgroupVersion::V2);
-        assert_eq!(be.dirs("1-x"), vec![PathBuf::from("/sys/fs/cgroup/bulkhead/1-x")]);
+        assert_eq!(
+            be.dirs("1-x"),
+            vec![PathBuf::from("/sys/fs/cgroup/bulkhead/1-x")]
+        );
         let err = detect_from(&mounts, "bulkhead", |_| "hugetlb".into()).unwrap_err();
         assert!(err.contains("no usable cgroup hierarchy"), "{err}");
     }
@@ -618,24 +653,42 @@ mod tests {
         for c in V1_CONTROLLERS {
             mounts.insert(c.to_string(), t.path().join(c));
         }
-        let be = V1 { mounts, parent: "bulkhead".into() };
+        let be = V1 {
+            mounts,
+            parent: "bulkhead".into(),
+        };
         let procs = be.create("2-aa", &limits()).unwrap();
         assert_eq!(procs.len(), 5);
         let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
-        assert_eq!(read("memory/bulkhead/2-aa/memory.limit_in_bytes"), "268435456");
-        assert!(!t.path().join("memory/bulkhead/2-aa/memory.memsw.limit_in_bytes").exists());
+        assert_eq!(
+            read("memory/bulkhead/2-aa/memory.limit_in_bytes"),
+            "268435456"
+        );
+        assert!(
+            !t.path()
+                .join("memory/bulkhead/2-aa/memory.memsw.limit_in_bytes")
+                .exists()
+        );
         assert_eq!(read("pids/bulkhead/2-aa/pids.max"), "128");
         assert_eq!(read("cpu/bulkhead/2-aa/cpu.cfs_quota_us"), "200000");
         assert_eq!(read("cpu/bulkhead/2-aa/cpu.cfs_period_us"), "100000");
         assert_eq!(be.list().unwrap(), vec!["2-aa".to_string()]);
 
-        fs::write(t.path().join("memory/bulkhead/2-aa/memory.usage_in_bytes"), "5000\n").unwrap();
+        fs::write(
+            t.path().join("memory/bulkhead/2-aa/memory.usage_in_bytes"),
+            "5000\n",
+        )
+        .unwrap();
         fs::write(
             t.path().join("memory/bulkhead/2-aa/memory.stat"),
             "cache 100\ntotal_cache 300\ntotal_inactive_file 1000\n",
         )
         .unwrap();
-        fs::write(t.path().join("cpuacct/bulkhead/2-aa/cpuacct.usage"), "123456789\n").unwrap();
+        fs::write(
+            t.path().join("cpuacct/bulkhead/2-aa/cpuacct.usage"),
+            "123456789\n",
+        )
+        .unwrap();
         fs::write(t.path().join("pids/bulkhead/2-aa/pids.current"), "7\n").unwrap();
         let u = be.usage("2-aa").unwrap();
         assert_eq!(
@@ -654,7 +707,10 @@ mod tests {
 
     #[test]
     fn v1_requires_core_controllers() {
-        let be = V1 { mounts: BTreeMap::new(), parent: "p".into() };
+        let be = V1 {
+            mounts: BTreeMap::new(),
+            parent: "p".into(),
+        };
         let e = be.create("x", &limits()).unwrap_err();
         assert!(e.to_string().contains("memory is not mounted"), "{e}");
     }
@@ -662,10 +718,16 @@ mod tests {
     #[test]
     fn v2_enables_controllers_down_the_path_and_writes_limits() {
         let t = tempfile::tempdir().unwrap();
-        let be = V2 { root: t.path().to_owned(), parent: "bulkhead/sandboxes".into() };
+        let be = V2 {
+            root: t.path().to_owned(),
+            parent: "bulkhead/sandboxes".into(),
+        };
         fs::write(t.path().join("cgroup.subtree_control"), "cpu memory pids").unwrap();
         let procs = be.create("1-x", &limits()).unwrap();
-        assert_eq!(procs, vec![t.path().join("bulkhead/sandboxes/1-x/cgroup.procs")]);
+        assert_eq!(
+            procs,
+            vec![t.path().join("bulkhead/sandboxes/1-x/cgroup.procs")]
+        );
         let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
         // Already enabled at the root: left alone; missing below: written (the fake file keeps
         // only the last write, the kernel accumulates).
@@ -678,7 +740,11 @@ mod tests {
 
         let d = t.path().join("bulkhead/sandboxes/1-x");
         fs::write(d.join("memory.current"), "9000\n").unwrap();
-        fs::write(d.join("memory.stat"), "anon 5000\nfile 4000\ninactive_file 3000\n").unwrap();
+        fs::write(
+            d.join("memory.stat"),
+            "anon 5000\nfile 4000\ninactive_file 3000\n",
+        )
+        .unwrap();
         fs::write(d.join("cpu.stat"), "usage_usec 1500\nuser_usec 1000\n").unwrap();
         fs::write(d.join("pids.current"), "3\n").unwrap();
         let u = be.usage("1-x").unwrap();

@@ -89,7 +89,8 @@ fn setup_and_exec(
     // The cgroup namespace is created now, after the parent moved us into the sandbox cgroup,
     // so its root is that cgroup (a namespace made by clone would be rooted at the launcher's).
     // SAFETY: plain syscall.
-    check(unsafe { libc::unshare(libc::CLONE_NEWCGROUP) }, "unshare(CLONE_NEWCGROUP)")?;
+    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    check(r, "unshare(CLONE_NEWCGROUP)")?;
     // Mount points and tmpfs roots get exactly the modes we ask for; the agent gets 022 below.
     // SAFETY: umask cannot fail.
     unsafe { libc::umask(0) };
@@ -98,19 +99,23 @@ fn setup_and_exec(
 
     let host = spec.hostname.as_bytes();
     // SAFETY: pointer and length describe `host`.
-    check(unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) }, "sethostname")?;
+    let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
+    check(r, "sethostname")?;
     loopback_up()?;
     stdio()?;
-    check(
-        // SAFETY: a static C string.
-        unsafe { libc::chdir(c"/".as_ptr()) },
-        "chdir /",
-    )?;
+    // SAFETY: a static C string.
+    let r = unsafe { libc::chdir(c"/".as_ptr()) };
+    check(r, "chdir /")?;
     // Nothing of the launcher may leak into the sandbox: every inherited fd beyond stdio
     // (including the error pipe, which must stay open until exec) closes on exec.
     // SAFETY: plain syscall.
     let r = unsafe {
-        libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC)
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
     };
     if r < 0 {
         return Err(os_err("close_range"));
@@ -134,7 +139,9 @@ fn setup_and_exec(
         .iter()
         .map(|a| CString::new(a.as_str()).map_err(|_| format!("env contains NUL: {a:?}")))
         .collect::<Result<_, _>>()?;
-    let Some(prog) = argv.first() else { return Err("empty argv".into()) };
+    let Some(prog) = argv.first() else {
+        return Err("empty argv".into());
+    };
     let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     argv_p.push(std::ptr::null());
     let mut envp_p: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
@@ -154,32 +161,69 @@ fn stdio() -> Result<(), String> {
         .open(AGENT_LOG)
         .map_err(|e| format!("open {AGENT_LOG}: {e}"))?;
     use std::os::fd::AsRawFd;
-    for (src, dst) in [(null.as_raw_fd(), 0), (log.as_raw_fd(), 1), (log.as_raw_fd(), 2)] {
+    for (src, dst) in [
+        (null.as_raw_fd(), 0),
+        (log.as_raw_fd(), 1),
+        (log.as_raw_fd(), 2),
+    ] {
         // SAFETY: both descriptors are valid; dup2 replaces the launcher's stdio.
         check(unsafe { libc::dup2(src, dst) }, "dup2 stdio")?;
     }
     Ok(())
 }
 
-/// The launcher is a Rust program (SIGPIPE ignored) started by a server that may block
-/// signals: give the agent pristine dispositions and an empty mask.
+/// `struct sigaction` as the kernel's `rt_sigaction` takes it on x86_64.
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: u64,
+    restorer: usize,
+    mask: u64,
+}
+
+/// The launcher is a Rust program (SIGPIPE ignored) started by a server that may ignore or
+/// block signals: give the agent default dispositions and an empty mask. The raw syscall also
+/// reaches the two real-time signals glibc reserves for itself, which `signal()` refuses.
 fn reset_signals() -> Result<(), String> {
+    let dfl = KernelSigaction {
+        handler: 0,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
             continue;
         }
-        // SAFETY: restoring the default disposition; invalid numbers just fail with EINVAL.
-        unsafe { libc::signal(sig, libc::SIG_DFL) };
+        // SAFETY: a valid kernel sigaction (SIG_DFL) and the kernel's 8-byte sigset size.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                &dfl as *const KernelSigaction,
+                std::ptr::null_mut::<KernelSigaction>(),
+                8usize,
+            )
+        };
+        if r < 0 {
+            return Err(os_err(&format!("reset signal {sig}")));
+        }
     }
-    // SAFETY: an empty, initialised set.
-    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid sigset.
-    unsafe { libc::sigemptyset(&mut set) };
-    // SAFETY: valid set pointer, null old-set.
-    check(
-        unsafe { libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut()) },
-        "sigprocmask",
-    )
+    let empty: u64 = 0;
+    // SAFETY: an empty 8-byte kernel sigset, null old set.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &empty as *const u64,
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        )
+    };
+    if r < 0 {
+        return Err(os_err("sigprocmask"));
+    }
+    Ok(())
 }
 
 fn loopback_up() -> Result<(), String> {
@@ -227,16 +271,27 @@ impl MountSys for RealMounts {
     }
 
     fn mkdir_all(&mut self, path: &Path, mode: u32) -> io::Result<()> {
-        fs::DirBuilder::new().recursive(true).mode(mode).create(path)?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(mode)
+            .create(path)?;
         // DirBuilder applies the mode only to the last component; make sure it is exact.
         fs::set_permissions(path, fs::Permissions::from_mode(mode))
     }
 
     fn touch(&mut self, path: &Path) -> io::Result<()> {
         if let Some(parent) = path.parent() {
-            fs::DirBuilder::new().recursive(true).mode(0o755).create(parent)?;
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)?;
         }
-        fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o644).open(path)?;
+        fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o644)
+            .open(path)?;
         Ok(())
     }
 
@@ -263,10 +318,18 @@ impl MountSys for RealMounts {
                 tgt.as_ptr(),
                 fst.as_ref().map_or(std::ptr::null(), |f| f.as_ptr()),
                 flags as libc::c_ulong,
-                if data.is_empty() { std::ptr::null() } else { dat.as_ptr().cast() },
+                if data.is_empty() {
+                    std::ptr::null()
+                } else {
+                    dat.as_ptr().cast()
+                },
             )
         };
-        if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
     }
 
     fn set_readonly(&mut self, target: &Path, recursive: bool) -> io::Result<()> {

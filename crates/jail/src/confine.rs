@@ -46,23 +46,42 @@ pub fn limit_capabilities(keep: u64) -> Result<(), String> {
         if present == 1 && keep & (1 << cap) == 0 {
             // SAFETY: prctl with integer arguments.
             if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } < 0 {
-                return Err(errno_msg(&format!("drop capability {cap} from the bounding set")));
+                return Err(errno_msg(&format!(
+                    "drop capability {cap} from the bounding set"
+                )));
             }
         }
     }
     // SAFETY: prctl with integer arguments.
     if unsafe {
-        libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong, 0, 0, 0)
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
     } < 0
     {
         return Err(errno_msg("clear ambient capabilities"));
     }
     let lo = keep as u32;
     let hi = (keep >> 32) as u32;
-    let mut hdr = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
     let data = [
-        CapData { effective: lo, permitted: lo, inheritable: lo },
-        CapData { effective: hi, permitted: hi, inheritable: hi },
+        CapData {
+            effective: lo,
+            permitted: lo,
+            inheritable: lo,
+        },
+        CapData {
+            effective: hi,
+            permitted: hi,
+            inheritable: hi,
+        },
     ];
     // SAFETY: header and the two-element data array (v3 layout) are valid for the call.
     if unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) } < 0 {
@@ -141,7 +160,9 @@ pub fn apply_landlock() -> Result<RulesetStatus, String> {
             .add_rule(PathBeneath::new(fd, all))
             .map_err(|e| err(&format!("rule {dev}"), &e))?;
     }
-    let status = ruleset.restrict_self().map_err(|e| err("restrict_self", &e))?;
+    let status = ruleset
+        .restrict_self()
+        .map_err(|e| err("restrict_self", &e))?;
     Ok(status.ruleset)
 }
 
@@ -165,7 +186,9 @@ mod tests {
         let names = ["usr", "proc", "etc", "dev", "sys", "home", "app"].map(String::from);
         assert_eq!(
             writable_roots(names),
-            ["/app", "/etc", "/home", "/usr"].map(PathBuf::from).to_vec()
+            ["/app", "/etc", "/home", "/usr"]
+                .map(PathBuf::from)
+                .to_vec()
         );
     }
 }

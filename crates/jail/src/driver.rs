@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io::{self, Read, Seek, SeekFrom};
 use std::os::fd::{AsFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -47,7 +47,6 @@ struct Sandbox {
     pid: i32,
     start_time: u64,
     cgroup: String,
-    lower: PathBuf,
     pidfd: Arc<AsyncFd<OwnedFd>>,
     exit: watch::Receiver<Option<ExitInfo>>,
     reaper: AbortHandle,
@@ -64,6 +63,8 @@ impl Sandbox {
 
 struct Inner {
     cfg: JailConfig,
+    /// The driver's private copy of the agent binary (see `install_agent`).
+    agent: PathBuf,
     cgroups: Box<dyn CgroupBackend>,
     slots: Mutex<SlotTable<Arc<Sandbox>>>,
 }
@@ -100,7 +101,8 @@ fn check_searchable(path: &Path, what: &str) -> Result<(), JailError> {
         if dir.as_os_str().is_empty() {
             break;
         }
-        let m = fs::metadata(dir).map_err(|e| JailError::io(format!("stat {}", dir.display()), e))?;
+        let m =
+            fs::metadata(dir).map_err(|e| JailError::io(format!("stat {}", dir.display()), e))?;
         if m.is_dir() && m.mode() & 0o001 == 0 {
             return Err(JailError::Config(format!(
                 "{what} {} is not reachable by sandbox uids: {} has mode {:o} (needs o+x; try \
@@ -130,6 +132,21 @@ fn chown(path: &Path, uid: u32) -> io::Result<()> {
     std::os::unix::fs::chown(path, Some(uid), Some(uid))
 }
 
+/// Copy the agent into the state directory. The bind mount's source path shows in the
+/// sandbox's mountinfo, so it should be the neutral state path rather than wherever the binary
+/// was built or installed; the copy also pins the version for this server's lifetime. The
+/// rename leaves the inode that running sandboxes have bind-mounted untouched.
+fn install_agent(src: &Path, state_dir: &Path) -> Result<PathBuf, JailError> {
+    let dst = state_dir.join("agent");
+    let tmp = state_dir.join(format!(".agent.{}", std::process::id()));
+    fs::copy(src, &tmp)
+        .map_err(|e| JailError::io(format!("copy the agent binary {}", src.display()), e))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+        .map_err(|e| JailError::io(format!("chmod {}", tmp.display()), e))?;
+    fs::rename(&tmp, &dst).map_err(|e| JailError::io(format!("install {}", dst.display()), e))?;
+    Ok(dst)
+}
+
 /// Short stable id of a template root: its path plus device and inode, so a template rebuilt
 /// into a fresh directory at the same path gets a fresh idmapped view. FNV-1a, 48 bits.
 fn template_key(rootfs: &Path) -> io::Result<String> {
@@ -149,7 +166,9 @@ fn template_key(rootfs: &Path) -> io::Result<String> {
 
 /// Bytes allocated under `dir` (not following symlinks, not crossing mounts).
 fn disk_usage(dir: &Path) -> u64 {
-    let Ok(root) = fs::symlink_metadata(dir) else { return 0 };
+    let Ok(root) = fs::symlink_metadata(dir) else {
+        return 0;
+    };
     let dev = root.dev();
     let mut total = root.blocks() * 512;
     let mut stack = vec![dir.to_path_buf()];
@@ -180,16 +199,68 @@ fn statvfs_total(path: &Path) -> u64 {
     st.f_blocks.saturating_mul(st.f_frsize)
 }
 
-/// The last few lines the agent wrote, for start errors.
+/// Connect to the agent's socket without following symlinks. The socket directory is writable
+/// by the sandbox, which could otherwise swap `agent.sock` for a symlink to a host socket and
+/// have the server connect there. The socket is opened `O_PATH|O_NOFOLLOW`, checked to be a
+/// socket, and connected through its `/proc/self/fd` link, which names that very inode.
+async fn connect_agent(sock: &Path) -> io::Result<tokio::net::UnixStream> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let c = sys::cpath(sock)?;
+    // SAFETY: valid C string; the returned descriptor is owned below.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let file = fs::File::from(fd);
+    if !file.metadata()?.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a socket", sock.display()),
+        ));
+    }
+    tokio::net::UnixStream::connect(format!("/proc/self/fd/{}", file.as_raw_fd())).await
+}
+
+/// The last few lines the agent wrote, for start errors (never following a symlink the
+/// sandbox may have planted, never blocking on a FIFO).
 fn log_tail(path: &Path) -> String {
-    let Ok(mut f) = fs::File::open(path) else { return String::new() };
+    use std::os::unix::fs::OpenOptionsExt;
+    let Ok(mut f) = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+    else {
+        return String::new();
+    };
+    if !f.metadata().is_ok_and(|m| m.is_file()) {
+        return String::new();
+    }
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let _ = f.seek(SeekFrom::Start(len.saturating_sub(2048)));
     let mut buf = Vec::new();
     let _ = f.read_to_end(&mut buf);
     let text = String::from_utf8_lossy(&buf);
     let text = text.trim();
-    if text.is_empty() { String::new() } else { format!("; agent output: {text}") }
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("; agent output: {text}")
+    }
+}
+
+/// Register a pidfd with the reactor; it becomes readable when the process exits.
+fn watch_pidfd(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: the OwnedFd owns the descriptor for the AsyncFd's whole lifetime and always
+    // reports the same raw fd.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(|e| e.into_parts().1)
 }
 
 /// Open a pidfd for `pid` only if it still is the process that started at `start_time`.
@@ -221,7 +292,9 @@ impl JailDriver {
             )));
         }
         if cfg.uid_base == 0 {
-            return Err(JailError::Config("uid_base 0 would map sandbox root to host root".into()));
+            return Err(JailError::Config(
+                "uid_base 0 would map sandbox root to host root".into(),
+            ));
         }
         if !cfg.state_dir.is_absolute() {
             return Err(JailError::Config(format!(
@@ -231,24 +304,32 @@ impl JailDriver {
         }
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            return Err(JailError::Unsupported("the jail driver must run as root".into()));
+            return Err(JailError::Unsupported(
+                "the jail driver must run as root".into(),
+            ));
         }
         let agent = fs::metadata(&cfg.agent_binary).map_err(|e| {
             JailError::io(format!("agent binary {}", cfg.agent_binary.display()), e)
         })?;
-        if !agent.is_file() || agent.mode() & 0o005 != 0o005 {
+        if !agent.is_file() {
             return Err(JailError::Config(format!(
-                "agent binary {} must be a regular file readable and executable by others",
+                "agent binary {} is not a regular file",
                 cfg.agent_binary.display()
             )));
         }
-        check_searchable(&cfg.agent_binary, "agent binary")?;
         // 0711: the sandbox uids may traverse (to reach their own slot), not list.
-        for d in [cfg.state_dir.clone(), cfg.state_dir.join("s"), cfg.state_dir.join("l")] {
+        for d in [
+            cfg.state_dir.clone(),
+            cfg.state_dir.join("s"),
+            cfg.state_dir.join("l"),
+        ] {
             mkdir_mode(&d, 0o711)?;
         }
         check_searchable(&cfg.state_dir, "state_dir")?;
-        let sock = cfg.state_dir.join(format!("s/{}/sock/{SOCK_NAME}", cfg.max_slots - 1));
+        let agent = install_agent(&cfg.agent_binary, &cfg.state_dir)?;
+        let sock = cfg
+            .state_dir
+            .join(format!("s/{}/sock/{SOCK_NAME}", cfg.max_slots - 1));
         if sock.as_os_str().len() >= 108 {
             return Err(JailError::Config(format!(
                 "state_dir is too long: agent socket paths ({}) exceed the 107-byte Unix socket limit",
@@ -258,10 +339,20 @@ impl JailDriver {
         let cgroups = cgroup::detect(&cfg.cgroup_parent).map_err(JailError::Unsupported)?;
         // SAFETY: prctl with integer arguments.
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-            return Err(JailError::io("PR_SET_CHILD_SUBREAPER", io::Error::last_os_error()));
+            return Err(JailError::io(
+                "PR_SET_CHILD_SUBREAPER",
+                io::Error::last_os_error(),
+            ));
         }
         let slots = Mutex::new(SlotTable::new(cfg.max_slots));
-        Ok(JailDriver { inner: Arc::new(Inner { cfg, cgroups, slots }) })
+        Ok(JailDriver {
+            inner: Arc::new(Inner {
+                cfg,
+                agent,
+                cgroups,
+                slots,
+            }),
+        })
     }
 
     /// What this host supports (for deciding to use or skip the driver, loudly).
@@ -288,7 +379,8 @@ impl JailDriver {
             (0..slots.max()).filter(|n| slots.is_busy(*n)).collect()
         };
         let mut removed = 0;
-        let rd = fs::read_dir(&dir).map_err(|e| JailError::io(format!("read {}", dir.display()), e))?;
+        let rd =
+            fs::read_dir(&dir).map_err(|e| JailError::io(format!("read {}", dir.display()), e))?;
         for e in rd.flatten() {
             let p = e.path();
             let name = e.file_name().to_string_lossy().into_owned();
@@ -297,7 +389,8 @@ impl JailDriver {
                 continue;
             }
             if sys::is_mount_root(&p).unwrap_or(false) {
-                sys::umount_detach(&p).map_err(|e| JailError::io(format!("umount {}", p.display()), e))?;
+                sys::umount_detach(&p)
+                    .map_err(|e| JailError::io(format!("umount {}", p.display()), e))?;
             }
             fs::remove_dir(&p).map_err(|e| JailError::io(format!("rmdir {}", p.display()), e))?;
             removed += 1;
@@ -313,24 +406,31 @@ impl JailDriver {
         self.slot_dir(slot).join("sock").join(SOCK_NAME)
     }
 
-    /// pid and start time recorded in a slot directory by a (possibly previous) server run.
-    fn slot_owner(&self, slot: u32) -> Option<(i32, u64)> {
+    /// pid, start time and cgroup recorded in a slot directory by a (possibly previous) run.
+    fn slot_owner(&self, slot: u32) -> Option<(i32, u64, Option<String>)> {
         let s = fs::read_to_string(self.slot_dir(slot).join("pid")).ok()?;
         let mut it = s.split_whitespace();
-        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        let pid = it.next()?.parse().ok()?;
+        let start = it.next()?.parse().ok()?;
+        Some((pid, start, it.next().map(str::to_owned)))
     }
 
     /// Is the slot held by a live sandbox this driver does not track?
     fn slot_held_elsewhere(&self, slot: u32) -> bool {
         self.slot_owner(slot)
-            .is_some_and(|(pid, st)| sys::proc_start_time(pid).is_ok_and(|t| t == st))
+            .is_some_and(|(pid, st, _)| sys::proc_start_time(pid).is_ok_and(|t| t == st))
     }
 
     fn reserve_slot(&self) -> Result<u32, DriverError> {
         let mut slots = self.inner.slots.lock().expect("slot table poisoned");
-        slots.reserve(|n| self.slot_held_elsewhere(n)).ok_or_else(|| {
-            start_err(format!("all {} jail slots are in use", self.inner.cfg.max_slots))
-        })
+        slots
+            .reserve(|n| self.slot_held_elsewhere(n))
+            .ok_or_else(|| {
+                start_err(format!(
+                    "all {} jail slots are in use",
+                    self.inner.cfg.max_slots
+                ))
+            })
     }
 
     fn lookup(&self, h: &DriverHandle) -> Option<Arc<Sandbox>> {
@@ -343,12 +443,18 @@ impl JailDriver {
     fn prepare_slot(&self, slot: u32) -> Result<PathBuf, JailError> {
         let dir = self.slot_dir(slot);
         if dir.exists() {
-            fs::remove_dir_all(&dir).map_err(|e| JailError::io(format!("clean {}", dir.display()), e))?;
+            fs::remove_dir_all(&dir)
+                .map_err(|e| JailError::io(format!("clean {}", dir.display()), e))?;
         }
         self.remove_stale_cgroups(slot);
         let uid = slots::slot_uid(self.inner.cfg.uid_base, slot);
         mkdir_mode(&dir, 0o711)?;
-        for (sub, owned) in [("upper", true), ("work", true), ("merged", false), ("sock", true)] {
+        for (sub, owned) in [
+            ("upper", true),
+            ("work", true),
+            ("merged", false),
+            ("sock", true),
+        ] {
             let p = dir.join(sub);
             mkdir_mode(&p, 0o755)?;
             if owned {
@@ -372,7 +478,12 @@ impl JailDriver {
     async fn ensure_lower(&self, slot: u32, rootfs: &Path) -> Result<PathBuf, DriverError> {
         let key = template_key(rootfs)
             .map_err(|e| DriverError::io(format!("template root {}", rootfs.display()), e))?;
-        let lower = self.inner.cfg.state_dir.join("l").join(format!("{slot}-{key}"));
+        let lower = self
+            .inner
+            .cfg
+            .state_dir
+            .join("l")
+            .join(format!("{slot}-{key}"));
         if sys::is_mount_root(&lower).unwrap_or(false) {
             return Ok(lower);
         }
@@ -382,11 +493,14 @@ impl JailDriver {
             uid_base: slots::slot_uid(self.inner.cfg.uid_base, slot),
             id_count: IDS_PER_SLOT,
         });
-        match self.run_launcher(&req, self.inner.cfg.start_timeout).await? {
+        match self
+            .run_launcher(&req, self.inner.cfg.start_timeout)
+            .await?
+        {
             LaunchReply::Done { ok: true } => Ok(lower),
-            LaunchReply::Failed { error } => {
-                Err(start_err(format!("cannot create the idmapped template view: {error}")))
-            }
+            LaunchReply::Failed { error } => Err(start_err(format!(
+                "cannot create the idmapped template view: {error}"
+            ))),
             other => Err(start_err(format!("unexpected launcher reply {other:?}"))),
         }
     }
@@ -416,7 +530,11 @@ impl JailDriver {
         drop(stdin);
         let out = tokio::time::timeout(timeout, child.wait_with_output())
             .await
-            .map_err(|_| start_err(format!("the jail launcher did not answer within {timeout:?}")))?
+            .map_err(|_| {
+                start_err(format!(
+                    "the jail launcher did not answer within {timeout:?}"
+                ))
+            })?
             .map_err(|e| DriverError::io("wait for the jail launcher", e))?;
         let stdout = String::from_utf8_lossy(&out.stdout);
         LaunchReply::parse(&stdout).ok_or_else(|| {
@@ -436,13 +554,11 @@ impl JailDriver {
         pid: i32,
         start_time: u64,
         cgroup: String,
-        lower: PathBuf,
         pidfd: OwnedFd,
         adopting: bool,
     ) -> Result<Arc<Sandbox>, DriverError> {
         let afd = Arc::new(
-            AsyncFd::with_interest(pidfd, tokio::io::Interest::READABLE)
-                .map_err(|e| DriverError::io("watch the sandbox pidfd", e))?,
+            watch_pidfd(pidfd).map_err(|e| DriverError::io("watch the sandbox pidfd", e))?,
         );
         let (tx, rx) = watch::channel(None);
         let watched = afd.clone();
@@ -450,7 +566,9 @@ impl JailDriver {
             // Readable = the process has exited. waitid reaps it when it is our child (started
             // by this process); an adopted one belongs to someone else (ECHILD).
             loop {
-                let Ok(mut guard) = watched.readable().await else { break };
+                let Ok(mut guard) = watched.readable().await else {
+                    break;
+                };
                 match sys::waitid_pidfd(watched.get_ref().as_fd(), true) {
                     Ok(Some(info)) => {
                         let _ = tx.send(Some(info));
@@ -469,7 +587,6 @@ impl JailDriver {
             pid,
             start_time,
             cgroup,
-            lower,
             pidfd: afd,
             exit: rx,
             reaper: task.abort_handle(),
@@ -513,7 +630,7 @@ impl JailDriver {
             work: dir.join("work"),
             merged: dir.join("merged"),
             sock_dir: dir.join("sock"),
-            agent_binary: cfg.agent_binary.clone(),
+            agent_binary: self.inner.agent.clone(),
             argv,
             env: vec![
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
@@ -524,30 +641,28 @@ impl JailDriver {
             // tmpfs pages are charged to the sandbox's memory cgroup, so bound them by it.
             tmp_size_mb: spec.memory_mb.max(16),
             shm_size_mb: spec.memory_mb.clamp(1, 64),
+            volatile_upper: true,
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let (pid, start_time) =
-            match self.run_launcher(&LaunchRequest::Start(start), remaining).await? {
-                LaunchReply::Started { pid, start_time } => (pid, start_time),
-                LaunchReply::Failed { error } => {
-                    return Err(start_err(format!("sandbox setup failed: {error}")));
-                }
-                other => return Err(start_err(format!("unexpected launcher reply {other:?}"))),
-            };
+        let (pid, start_time) = match self
+            .run_launcher(&LaunchRequest::Start(start), remaining)
+            .await?
+        {
+            LaunchReply::Started { pid, start_time } => (pid, start_time),
+            LaunchReply::Failed { error } => {
+                return Err(start_err(format!("sandbox setup failed: {error}")));
+            }
+            other => return Err(start_err(format!("unexpected launcher reply {other:?}"))),
+        };
         // Record the owner first: if we crash from here on, the next run will not hand this
         // slot out while the sandbox lives.
-        fs::write(dir.join("pid"), format!("{pid} {start_time}\n"))
-            .map_err(|e| DriverError::io("record the sandbox pid", e))?;
+        fs::write(
+            dir.join("pid"),
+            format!("{pid} {start_time} {cgroup_name}\n"),
+        )
+        .map_err(|e| DriverError::io("record the sandbox pid", e))?;
         let pidfd = sys::pidfd_open(pid).map_err(|e| DriverError::io("pidfd_open", e))?;
-        let sb = self.register(
-            slot,
-            pid,
-            start_time,
-            cgroup_name.to_string(),
-            lower.clone(),
-            pidfd,
-            false,
-        )?;
+        let sb = self.register(slot, pid, start_time, cgroup_name.to_string(), pidfd, false)?;
         let handle = DriverHandle {
             driver: DRIVER_NAME.into(),
             pid,
@@ -580,7 +695,7 @@ impl JailDriver {
                     log_tail(&self.slot_dir(slot).join("sock/agent.log"))
                 )));
             }
-            if tokio::net::UnixStream::connect(&sock).await.is_ok() {
+            if connect_agent(&sock).await.is_ok() {
                 return Ok(());
             }
             let now = Instant::now();
@@ -624,9 +739,8 @@ impl JailDriver {
                 let _ = sys::pidfd_send_signal(sb.pidfd.get_ref().as_fd(), libc::SIGKILL);
                 None
             }
-            None if pid > 0 => verified_pidfd(pid, start_time).map(|fd| {
+            None if pid > 0 => verified_pidfd(pid, start_time).inspect(|fd| {
                 let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
-                fd
             }),
             None => None,
         };
@@ -640,14 +754,21 @@ impl JailDriver {
                 let mut rx = sb.exit.clone();
                 let _ = rx.wait_for(Option::is_some).await;
             } else if let Some(fd) = foreign_fd
-                && let Ok(afd) = AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
+                && let Ok(afd) = watch_pidfd(fd)
             {
                 let _ = afd.readable().await;
                 let _ = sys::waitid_pidfd(afd.get_ref().as_fd(), true);
             }
         };
-        if tokio::time::timeout(STOP_EXIT_BUDGET, waited).await.is_err() {
-            tracing::warn!(pid, slot, "sandbox init did not exit within {STOP_EXIT_BUDGET:?} of SIGKILL");
+        if tokio::time::timeout(STOP_EXIT_BUDGET, waited)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                pid,
+                slot,
+                "sandbox init did not exit within {STOP_EXIT_BUDGET:?} of SIGKILL"
+            );
         }
         // 4. cgroups (rmdir fails until the last task is gone).
         let mut result = Ok(());
@@ -663,24 +784,32 @@ impl JailDriver {
                 result = Err(DriverError::io("remove the sandbox cgroup", e));
             }
         }
-        // 5. The slot's files, unless the slot now belongs to somebody else.
-        let slot_is_ours = {
-            let slots = self.inner.slots.lock().expect("slot table poisoned");
+        // 5. The slot's files, unless the slot now belongs to somebody else. A free slot is
+        // reserved while its directory goes, so a concurrent start cannot pick it meanwhile.
+        let (slot_is_ours, cleaning) = {
+            let mut slots = self.inner.slots.lock().expect("slot table poisoned");
             match slots.get(slot) {
-                Some(SlotState::Taken(sb)) => sb.pid == pid && sb.start_time == start_time,
+                Some(SlotState::Taken(sb)) => (sb.pid == pid && sb.start_time == start_time, false),
                 // Reserved: a start is in flight; only that start may clean up after itself.
-                Some(SlotState::Reserved) => failed_start,
-                None => match self.slot_owner(slot) {
-                    Some((p, st)) => (p == pid && st == start_time) || !self.slot_held_elsewhere(slot),
-                    None => true,
-                },
+                Some(SlotState::Reserved) => (failed_start, false),
+                None => {
+                    let ours = match self.slot_owner(slot) {
+                        Some((p, st, _)) => {
+                            (p == pid && st == start_time) || !self.slot_held_elsewhere(slot)
+                        }
+                        None => true,
+                    };
+                    (ours, ours && slots.reserve_at(slot))
+                }
             }
         };
-        if slot_is_ours && slot < self.inner.cfg.max_slots {
+        if slot_is_ours {
             let dir = self.slot_dir(slot);
             let r = tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-                other => other.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+                other => {
+                    other.map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", dir.display())))
+                }
             })
             .await
             .unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
@@ -689,6 +818,13 @@ impl JailDriver {
             {
                 result = Err(DriverError::io("remove the sandbox directory", e));
             }
+        }
+        if cleaning {
+            self.inner
+                .slots
+                .lock()
+                .expect("slot table poisoned")
+                .free(slot);
         }
         // 6. Free the slot (only if this sandbox held it).
         if let Some(sb) = &ours {
@@ -751,8 +887,14 @@ impl Driver for JailDriver {
             (Some(d), None) => Some(d.cgroup.clone()),
             (None, None) => None,
         };
-        self.teardown(handle.slot, handle.pid, handle.pid_start_time, cgroup.as_deref(), false)
-            .await
+        self.teardown(
+            handle.slot,
+            handle.pid,
+            handle.pid_start_time,
+            cgroup.as_deref(),
+            false,
+        )
+        .await
     }
 
     async fn wait(&self, handle: &DriverHandle) {
@@ -761,8 +903,10 @@ impl Driver for JailDriver {
             let _ = rx.wait_for(Option::is_some).await;
             return;
         }
-        let Some(fd) = verified_pidfd(handle.pid, handle.pid_start_time) else { return };
-        if let Ok(afd) = AsyncFd::with_interest(fd, tokio::io::Interest::READABLE) {
+        let Some(fd) = verified_pidfd(handle.pid, handle.pid_start_time) else {
+            return;
+        };
+        if let Ok(afd) = watch_pidfd(fd) {
             let _ = afd.readable().await;
         }
     }
@@ -780,20 +924,104 @@ impl Driver for JailDriver {
         if let Some(sb) = self.lookup(handle) {
             return sb.exited().is_none();
         }
-        if !self.sock_path(handle.slot).exists() {
+        if !fs::symlink_metadata(self.sock_path(handle.slot))
+            .is_ok_and(|m| m.file_type().is_socket())
+        {
             return false;
         }
-        let Some(fd) = verified_pidfd(handle.pid, handle.pid_start_time) else { return false };
+        let Some(fd) = verified_pidfd(handle.pid, handle.pid_start_time) else {
+            return false;
+        };
         self.register(
             handle.slot,
             handle.pid,
             handle.pid_start_time,
             data.cgroup,
-            data.lower,
             fd,
             true,
         )
         .is_ok()
+    }
+
+    async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
+        let kept: BTreeSet<(u32, i32, u64)> = keep
+            .iter()
+            .filter(|h| h.driver == DRIVER_NAME)
+            .map(|h| (h.slot, h.pid, h.pid_start_time))
+            .collect();
+        let kept_slots: BTreeSet<u32> = kept.iter().map(|k| k.0).collect();
+        let mut reclaimed = 0;
+
+        // 1. Sandboxes this driver tracks but the engine no longer wants.
+        let tracked: Vec<(u32, i32, u64, String)> = {
+            let slots = self.inner.slots.lock().expect("slot table poisoned");
+            slots
+                .iter_taken()
+                .filter(|(n, sb)| !kept.contains(&(*n, sb.pid, sb.start_time)))
+                .map(|(n, sb)| (n, sb.pid, sb.start_time, sb.cgroup.clone()))
+                .collect()
+        };
+        for (n, pid, st, cg) in tracked {
+            self.teardown(n, pid, st, Some(&cg), false).await?;
+            reclaimed += 1;
+        }
+
+        // 2. Slot directories left by a previous run (live or dead sandboxes).
+        let free = |n: u32| {
+            let slots = self.inner.slots.lock().expect("slot table poisoned");
+            !slots.is_busy(n) && !kept_slots.contains(&n)
+        };
+        let sdir = self.inner.cfg.state_dir.join("s");
+        let on_disk: Vec<u32> = fs::read_dir(&sdir)
+            .map_err(|e| DriverError::io(format!("read {}", sdir.display()), e))?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        for n in on_disk.into_iter().filter(|n| free(*n)) {
+            let (pid, st, cg) = self.slot_owner(n).unwrap_or((0, 0, None));
+            self.teardown(n, pid, st, cg.as_deref(), false).await?;
+            reclaimed += 1;
+        }
+
+        // 3. Sandbox cgroups whose slot is free (e.g. a crash before the pid file was written).
+        let names = self
+            .inner
+            .cgroups
+            .list()
+            .map_err(|e| DriverError::io("list sandbox cgroups", e))?;
+        for name in names {
+            let Some(n) = name.split('-').next().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if kept_slots.contains(&n) {
+                continue;
+            }
+            // Hold the slot while its cgroup goes, so no start can pick it meanwhile. Slots
+            // beyond max_slots (a previous configuration) cannot be started into anyway.
+            let reserved = {
+                let mut slots = self.inner.slots.lock().expect("slot table poisoned");
+                if n < slots.max() && !slots.reserve_at(n) {
+                    continue;
+                }
+                n < slots.max()
+            };
+            let inner = self.inner.clone();
+            let r = tokio::task::spawn_blocking(move || {
+                let _ = inner.cgroups.kill_all(&name);
+                cgroup::remove_with_retry(inner.cgroups.as_ref(), &name, CGROUP_DRAIN_BUDGET)
+            })
+            .await
+            .unwrap_or_else(|e| Err(io::Error::other(e.to_string())));
+            if reserved {
+                self.inner
+                    .slots
+                    .lock()
+                    .expect("slot table poisoned")
+                    .free(n);
+            }
+            r.map_err(|e| DriverError::io("remove a leftover sandbox cgroup", e))?;
+        }
+        Ok(reclaimed)
     }
 
     async fn connect(&self, handle: &DriverHandle) -> Result<AgentStream, DriverError> {
@@ -807,7 +1035,7 @@ impl Driver for JailDriver {
             }
         }
         let sock = self.sock_path(handle.slot);
-        let s = tokio::net::UnixStream::connect(&sock)
+        let s = connect_agent(&sock)
             .await
             .map_err(|e| DriverError::Connect(format!("{}: {e}", sock.display())))?;
         Ok(Box::new(s))
@@ -873,11 +1101,48 @@ mod tests {
         let inner = t.path().join("a/b");
         fs::create_dir_all(&inner).unwrap();
         fs::set_permissions(t.path().join("a"), fs::Permissions::from_mode(0o700)).unwrap();
-        let e = check_searchable(&inner, "state_dir").unwrap_err().to_string();
+        let e = check_searchable(&inner, "state_dir")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("needs o+x"), "{e}");
         fs::set_permissions(t.path().join("a"), fs::Permissions::from_mode(0o711)).unwrap();
         fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
         check_searchable(&inner, "state_dir").unwrap();
+    }
+
+    #[test]
+    fn log_tail_ignores_symlinks_and_fifos() {
+        let t = tempfile::tempdir().unwrap();
+        let secret = t.path().join("secret");
+        fs::write(&secret, "host secret").unwrap();
+        let log = t.path().join("agent.log");
+        std::os::unix::fs::symlink(&secret, &log).unwrap();
+        assert_eq!(log_tail(&log), "");
+        fs::remove_file(&log).unwrap();
+        let c = sys::cpath(&log).unwrap();
+        // SAFETY: valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        assert_eq!(log_tail(&log), "");
+        fs::remove_file(&log).unwrap();
+        fs::write(&log, "line 1\nboom\n").unwrap();
+        assert_eq!(log_tail(&log), "; agent output: line 1\nboom");
+    }
+
+    #[tokio::test]
+    async fn agent_connections_refuse_symlinks() {
+        let t = tempfile::tempdir().unwrap();
+        let real = t.path().join("real.sock");
+        let listener = tokio::net::UnixListener::bind(&real).unwrap();
+        connect_agent(&real).await.unwrap();
+        let (_conn, _) = listener.accept().await.unwrap();
+        let link = t.path().join("agent.sock");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        // O_PATH|O_NOFOLLOW opens the link itself, which is not a socket.
+        let e = connect_agent(&link).await.unwrap_err();
+        assert!(e.to_string().contains("is not a socket"), "{e}");
+        let file = t.path().join("plain");
+        fs::write(&file, "").unwrap();
+        assert!(connect_agent(&file).await.is_err());
     }
 
     #[test]

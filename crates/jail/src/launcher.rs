@@ -36,7 +36,9 @@ pub fn main() -> ! {
     let (reply, code) = match req {
         Err(e) => (LaunchReply::Failed { error: e }, 2),
         Ok(LaunchRequest::Start(spec)) => finish(start(&spec)),
-        Ok(LaunchRequest::Idmap(spec)) => finish(idmap(&spec).map(|()| LaunchReply::Done { ok: true })),
+        Ok(LaunchRequest::Idmap(spec)) => {
+            finish(idmap(&spec).map(|()| LaunchReply::Done { ok: true }))
+        }
     };
     let mut out = std::io::stdout().lock();
     let line = serde_json::to_string(&reply).unwrap_or_else(|_| r#"{"error":"reply"}"#.into());
@@ -139,14 +141,9 @@ fn start(spec: &StartSpec) -> Result<LaunchReply, String> {
         kill_and_reap(pid);
         return Err(String::from_utf8_lossy(&msg).into_owned());
     }
-    // EOF without a message: exec succeeded, unless the child died without a word (e.g. a
-    // signal during setup).
-    let mut status = 0;
-    // SAFETY: non-blocking wait for our own child.
-    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-    if r == pid {
-        return Err(format!("sandbox init died during setup (wait status {status:#x})"));
-    }
+    // EOF without a message: execve succeeded. The agent may already have exited again; it is
+    // deliberately not reaped here, so its status reaches the server (its new parent) with
+    // the agent's own output.
     Ok(LaunchReply::Started { pid, start_time })
 }
 
@@ -182,8 +179,10 @@ fn make_idmapped(source: &Path, target: &Path, userns: RawFd) -> Result<(), Stri
         .map_err(|e| format!("open_tree {}: {e}", source.display()))?;
     // nosuid/nodev: the view is reachable on the host too, and its set-uid files appear owned
     // by the slot's uid; nobody on the host should be able to become that uid through it.
-    let attrs =
-        sys::MOUNT_ATTR_IDMAP | sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    let attrs = sys::MOUNT_ATTR_IDMAP
+        | sys::MOUNT_ATTR_RDONLY
+        | sys::MOUNT_ATTR_NOSUID
+        | sys::MOUNT_ATTR_NODEV;
     sys::mount_setattr(
         tree.as_raw_fd(),
         Path::new(""),
@@ -191,7 +190,12 @@ fn make_idmapped(source: &Path, target: &Path, userns: RawFd) -> Result<(), Stri
         attrs,
         Some(userns),
     )
-    .map_err(|e| format!("mount_setattr(MOUNT_ATTR_IDMAP) on {}: {e}", source.display()))?;
+    .map_err(|e| {
+        format!(
+            "mount_setattr(MOUNT_ATTR_IDMAP) on {}: {e}",
+            source.display()
+        )
+    })?;
     sys::move_mount_to(tree.as_fd(), target)
         .map_err(|e| format!("move_mount to {}: {e}", target.display()))
 }

@@ -99,14 +99,20 @@ pub enum JailError {
 
 impl JailError {
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> JailError {
-        JailError::Io { context: context.into(), source }
+        JailError::Io {
+            context: context.into(),
+            source,
+        }
     }
 }
 
 impl From<JailError> for DriverError {
     fn from(e: JailError) -> DriverError {
         match e {
-            JailError::Unsupported(reason) => DriverError::Unsupported { driver: "jail", reason },
+            JailError::Unsupported(reason) => DriverError::Unsupported {
+                driver: "jail",
+                reason,
+            },
             JailError::Config(m) => DriverError::Start(m),
             JailError::Io { context, source } => DriverError::Io { context, source },
         }

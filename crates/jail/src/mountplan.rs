@@ -40,22 +40,56 @@ pub const READONLY_PROC: [&str; 4] = ["sys", "bus", "fs", "irq"];
 pub enum Step {
     /// Make every mount private so nothing we do propagates back to the host.
     PrivateRoot,
-    Overlay { lower: PathBuf, upper: PathBuf, work: PathBuf, target: PathBuf },
-    Mkdir { path: PathBuf, mode: u32 },
+    Overlay {
+        lower: PathBuf,
+        upper: PathBuf,
+        work: PathBuf,
+        target: PathBuf,
+        /// `volatile`: no syncs of the upper filesystem (see `StartSpec::volatile_upper`).
+        volatile: bool,
+    },
+    Mkdir {
+        path: PathBuf,
+        mode: u32,
+    },
     /// Create an empty file to bind a file onto.
-    Touch { path: PathBuf },
-    Symlink { target: PathBuf, link: PathBuf },
-    Mount { fstype: String, target: PathBuf, flags: u64, data: String },
-    Bind { source: PathBuf, target: PathBuf },
-    ReadOnly { target: PathBuf, recursive: bool },
+    Touch {
+        path: PathBuf,
+    },
+    Symlink {
+        target: PathBuf,
+        link: PathBuf,
+    },
+    Mount {
+        fstype: String,
+        target: PathBuf,
+        flags: u64,
+        data: String,
+    },
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+    },
+    ReadOnly {
+        target: PathBuf,
+        recursive: bool,
+    },
     /// `pivot_root` into `new_root` and lazily detach the old root.
-    PivotRoot { new_root: PathBuf },
+    PivotRoot {
+        new_root: PathBuf,
+    },
     /// Hide a file (if it exists) behind `/dev/null`.
-    MaskFile { path: PathBuf },
+    MaskFile {
+        path: PathBuf,
+    },
     /// Hide a directory (if it exists) behind an empty read-only tmpfs.
-    MaskDir { path: PathBuf },
+    MaskDir {
+        path: PathBuf,
+    },
     /// Make an existing subtree read-only (bind onto itself, then `MOUNT_ATTR_RDONLY`).
-    ReadOnlyIfExists { path: PathBuf },
+    ReadOnlyIfExists {
+        path: PathBuf,
+    },
 }
 
 const NOSUID: u64 = libc::MS_NOSUID;
@@ -73,15 +107,22 @@ pub fn plan(spec: &StartSpec) -> Vec<Step> {
             upper: spec.upper.clone(),
             work: spec.work.clone(),
             target: root.clone(),
+            volatile: spec.volatile_upper,
         },
-        Step::Mkdir { path: at("proc"), mode: 0o555 },
+        Step::Mkdir {
+            path: at("proc"),
+            mode: 0o555,
+        },
         Step::Mount {
             fstype: "proc".into(),
             target: at("proc"),
             flags: NOSUID | NODEV | NOEXEC,
             data: String::new(),
         },
-        Step::Mkdir { path: at("dev"), mode: 0o755 },
+        Step::Mkdir {
+            path: at("dev"),
+            mode: 0o755,
+        },
         Step::Mount {
             fstype: "tmpfs".into(),
             target: at("dev"),
@@ -91,66 +132,123 @@ pub fn plan(spec: &StartSpec) -> Vec<Step> {
     ];
     for dev in DEVICES {
         let target = at(&format!("dev/{dev}"));
-        s.push(Step::Touch { path: target.clone() });
-        s.push(Step::Bind { source: Path::new("/dev").join(dev), target });
+        s.push(Step::Touch {
+            path: target.clone(),
+        });
+        s.push(Step::Bind {
+            source: Path::new("/dev").join(dev),
+            target,
+        });
     }
     s.extend([
-        Step::Mkdir { path: at("dev/pts"), mode: 0o755 },
+        Step::Mkdir {
+            path: at("dev/pts"),
+            mode: 0o755,
+        },
         Step::Mount {
             fstype: "devpts".into(),
             target: at("dev/pts"),
             flags: NOSUID | NOEXEC,
             data: "newinstance,ptmxmode=0666,mode=0620,gid=5".into(),
         },
-        Step::Symlink { target: "pts/ptmx".into(), link: at("dev/ptmx") },
-        Step::Symlink { target: "/proc/self/fd".into(), link: at("dev/fd") },
-        Step::Symlink { target: "/proc/self/fd/0".into(), link: at("dev/stdin") },
-        Step::Symlink { target: "/proc/self/fd/1".into(), link: at("dev/stdout") },
-        Step::Symlink { target: "/proc/self/fd/2".into(), link: at("dev/stderr") },
-        Step::Mkdir { path: at("dev/shm"), mode: 0o1777 },
+        Step::Symlink {
+            target: "pts/ptmx".into(),
+            link: at("dev/ptmx"),
+        },
+        Step::Symlink {
+            target: "/proc/self/fd".into(),
+            link: at("dev/fd"),
+        },
+        Step::Symlink {
+            target: "/proc/self/fd/0".into(),
+            link: at("dev/stdin"),
+        },
+        Step::Symlink {
+            target: "/proc/self/fd/1".into(),
+            link: at("dev/stdout"),
+        },
+        Step::Symlink {
+            target: "/proc/self/fd/2".into(),
+            link: at("dev/stderr"),
+        },
+        Step::Mkdir {
+            path: at("dev/shm"),
+            mode: 0o1777,
+        },
         Step::Mount {
             fstype: "tmpfs".into(),
             target: at("dev/shm"),
             flags: NOSUID | NODEV,
             data: format!("mode=1777,size={}m", spec.shm_size_mb.max(1)),
         },
-        Step::Mkdir { path: at("tmp"), mode: 0o1777 },
+        Step::Mkdir {
+            path: at("tmp"),
+            mode: 0o1777,
+        },
         Step::Mount {
             fstype: "tmpfs".into(),
             target: at("tmp"),
             flags: NOSUID | NODEV,
             data: format!("mode=1777,size={}m", spec.tmp_size_mb.max(1)),
         },
-        Step::Mkdir { path: at("run"), mode: 0o755 },
+        Step::Mkdir {
+            path: at("run"),
+            mode: 0o755,
+        },
         Step::Mount {
             fstype: "tmpfs".into(),
             target: at("run"),
             flags: NOSUID | NODEV,
             data: "mode=755,size=64m".into(),
         },
-        Step::Mkdir { path: at("run/bulkhead/sock"), mode: 0o755 },
-        Step::Touch { path: at(AGENT_PATH) },
-        Step::Bind { source: spec.agent_binary.clone(), target: at(AGENT_PATH) },
-        Step::ReadOnly { target: at(AGENT_PATH), recursive: false },
-        Step::Bind { source: spec.sock_dir.clone(), target: at(SOCK_DIR) },
+        Step::Mkdir {
+            path: at("run/bulkhead/sock"),
+            mode: 0o755,
+        },
+        Step::Touch {
+            path: at(AGENT_PATH),
+        },
+        Step::Bind {
+            source: spec.agent_binary.clone(),
+            target: at(AGENT_PATH),
+        },
+        Step::ReadOnly {
+            target: at(AGENT_PATH),
+            recursive: false,
+        },
+        Step::Bind {
+            source: spec.sock_dir.clone(),
+            target: at(SOCK_DIR),
+        },
         // /sys is never mounted: an empty read-only tmpfs hides whatever the image holds.
-        Step::Mkdir { path: at("sys"), mode: 0o555 },
+        Step::Mkdir {
+            path: at("sys"),
+            mode: 0o555,
+        },
         Step::Mount {
             fstype: "tmpfs".into(),
             target: at("sys"),
             flags: libc::MS_RDONLY | NOSUID | NODEV | NOEXEC,
             data: "mode=555,size=4k".into(),
         },
-        Step::PivotRoot { new_root: root.clone() },
+        Step::PivotRoot {
+            new_root: root.clone(),
+        },
     ]);
     for p in READONLY_PROC {
-        s.push(Step::ReadOnlyIfExists { path: Path::new("/proc").join(p) });
+        s.push(Step::ReadOnlyIfExists {
+            path: Path::new("/proc").join(p),
+        });
     }
     for f in MASKED_PROC_FILES {
-        s.push(Step::MaskFile { path: Path::new("/proc").join(f) });
+        s.push(Step::MaskFile {
+            path: Path::new("/proc").join(f),
+        });
     }
     for d in MASKED_PROC_DIRS {
-        s.push(Step::MaskDir { path: Path::new("/proc").join(d) });
+        s.push(Step::MaskDir {
+            path: Path::new("/proc").join(d),
+        });
     }
     s
 }
@@ -191,7 +289,10 @@ impl std::fmt::Display for StepError {
 /// Run a plan. Optional steps (masks of entries this kernel lacks) are skipped silently.
 pub fn apply(plan: &[Step], sys: &mut dyn MountSys) -> Result<(), StepError> {
     for step in plan {
-        apply_one(step, sys).map_err(|source| StepError { step: describe(step), source })?;
+        apply_one(step, sys).map_err(|source| StepError {
+            step: describe(step),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -205,13 +306,22 @@ fn apply_one(step: &Step, sys: &mut dyn MountSys) -> io::Result<()> {
             libc::MS_REC | libc::MS_PRIVATE,
             "",
         ),
-        Step::Overlay { lower, upper, work, target } => {
-            let data = format!(
+        Step::Overlay {
+            lower,
+            upper,
+            work,
+            target,
+            volatile,
+        } => {
+            let mut data = format!(
                 "lowerdir={},upperdir={},workdir={},userxattr",
                 escape_overlay(lower),
                 escape_overlay(upper),
                 escape_overlay(work)
             );
+            if *volatile {
+                data.push_str(",volatile");
+            }
             sys.mount("overlay", target, Some("overlay"), 0, &data)
         }
         Step::Mkdir { path, mode } => {
@@ -229,9 +339,12 @@ fn apply_one(step: &Step, sys: &mut dyn MountSys) -> io::Result<()> {
             }
         }
         Step::Symlink { target, link } => sys.symlink(target, link),
-        Step::Mount { fstype, target, flags, data } => {
-            sys.mount(fstype, target, Some(fstype), *flags, data)
-        }
+        Step::Mount {
+            fstype,
+            target,
+            flags,
+            data,
+        } => sys.mount(fstype, target, Some(fstype), *flags, data),
         Step::Bind { source, target } => {
             let src = source.to_string_lossy();
             sys.mount(&src, target, None, libc::MS_BIND, "")
@@ -320,6 +433,7 @@ mod tests {
             cgroup_procs: vec![],
             tmp_size_mb: 128,
             shm_size_mb: 32,
+            volatile_upper: true,
         }
     }
 
@@ -334,9 +448,16 @@ mod tests {
 
     impl Recorder {
         fn log(&mut self, call: String) -> io::Result<()> {
-            let fail = self.fail_on.as_ref().is_some_and(|f| call.contains(f.as_str()));
+            let fail = self
+                .fail_on
+                .as_ref()
+                .is_some_and(|f| call.contains(f.as_str()));
             self.calls.push(call);
-            if fail { Err(io::Error::from_raw_os_error(libc::EPERM)) } else { Ok(()) }
+            if fail {
+                Err(io::Error::from_raw_os_error(libc::EPERM))
+            } else {
+                Ok(())
+            }
         }
     }
 
@@ -356,7 +477,11 @@ mod tests {
             self.log(format!("touch {}", path.display()))
         }
         fn symlink(&mut self, target: &Path, link: &Path) -> io::Result<()> {
-            self.log(format!("symlink {} -> {}", link.display(), target.display()))
+            self.log(format!(
+                "symlink {} -> {}",
+                link.display(),
+                target.display()
+            ))
         }
         fn mount(
             &mut self,
@@ -400,7 +525,7 @@ mod tests {
         assert!(c[0].starts_with("mount none / - 0x44000"), "{}", c[0]); // MS_REC|MS_PRIVATE
         let overlay = position(c, "mount overlay /j/s/0/merged overlay");
         assert!(c[overlay].ends_with(
-            "lowerdir=/j/l/0-abc,upperdir=/j/s/0/upper,workdir=/j/s/0/work,userxattr"
+            "lowerdir=/j/l/0-abc,upperdir=/j/s/0/upper,workdir=/j/s/0/work,userxattr,volatile"
         ));
         let proc_ = position(c, "mount proc /j/s/0/merged/proc proc");
         let dev = position(c, "mount tmpfs /j/s/0/merged/dev tmpfs");
@@ -419,7 +544,7 @@ mod tests {
         let agent_ro = position(c, "ro /j/s/0/merged/run/bulkhead/agent false");
         assert!(position(c, "merged/run tmpfs") < agent_bind && agent_bind < agent_ro);
         position(c, "mount /j/s/0/sock /j/s/0/merged/run/bulkhead/sock");
-        assert!(c[position(c, "merged/sys tmpfs")].contains("0x1")); // MS_RDONLY
+        assert!(c[position(c, "merged/sys tmpfs")].contains(" 0xf ")); // MS_RDONLY|NOSUID|NODEV|NOEXEC
 
         // After the pivot: /proc masks only for entries that exist.
         let keys = position(c, "mount /dev/null /proc/keys");
@@ -436,13 +561,24 @@ mod tests {
         let mut r = Recorder::default();
         r.dirs.insert("/j/s/0/merged/proc".into());
         apply(&plan(&spec()), &mut r).unwrap();
-        assert!(!r.calls.iter().any(|c| c.starts_with("mkdir /j/s/0/merged/proc ")));
-        assert!(r.calls.iter().any(|c| c.starts_with("mkdir /j/s/0/merged/tmp 1777")));
+        assert!(
+            !r.calls
+                .iter()
+                .any(|c| c.starts_with("mkdir /j/s/0/merged/proc "))
+        );
+        assert!(
+            r.calls
+                .iter()
+                .any(|c| c.starts_with("mkdir /j/s/0/merged/tmp 1777"))
+        );
     }
 
     #[test]
     fn failures_name_the_step() {
-        let mut r = Recorder { fail_on: Some("overlay".into()), ..Default::default() };
+        let mut r = Recorder {
+            fail_on: Some("overlay".into()),
+            ..Default::default()
+        };
         let err = apply(&plan(&spec()), &mut r).unwrap_err();
         let msg = err.to_string();
         assert!(msg.starts_with("mount overlay on /j/s/0/merged: "), "{msg}");

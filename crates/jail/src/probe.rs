@@ -49,10 +49,12 @@ pub fn probe() -> HostReport {
         .and_then(|s| s.trim().parse::<u64>().ok())
         .is_some_and(|n| n > 0)
         && std::path::Path::new("/proc/self/ns/user").exists();
-    let overlay = std::fs::read_to_string("/proc/filesystems")
-        .is_ok_and(|s| s.lines().any(|l| l.split_whitespace().last() == Some("overlay")));
-    let seccomp = std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail")
-        .is_ok_and(|s| {
+    let overlay = std::fs::read_to_string("/proc/filesystems").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.split_whitespace().last() == Some("overlay"))
+    });
+    let seccomp =
+        std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail").is_ok_and(|s| {
             let w: Vec<&str> = s.split_whitespace().collect();
             w.contains(&"errno") && w.contains(&"kill_process")
         });
@@ -75,10 +77,22 @@ pub fn probe() -> HostReport {
         }
     };
     need(is_root, "the server must run as root");
-    need(user_namespaces, "user namespaces are disabled (user.max_user_namespaces = 0)");
-    need(r.idmapped_mounts, "idmapped overlay lower layers need Linux 5.19 or newer");
-    need(r.overlay_userxattr, "overlayfs with userxattr is unavailable");
-    need(seccomp, "seccomp filters (errno, kill_process) are unavailable");
+    need(
+        user_namespaces,
+        "user namespaces are disabled (user.max_user_namespaces = 0)",
+    );
+    need(
+        r.idmapped_mounts,
+        "idmapped overlay lower layers need Linux 5.19 or newer",
+    );
+    need(
+        r.overlay_userxattr,
+        "overlayfs with userxattr is unavailable",
+    );
+    need(
+        seccomp,
+        "seccomp filters (errno, kill_process) are unavailable",
+    );
     need(r.pidfd, "pidfds need Linux 5.4 or newer");
     if let Err(e) = cgroup {
         r.problems.push(e);

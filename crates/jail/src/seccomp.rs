@@ -161,8 +161,8 @@ pub fn constant(name: &str) -> Option<u64> {
 /// fails the unit tests instead of silently allowing the intended syscall.
 pub fn syscall_number(name: &str) -> Option<i64> {
     macro_rules! table {
-        ($($n:ident),* $(,)?) => {
-            match name {
+        ($name:expr; $($n:ident),* $(,)?) => {
+            match $name {
                 $(stringify!($n) => Some(libc::$n as i64),)*
                 // Numbers libc does not name (x86_64 table).
                 "SYS_create_module" => Some(174),
@@ -174,8 +174,8 @@ pub fn syscall_number(name: &str) -> Option<i64> {
         };
     }
     let full = format!("SYS_{name}");
-    let name = full.as_str();
-    table!(
+    #[rustfmt::skip]
+    let nr = table!(full.as_str();
         SYS_mount, SYS_umount2, SYS_pivot_root, SYS_move_mount, SYS_open_tree, SYS_fsopen,
         SYS_fsconfig, SYS_fsmount, SYS_fspick, SYS_mount_setattr, SYS_setns, SYS_unshare,
         SYS_clone, SYS_clone3, SYS_fork, SYS_vfork, SYS_init_module, SYS_finit_module,
@@ -192,7 +192,8 @@ pub fn syscall_number(name: &str) -> Option<i64> {
         SYS_move_pages, SYS_set_mempolicy, SYS_get_mempolicy, SYS_setrlimit,
         SYS_prlimit64, SYS_landlock_create_ruleset, SYS_seccomp, SYS_getpid, SYS_execve,
         SYS_read, SYS_write, SYS_openat,
-    )
+    );
+    nr
 }
 
 /// A validated policy, grouped by action: `syscall -> None` means unconditional.
@@ -217,11 +218,13 @@ impl Policy {
     /// Validate and group the rules.
     pub fn compile(&self) -> Result<Compiled, PolicyError> {
         if self.arch != "x86_64" {
-            return Err(PolicyError::Invalid(format!("unsupported arch {:?}", self.arch)));
+            return Err(PolicyError::Invalid(format!(
+                "unsupported arch {:?}",
+                self.arch
+            )));
         }
         let default = action(&self.default_action)?;
-        let mut groups: BTreeMap<Action, BTreeMap<i64, Option<Vec<SeccompRule>>>> =
-            BTreeMap::new();
+        let mut groups: BTreeMap<Action, BTreeMap<i64, Option<Vec<SeccompRule>>>> = BTreeMap::new();
         let mut owner: BTreeMap<i64, Action> = BTreeMap::new();
         for rule in &self.rules {
             let act = action(&rule.action)?;
@@ -242,11 +245,18 @@ impl Policy {
                 sec_rules.push(seccomp_rule(vec![condition(c)?])?);
             }
             if !rule.all.is_empty() {
-                let conds = rule.all.iter().map(condition).collect::<Result<Vec<_>, _>>()?;
+                let conds = rule
+                    .all
+                    .iter()
+                    .map(condition)
+                    .collect::<Result<Vec<_>, _>>()?;
                 sec_rules.push(seccomp_rule(conds)?);
             }
             if rule.syscalls.is_empty() {
-                return Err(PolicyError::Invalid(format!("rule {:?} has no syscalls", rule.comment)));
+                return Err(PolicyError::Invalid(format!(
+                    "rule {:?} has no syscalls",
+                    rule.comment
+                )));
             }
             for name in &rule.syscalls {
                 let nr = syscall_number(name)
@@ -258,7 +268,11 @@ impl Policy {
                         "syscall {name} has two different actions"
                     )));
                 }
-                let slot = groups.entry(act).or_default().entry(nr).or_insert(Some(Vec::new()));
+                let slot = groups
+                    .entry(act)
+                    .or_default()
+                    .entry(nr)
+                    .or_insert(Some(Vec::new()));
                 match (slot.as_mut(), sec_rules.is_empty()) {
                     // Unconditional wins over any conditions.
                     (_, true) => *slot = None,
@@ -308,9 +322,15 @@ fn condition(c: &CondSpec) -> Result<SeccompCondition, PolicyError> {
             )));
         }
     };
-    let len = if c.qword { SeccompCmpArgLen::Qword } else { SeccompCmpArgLen::Dword };
+    let len = if c.qword {
+        SeccompCmpArgLen::Qword
+    } else {
+        SeccompCmpArgLen::Dword
+    };
     if !c.qword && val > u64::from(u32::MAX) {
-        return Err(PolicyError::Invalid(format!("value {val:#x} does not fit a 32-bit argument")));
+        return Err(PolicyError::Invalid(format!(
+            "value {val:#x} does not fit a 32-bit argument"
+        )));
     }
     SeccompCondition::new(c.arg, len, op, val).map_err(|e| PolicyError::Compile(e.to_string()))
 }
@@ -319,13 +339,19 @@ const AUDIT_ARCH_X86_64: u32 = 62 | 0x8000_0000 | 0x4000_0000;
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
 fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter { code, jt: 0, jf: 0, k }
+    sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
 }
 fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code, jt, jf, k }
 }
 
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
+/// BPF_LD | BPF_W | BPF_ABS (the class and size bits are zero).
+const BPF_LD_W_ABS: u16 = 0x20;
 const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
 const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
 const BPF_RET_K: u16 = 0x06;
@@ -359,10 +385,9 @@ impl Compiled {
                 TargetArch::x86_64,
             )
             .map_err(|e| PolicyError::Compile(e.to_string()))?;
-            let prog: BpfProgram =
-                filter.try_into().map_err(|e: seccompiler::BackendError| {
-                    PolicyError::Compile(e.to_string())
-                })?;
+            let prog: BpfProgram = filter
+                .try_into()
+                .map_err(|e: seccompiler::BackendError| PolicyError::Compile(e.to_string()))?;
             out.push(prog);
         }
         Ok(out)
@@ -399,9 +424,9 @@ mod tests {
             let i = &prog[pc];
             pc += 1;
             match i.code {
-                0x20 => a = word(i.k),                // ld [k]
-                0x54 => a &= i.k,                     // and #k
-                0x05 => pc += i.k as usize,           // ja
+                0x20 => a = word(i.k),      // ld [k]
+                0x54 => a &= i.k,           // and #k
+                0x05 => pc += i.k as usize, // ja
                 0x15 | 0x25 | 0x35 | 0x45 => {
                     let t = match i.code {
                         0x15 => a == i.k,
@@ -451,20 +476,59 @@ mod tests {
     const KILL: u32 = libc::SECCOMP_RET_KILL_PROCESS;
 
     fn check(name: &str, args: [u64; 6]) -> u32 {
-        verdict(&progs(), AUDIT_ARCH_X86_64, syscall_number(name).unwrap(), args)
+        verdict(
+            &progs(),
+            AUDIT_ARCH_X86_64,
+            syscall_number(name).unwrap(),
+            args,
+        )
     }
 
     #[test]
     fn required_syscalls_are_denied_with_eperm() {
         let required = [
-            "mount", "umount2", "pivot_root", "move_mount", "open_tree", "fsopen", "fsconfig",
-            "fsmount", "fspick", "mount_setattr", "setns", "unshare", "init_module",
-            "finit_module", "delete_module", "kexec_load", "kexec_file_load", "reboot",
-            "swapon", "swapoff", "bpf", "perf_event_open", "keyctl", "add_key", "request_key",
-            "userfaultfd", "open_by_handle_at", "name_to_handle_at", "iopl", "ioperm", "syslog",
-            "acct", "clock_settime", "settimeofday", "adjtimex", "clock_adjtime",
-            "io_uring_setup", "io_uring_enter", "io_uring_register", "process_vm_writev",
-            "fanotify_init", "quotactl",
+            "mount",
+            "umount2",
+            "pivot_root",
+            "move_mount",
+            "open_tree",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "mount_setattr",
+            "setns",
+            "unshare",
+            "init_module",
+            "finit_module",
+            "delete_module",
+            "kexec_load",
+            "kexec_file_load",
+            "reboot",
+            "swapon",
+            "swapoff",
+            "bpf",
+            "perf_event_open",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "userfaultfd",
+            "open_by_handle_at",
+            "name_to_handle_at",
+            "iopl",
+            "ioperm",
+            "syslog",
+            "acct",
+            "clock_settime",
+            "settimeofday",
+            "adjtimex",
+            "clock_adjtime",
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "process_vm_writev",
+            "fanotify_init",
+            "quotactl",
         ];
         for name in required {
             assert_eq!(check(name, [0; 6]), EPERM, "{name} must be EPERM");
@@ -478,8 +542,8 @@ mod tests {
 
     #[test]
     fn clone_with_namespace_flags_is_denied_plain_fork_allowed() {
-        let fork_flags = (libc::CLONE_CHILD_SETTID | libc::CLONE_CHILD_CLEARTID) as u64
-            | libc::SIGCHLD as u64;
+        let fork_flags =
+            (libc::CLONE_CHILD_SETTID | libc::CLONE_CHILD_CLEARTID) as u64 | libc::SIGCHLD as u64;
         assert_eq!(check("clone", [fork_flags, 0, 0, 0, 0, 0]), ALLOW);
         let thread_flags = (libc::CLONE_VM
             | libc::CLONE_FS
@@ -507,17 +571,37 @@ mod tests {
 
     #[test]
     fn socket_families_are_filtered() {
-        for fam in [libc::AF_UNIX, libc::AF_INET, libc::AF_INET6, libc::AF_NETLINK] {
-            assert_eq!(check("socket", [fam as u64, 1, 0, 0, 0, 0]), ALLOW, "family {fam}");
+        for fam in [
+            libc::AF_UNIX,
+            libc::AF_INET,
+            libc::AF_INET6,
+            libc::AF_NETLINK,
+        ] {
+            assert_eq!(
+                check("socket", [fam as u64, 1, 0, 0, 0, 0]),
+                ALLOW,
+                "family {fam}"
+            );
         }
-        for fam in [libc::AF_VSOCK, libc::AF_PACKET, libc::AF_ALG, libc::AF_BLUETOOTH] {
-            assert_eq!(check("socket", [fam as u64, 1, 0, 0, 0, 0]), EPERM, "family {fam}");
+        for fam in [
+            libc::AF_VSOCK,
+            libc::AF_PACKET,
+            libc::AF_ALG,
+            libc::AF_BLUETOOTH,
+        ] {
+            assert_eq!(
+                check("socket", [fam as u64, 1, 0, 0, 0, 0]),
+                EPERM,
+                "family {fam}"
+            );
         }
     }
 
     #[test]
     fn ordinary_syscalls_are_allowed() {
-        for name in ["read", "write", "openat", "execve", "getpid", "fork", "vfork", "ptrace"] {
+        for name in [
+            "read", "write", "openat", "execve", "getpid", "fork", "vfork", "ptrace",
+        ] {
             assert_eq!(check(name, [0; 6]), ALLOW, "{name}");
         }
     }
@@ -527,7 +611,10 @@ mod tests {
         const AUDIT_ARCH_I386: u32 = 3 | 0x4000_0000;
         assert_eq!(verdict(&progs(), AUDIT_ARCH_I386, 20, [0; 6]), KILL);
         let x32_getpid = i64::from(X32_SYSCALL_BIT) + libc::SYS_getpid;
-        assert_eq!(verdict(&progs(), AUDIT_ARCH_X86_64, x32_getpid, [0; 6]), KILL);
+        assert_eq!(
+            verdict(&progs(), AUDIT_ARCH_X86_64, x32_getpid, [0; 6]),
+            KILL
+        );
         // A tracer's "skip this syscall" (-1) is left alone.
         assert_eq!(verdict(&progs(), AUDIT_ARCH_X86_64, -1, [0; 6]), ALLOW);
     }
@@ -569,8 +656,8 @@ mod tests {
         assert!(
             err(r#"{"action":{"errno":"EPERM"},"syscalls":["mount"]},
                    {"action":{"errno":"ENOSYS"},"syscalls":["mount"]}"#)
-                .to_string()
-                .contains("two different actions")
+            .to_string()
+            .contains("two different actions")
         );
         assert!(
             err(r#"{"action":"allow","syscalls":["mount"]}"#)
@@ -592,8 +679,18 @@ mod tests {
             "x32_action":"kill_process","rules":[
               {"action":{"errno":"EPERM"},"syscalls":["socket"],"all":[{"arg":0,"eq":"AF_VSOCK"}]},
               {"action":{"errno":"EPERM"},"syscalls":["socket"]}]}"#;
-        let progs = Policy::parse(json).unwrap().compile().unwrap().programs().unwrap();
-        let v = verdict(&progs, AUDIT_ARCH_X86_64, libc::SYS_socket, [libc::AF_INET as u64, 0, 0, 0, 0, 0]);
+        let progs = Policy::parse(json)
+            .unwrap()
+            .compile()
+            .unwrap()
+            .programs()
+            .unwrap();
+        let v = verdict(
+            &progs,
+            AUDIT_ARCH_X86_64,
+            libc::SYS_socket,
+            [libc::AF_INET as u64, 0, 0, 0, 0, 0],
+        );
         assert_eq!(v, EPERM);
     }
 }

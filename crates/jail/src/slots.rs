@@ -17,7 +17,10 @@ pub struct SlotTable<T> {
 
 impl<T> SlotTable<T> {
     pub fn new(max: u32) -> Self {
-        SlotTable { max, slots: BTreeMap::new() }
+        SlotTable {
+            max,
+            slots: BTreeMap::new(),
+        }
     }
 
     /// Reserve the lowest free slot. `foreign` says whether a slot is held by a live sandbox
@@ -27,6 +30,15 @@ impl<T> SlotTable<T> {
         let n = (0..self.max).find(|n| !self.slots.contains_key(n) && !foreign(*n))?;
         self.slots.insert(n, SlotState::Reserved);
         Some(n)
+    }
+
+    /// Reserve a specific slot if it is free (cleanup of a slot nobody holds).
+    pub fn reserve_at(&mut self, n: u32) -> bool {
+        if n >= self.max || self.slots.contains_key(&n) {
+            return false;
+        }
+        self.slots.insert(n, SlotState::Reserved);
+        true
     }
 
     /// Take a specific slot (adoption, or completing a reservation).
@@ -81,7 +93,8 @@ pub fn slot_uid(uid_base: u32, slot: u32) -> u32 {
 
 /// Does `max_slots` ranges from `uid_base` fit below the invalid uid (u32::MAX)?
 pub fn uid_range_fits(uid_base: u32, max_slots: u32) -> bool {
-    u64::from(uid_base) + u64::from(max_slots) * u64::from(crate::IDS_PER_SLOT) < u64::from(u32::MAX)
+    u64::from(uid_base) + u64::from(max_slots) * u64::from(crate::IDS_PER_SLOT)
+        < u64::from(u32::MAX)
 }
 
 #[cfg(test)]
@@ -100,6 +113,16 @@ mod tests {
         assert_eq!(t.reserve(|_| false), Some(0));
         assert_eq!(t.taken(1), Some(&"b"));
         assert_eq!(t.iter_taken().collect::<Vec<_>>(), vec![(1, &"b")]);
+    }
+
+    #[test]
+    fn specific_reservations_only_take_free_slots() {
+        let mut t: SlotTable<u8> = SlotTable::new(2);
+        assert!(t.reserve_at(1));
+        assert!(!t.reserve_at(1));
+        assert!(!t.reserve_at(2));
+        assert_eq!(t.reserve(|_| false), Some(0));
+        assert_eq!(t.reserve(|_| false), None);
     }
 
     #[test]

@@ -27,12 +27,19 @@ struct MountAttr {
 /// A path as a C string; paths with an interior NUL cannot name a file.
 pub fn cpath(p: &Path) -> io::Result<CString> {
     CString::new(p.as_os_str().as_bytes()).map_err(|_| {
-        io::Error::new(io::ErrorKind::InvalidInput, format!("path contains NUL: {}", p.display()))
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("path contains NUL: {}", p.display()),
+        )
     })
 }
 
 fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
 }
 
 /// `open_tree(AT_FDCWD, path, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | flags)`: a detached copy of
@@ -112,14 +119,23 @@ pub fn is_mount_root(path: &Path) -> io::Result<bool> {
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: `c` and `stx` are valid for the duration of the call.
     let r = unsafe {
-        libc::statx(libc::AT_FDCWD, c.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, 0, &mut stx)
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            0,
+            &mut stx,
+        )
     };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
     let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
     if stx.stx_attributes_mask & bit == 0 {
-        return Err(io::Error::new(io::ErrorKind::Unsupported, "statx lacks STATX_ATTR_MOUNT_ROOT"));
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "statx lacks STATX_ATTR_MOUNT_ROOT",
+        ));
     }
     Ok(stx.stx_attributes & bit != 0)
 }
@@ -221,7 +237,9 @@ pub fn kernel_version() -> Option<(u32, u32)> {
         return None;
     }
     // SAFETY: uname NUL-terminates the release field.
-    let rel = unsafe { CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy().into_owned();
+    let rel = unsafe { CStr::from_ptr(u.release.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
     parse_kernel_version(&rel)
 }
 

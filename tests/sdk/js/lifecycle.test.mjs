@@ -104,6 +104,17 @@ t('list with metadata/state filters and pagination', async () => {
   assert.equal(left.length, 2)
 })
 
+t('list metadata filter with special characters', async () => {
+  // The SDK encodes keys and values, then the whole k=v&… string: the server decodes twice.
+  const tag = randomBytes(4).toString('hex')
+  const md = { 'odd key/ü': `v a/l=u&e ü+%20 ${tag}` }
+  const sbx = await create({ metadata: md })
+  await create({ metadata: { 'odd key/ü': `other ${tag}` } })
+  const found = await listAll({ query: { metadata: md } })
+  assert.deepEqual(found.map((s) => s.sandboxId), [sbx.sandboxId])
+  assert.equal(found[0].metadata['odd key/ü'], md['odd key/ü'])
+})
+
 t('setTimeout moves endAt both ways', async () => {
   const sbx = await create({ timeoutMs: 60_000 })
   const end0 = (await sbx.getInfo()).endAt

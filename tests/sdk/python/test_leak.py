@@ -22,7 +22,7 @@ from bulkhead_testlib import TEMPLATE, HostState, wait_until
 
 CYCLES = 200
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _not_above(baseline: HostState, server):

@@ -143,6 +143,18 @@ def test_list_metadata_state_filters_and_pagination(sandbox_factory):
     assert {s.sandbox_id for s in after} == ids - {boxes[0].sandbox_id}
 
 
+def test_list_metadata_filter_with_special_characters(sandbox_factory):
+    # The SDK URL-encodes each key and value, then the whole `k=v&…` string again: the server
+    # must decode twice (as E2B's API does).
+    tag = uuid.uuid4().hex[:8]
+    md = {"odd key/ü": f"v a/l=u&e ü+%20 {tag}"}
+    sbx = sandbox_factory(metadata=md)
+    sandbox_factory(metadata={"odd key/ü": f"other {tag}"})
+    found = _list_all(SandboxQuery(metadata=md))
+    assert [s.sandbox_id for s in found] == [sbx.sandbox_id]
+    assert found[0].metadata["odd key/ü"] == md["odd key/ü"]
+
+
 def test_set_timeout_moves_end_at_both_ways(sandbox_factory):
     sbx = sandbox_factory(timeout=60)
     end0 = aware(sbx.get_info().end_at)

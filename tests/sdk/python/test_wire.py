@@ -3,6 +3,7 @@ names, error shape, auth, both create/connect generations, routing by header."""
 
 from __future__ import annotations
 
+import http.client as http_client
 import json
 import re
 import urllib.parse
@@ -117,11 +118,9 @@ def test_create_errors(api):
 
 def test_create_accepts_chunked_body(server):
     # The JS SDK sends control-plane bodies with Transfer-Encoding: chunked.
-    import http.client
-
     body = json.dumps({"templateID": TEMPLATE, "timeout": 60, "metadata": {"bulkhead-test": "wire"}}).encode()
     host, port = urllib.parse.urlsplit(server.url).netloc.split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn = http_client.HTTPConnection(host, int(port), timeout=60)
     conn.putrequest("POST", "/v2/sandboxes")
     conn.putheader("X-API-Key", server.api_key)
     conn.putheader("Content-Type", "application/json")

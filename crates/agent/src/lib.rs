@@ -1,0 +1,123 @@
+//! `bulkhead-agent`: the process that runs inside each sandbox and serves the envd API the
+//! E2B SDKs speak (Connect JSON `process.Process` and `filesystem.Filesystem`, plus `/files`,
+//! `/health`, `/init`, `/envs`, `/metrics`).
+//!
+//! The host reaches it over a Unix socket (jail driver) or another byte stream, forwarding the
+//! SDK's HTTP/1.1 requests unchanged. Module map:
+//!
+//! - [`init`]: pid-1 duties (session, reaping orphans) before the runtime starts;
+//! - [`server`]: routing by sandbox port, envd routes, access-token check;
+//! - [`connect`]: Connect protocol server glue (unary, server and client streams);
+//! - [`process`]: processes, PTYs, output streaming, exit history;
+//! - [`filesystem`]: filesystem RPCs and inotify watches;
+//! - [`files`]: streaming upload/download with signed URLs;
+//! - [`control`]: `/health`, `/init`, `/envs`, `/metrics`;
+//! - [`creds`], [`users`], [`paths`]: acting as the requesting user.
+
+pub mod cli;
+pub mod connect;
+pub mod control;
+pub mod creds;
+pub mod files;
+pub mod filesystem;
+pub mod init;
+pub mod paths;
+pub mod process;
+pub mod server;
+pub mod state;
+pub mod users;
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+
+use axum::serve::ListenerExt;
+
+pub use cli::{Args, ListenAddr};
+pub use state::{AppState, Config, SharedState};
+
+/// Renders an error and its chain of sources as `outer: inner: innermost`.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let next = e.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = e.source();
+    }
+    text
+}
+
+/// Errors starting the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Something other than a socket is in the way.
+    #[error("{0} exists and is not a socket; remove it or choose another --listen path")]
+    NotASocket(std::path::PathBuf),
+    /// Binding failed.
+    #[error("Could not listen on {addr}")]
+    Bind {
+        /// Address.
+        addr: ListenAddr,
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Serving failed.
+    #[error("The HTTP server failed")]
+    Serve(#[source] io::Error),
+}
+
+/// Serves until SIGTERM or SIGINT.
+pub async fn run(args: &Args) -> Result<(), ServeError> {
+    let config = Config {
+        default_user: args.default_user.clone(),
+        max_background_processes: usize::try_from(args.max_background_processes).unwrap_or(usize::MAX),
+    };
+    let state = AppState::new(&config);
+    let app = server::app(state);
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            () = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
+        tracing::info!("shutting down");
+    };
+    let bind_err = |source| ServeError::Bind { addr: args.listen.clone(), source };
+    match &args.listen {
+        ListenAddr::Unix(path) => {
+            match std::fs::symlink_metadata(path) {
+                Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).map_err(bind_err)?,
+                Ok(_) => return Err(ServeError::NotASocket(path.clone())),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(bind_err(e)),
+            }
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(bind_err)?;
+            }
+            let listener = tokio::net::UnixListener::bind(path).map_err(bind_err)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+            tracing::info!(listen = %args.listen, "agent listening");
+            // Streams (process output, watches) never end by themselves, so shutdown does not wait
+            // for connections to finish: the sandbox is going away.
+            tokio::select! {
+                r = axum::serve(listener, app) => r.map_err(ServeError::Serve)?,
+                () = shutdown => {}
+            }
+        }
+        ListenAddr::Tcp(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind_err)?.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            tracing::info!(listen = %args.listen, "agent listening");
+            tokio::select! {
+                r = axum::serve(listener, app) => r.map_err(ServeError::Serve)?,
+                () = shutdown => {}
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! HTTP routing: by sandbox port first (the host forwards the client's `E2b-Sandbox-Port`
+//! header), then the envd routes, behind the access-token check.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bulkhead_envd::rest::{ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, HEADER_SANDBOX_PORT, PortClosedBody};
+use bulkhead_envd::{ConnectError, filesystem, process};
+use tower::ServiceExt as _;
+
+use crate::connect;
+use crate::files::{constant_time_eq, error_json};
+use crate::state::SharedState;
+
+/// Routes requests to a per-port router; requests without a port header go to envd.
+///
+/// To serve another in-sandbox port (e.g. the code interpreter on 49999), add its router with
+/// [`PortRouter::with_port`].
+#[derive(Clone)]
+pub struct PortRouter {
+    routes: Arc<HashMap<u16, Router>>,
+    default_port: u16,
+}
+
+impl PortRouter {
+    /// A router whose default port (used when the header is absent) is served by `router`.
+    pub fn new(default_port: u16, router: Router) -> Self {
+        Self { routes: Arc::new(HashMap::from([(default_port, router)])), default_port }
+    }
+
+    /// Serves `port` with `router`.
+    #[must_use]
+    pub fn with_port(mut self, port: u16, router: Router) -> Self {
+        Arc::make_mut(&mut self.routes).insert(port, router);
+        self
+    }
+
+    /// The axum app.
+    pub fn into_router(self) -> Router {
+        Router::new().fallback(move |request: Request| {
+            let this = self.clone();
+            async move { this.dispatch(request).await }
+        })
+    }
+
+    async fn dispatch(&self, request: Request) -> Response {
+        let port = match request.headers().get(HEADER_SANDBOX_PORT) {
+            None => Some(self.default_port),
+            Some(value) => value.to_str().ok().and_then(|v| v.trim().parse::<u16>().ok()),
+        };
+        match port.and_then(|p| self.routes.get(&p)) {
+            Some(router) => match router.clone().oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            },
+            None => port_closed(request.headers()),
+        }
+    }
+}
+
+fn port_closed(headers: &HeaderMap) -> Response {
+    let body = PortClosedBody {
+        sandbox_id: headers.get(HEADER_SANDBOX_ID).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned(),
+        message: "The sandbox is running but port is not open".to_owned(),
+        code: 502,
+    };
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+}
+
+/// The whole app: port routing around the envd routes.
+pub fn app(state: SharedState) -> Router {
+    PortRouter::new(ENVD_PORT, envd_router(state)).into_router()
+}
+
+/// The envd API.
+pub fn envd_router(state: SharedState) -> Router {
+    Router::new()
+        .route("/health", get(crate::control::health))
+        .route("/files", get(crate::files::download).post(crate::files::upload))
+        .route("/init", post(crate::control::init))
+        .route("/envs", get(crate::control::envs))
+        .route("/metrics", get(crate::control::metrics))
+        .route(&format!("/{}/{{method}}", process::SERVICE), post(process_rpc))
+        .route(&format!("/{}/{{method}}", filesystem::SERVICE), post(filesystem_rpc))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), require_token))
+        .with_state(state)
+}
+
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path().to_owned();
+    if is_rpc_path(&path) {
+        unknown_method(&path)
+    } else {
+        error_json(StatusCode::NOT_FOUND, format!("no route for {} {path}", request.method()))
+    }
+}
+
+fn is_rpc_path(path: &str) -> bool {
+    path.starts_with(&format!("/{}/", process::SERVICE)) || path.starts_with(&format!("/{}/", filesystem::SERVICE))
+}
+
+fn unknown_method(path: &str) -> Response {
+    connect::error_response_with_status(
+        StatusCode::NOT_FOUND,
+        &ConnectError::unimplemented(format!("{path} is not a method of this envd API")),
+    )
+}
+
+/// When an access token is set, every route except `GET /health` and `/files` (which also
+/// accepts URL signatures and checks itself) needs `X-Access-Token`.
+async fn require_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {
+    let Some(token) = state.access_token() else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    let exempt = (request.method() == Method::GET && path == "/health") || path == "/files";
+    let sent = request.headers().get(HEADER_ACCESS_TOKEN).and_then(|v| v.to_str().ok());
+    if exempt || sent.is_some_and(|sent| constant_time_eq(sent, &token)) {
+        return next.run(request).await;
+    }
+    let message = if sent.is_some() {
+        "unauthorized access: the X-Access-Token header does not match the sandbox's access token"
+    } else {
+        "unauthorized access: send the sandbox's access token in the X-Access-Token header"
+    };
+    if is_rpc_path(path) {
+        connect::error_response(&ConnectError::unauthenticated(message))
+    } else {
+        error_json(StatusCode::UNAUTHORIZED, message.to_owned())
+    }
+}
+
+async fn process_rpc(State(state): State<SharedState>, Path(method): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    use process::method as m;
+    match method.as_str() {
+        m::START => crate::process::start(state, headers, body).await,
+        m::CONNECT => crate::process::connect_process(state, headers, body).await,
+        m::LIST => crate::process::list(state, headers, body).await,
+        m::SEND_INPUT => crate::process::send_input(state, headers, body).await,
+        m::STREAM_INPUT => crate::process::stream_input(state, headers, body).await,
+        m::SEND_SIGNAL => crate::process::send_signal(state, headers, body).await,
+        m::UPDATE => crate::process::update(state, headers, body).await,
+        m::CLOSE_STDIN => crate::process::close_stdin(state, headers, body).await,
+        _ => unknown_method(&process::path(&method)),
+    }
+}
+
+async fn filesystem_rpc(
+    State(state): State<SharedState>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    use filesystem::method as m;
+    match method.as_str() {
+        m::STAT => crate::filesystem::stat(state, headers, body).await,
+        m::MAKE_DIR => crate::filesystem::make_dir(state, headers, body).await,
+        m::MOVE => crate::filesystem::move_entry(state, headers, body).await,
+        m::LIST_DIR => crate::filesystem::list_dir(state, headers, body).await,
+        m::REMOVE => crate::filesystem::remove(state, headers, body).await,
+        m::WATCH_DIR => crate::filesystem::watch_dir(state, headers, body).await,
+        m::CREATE_WATCHER => crate::filesystem::create_watcher(state, headers, body).await,
+        m::GET_WATCHER_EVENTS => crate::filesystem::get_watcher_events(state, headers, body).await,
+        m::REMOVE_WATCHER => crate::filesystem::remove_watcher(state, headers, body).await,
+        _ => unknown_method(&filesystem::path(&method)),
+    }
+}

@@ -1,0 +1,434 @@
+//! The content-addressed cache of built trees, and the build itself.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::bootstrap::{self, BootstrapTool, bootstrap_command, probe_mirror, run_streaming};
+use crate::finalize::{blocking, finalize};
+use crate::fsutil::{disk_usage, remove_tree, sync_dir, sync_filesystem, write_atomic};
+use crate::{DEFAULT_CACHE_ROOT, DEFAULT_MIRROR, ImageError, Progress, Result, TemplateRecipe};
+
+const READY: &str = "READY";
+const LOCK: &str = "lock";
+const ROOTFS: &str = "rootfs";
+const ROOTFS_TMP: &str = "rootfs.tmp";
+
+/// What `READY` records about a finished build.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub hash: String,
+    pub recipe: TemplateRecipe,
+    /// `mmdebstrap` or `debootstrap`.
+    pub tool: String,
+    pub mirror: String,
+    /// Unix milliseconds.
+    pub built_at_ms: u64,
+    pub build_seconds: f64,
+    /// Allocated bytes of the tree (hard links once).
+    pub size_bytes: u64,
+    pub files: u64,
+}
+
+/// One entry of [`ImageCache::list`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedImage {
+    pub hash: String,
+    pub rootfs: PathBuf,
+    /// False for a build in progress or one that died half-way.
+    pub ready: bool,
+    /// From `READY` when ready, otherwise measured now (the partial tree).
+    pub size_bytes: u64,
+    pub info: Option<ImageInfo>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ImageCache {
+    root: PathBuf,
+    install_missing_tools: bool,
+    mirror: Option<String>,
+    tool: Option<BootstrapTool>,
+}
+
+impl Default for ImageCache {
+    fn default() -> Self {
+        ImageCache::new(DEFAULT_CACHE_ROOT)
+    }
+}
+
+impl ImageCache {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        ImageCache {
+            root: root.into(),
+            install_missing_tools: false,
+            mirror: None,
+            tool: None,
+        }
+    }
+
+    /// Lets [`build`](Self::build) run `apt-get install -y mmdebstrap` (or the tool chosen with
+    /// [`with_tool`](Self::with_tool)) when it is missing. Off by default: installing host
+    /// packages is the operator's call.
+    pub fn install_missing_tools(mut self, allow: bool) -> Self {
+        self.install_missing_tools = allow;
+        self
+    }
+
+    /// Uses this tool only, instead of mmdebstrap-if-installed-else-debootstrap. The tool is not
+    /// part of the content hash (both produce an equivalent tree).
+    pub fn with_tool(mut self, tool: BootstrapTool) -> Self {
+        self.tool = Some(tool);
+        self
+    }
+
+    /// Overrides the mirror found in the host's APT sources.
+    pub fn with_mirror(mut self, url: impl Into<String>) -> Self {
+        self.mirror = Some(url.into());
+        self
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The mirror a build would use for `suite`: the override, else the host's, else
+    /// [`DEFAULT_MIRROR`].
+    pub fn mirror_for(&self, suite: &str) -> String {
+        self.mirror
+            .clone()
+            .or_else(|| bootstrap::host_mirror(suite))
+            .unwrap_or_else(|| DEFAULT_MIRROR.to_owned())
+    }
+
+    /// `<root>/<hash>/rootfs`, whether or not it is built yet.
+    pub fn rootfs_path(&self, recipe: &TemplateRecipe) -> PathBuf {
+        self.entry(&recipe.content_hash()).join(ROOTFS)
+    }
+
+    /// True once a build of this recipe has completed (`READY` is written last).
+    pub fn is_ready(&self, recipe: &TemplateRecipe) -> bool {
+        self.entry_ready(&self.entry(&recipe.content_hash()))
+    }
+
+    /// The metadata of a finished build of this recipe.
+    pub fn info(&self, recipe: &TemplateRecipe) -> Option<ImageInfo> {
+        read_info(&self.entry(&recipe.content_hash()))
+    }
+
+    fn entry(&self, hash: &str) -> PathBuf {
+        self.root.join(hash)
+    }
+
+    fn entry_ready(&self, entry: &Path) -> bool {
+        entry.join(READY).is_file() && entry.join(ROOTFS).is_dir()
+    }
+
+    /// Builds the recipe's tree unless it is cached, and returns its path.
+    ///
+    /// Concurrent calls for the same recipe (in this process or others) build once: the second
+    /// waits on the entry's lock and then finds it ready. A build killed half-way leaves
+    /// `rootfs.tmp`, which the next build removes (after detaching any mounts left in it).
+    pub async fn build(&self, recipe: &TemplateRecipe, progress: &dyn Progress) -> Result<PathBuf> {
+        let result = self.build_inner(recipe, progress).await;
+        if let Err(e) = &result {
+            progress.stage(&format!("failed: {e}"));
+        }
+        progress.done();
+        result
+    }
+
+    async fn build_inner(
+        &self,
+        recipe: &TemplateRecipe,
+        progress: &dyn Progress,
+    ) -> Result<PathBuf> {
+        recipe.validate()?;
+        // Read the bundle once so the hash and the installed file come from the same bytes.
+        let ca = match &recipe.extra_ca_bundle {
+            Some(p) => Some(fs::read(p).map_err(|source| ImageError::CaBundle {
+                path: p.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        let hash = recipe.hash_with_ca(ca.as_deref());
+        let entry = self.entry(&hash);
+        let rootfs = entry.join(ROOTFS);
+        if self.entry_ready(&entry) {
+            progress.stage(&format!(
+                "template {} is cached ({})",
+                recipe.id,
+                short(&hash)
+            ));
+            return Ok(rootfs);
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(ImageError::NotRoot {
+                cache: self.root.clone(),
+            });
+        }
+        fs::create_dir_all(&entry).map_err(ImageError::io("create", &entry))?;
+        let _lock = lock_entry(&entry, progress).await?;
+        if self.entry_ready(&entry) {
+            progress.stage(&format!(
+                "template {} was built by another process ({})",
+                recipe.id,
+                short(&hash)
+            ));
+            return Ok(rootfs);
+        }
+
+        let started = Instant::now();
+        let tmp = entry.join(ROOTFS_TMP);
+        {
+            // Leftovers of a build that died: we hold the lock, so nobody else is using them.
+            let (tmp, rootfs) = (tmp.clone(), rootfs.clone());
+            blocking(move || {
+                remove_tree(&tmp)?;
+                remove_tree(&rootfs)
+            })
+            .await?;
+        }
+
+        let (tool, program) = match bootstrap::find_tool(self.tool) {
+            Some(t) => t,
+            None => {
+                let wanted = self.tool.unwrap_or(BootstrapTool::Mmdebstrap);
+                if !self.install_missing_tools {
+                    return Err(ImageError::ToolMissing {
+                        install_command: wanted.install_command(),
+                    });
+                }
+                bootstrap::install_tool(wanted, progress).await?;
+                bootstrap::find_tool(Some(wanted)).ok_or_else(|| ImageError::ToolMissing {
+                    install_command: wanted.install_command(),
+                })?
+            }
+        };
+        let mirror = self.mirror_for(&recipe.suite);
+        progress.stage(&format!("checking the mirror {mirror}"));
+        probe_mirror(&mirror, &recipe.suite)
+            .await
+            .map_err(|reason| ImageError::MirrorUnreachable {
+                mirror: mirror.clone(),
+                reason,
+            })?;
+
+        progress.stage(&format!(
+            "bootstrapping {} {} with {} ({} packages)",
+            recipe.id,
+            recipe.suite,
+            tool.name(),
+            recipe.packages.len()
+        ));
+        let cmd = bootstrap_command(tool, &program, recipe, &tmp, &mirror);
+        let (status, tail) = run_streaming(cmd, tool.name(), progress).await?;
+        if !status.success() {
+            let tmp2 = tmp.clone();
+            // Keep the error even if cleanup fails; the next build retries the cleanup.
+            if let Err(e) = blocking(move || remove_tree(&tmp2)).await {
+                tracing::warn!(error = %e, "cannot remove the failed build");
+            }
+            return Err(ImageError::Bootstrap {
+                tool: tool.name().to_owned(),
+                suite: recipe.suite.clone(),
+                status: status.to_string(),
+                tail,
+            });
+        }
+
+        finalize(&tmp, ca.as_deref(), progress).await?;
+
+        progress.stage("measuring and syncing to disk");
+        let t = tmp.clone();
+        let (size_bytes, files) = blocking(move || {
+            let usage = disk_usage(&t);
+            // Durable before it becomes visible: a crash must not leave READY over a tree
+            // whose blocks never reached the disk.
+            sync_filesystem(&t)?;
+            Ok(usage)
+        })
+        .await?;
+        fs::rename(&tmp, &rootfs).map_err(ImageError::io("rename into place", &rootfs))?;
+        sync_dir(&entry)?;
+
+        let info = ImageInfo {
+            hash: hash.clone(),
+            recipe: recipe.clone(),
+            tool: tool.name().to_owned(),
+            mirror,
+            built_at_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            build_seconds: started.elapsed().as_secs_f64(),
+            size_bytes,
+            files,
+        };
+        let json = serde_json::to_vec_pretty(&info).unwrap_or_default();
+        write_atomic(&entry.join(READY), &json)?;
+        progress.stage(&format!(
+            "template {} ready: {} MB, {} files, {:.0} s ({})",
+            recipe.id,
+            size_bytes / 1_000_000,
+            files,
+            info.build_seconds,
+            short(&hash)
+        ));
+        Ok(rootfs)
+    }
+
+    /// Every entry in the cache, ready or not, sorted by hash.
+    pub fn list(&self) -> Result<Vec<CachedImage>> {
+        let entries = match fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(ImageError::io("list", &self.root)(e)),
+        };
+        let mut out = Vec::new();
+        for e in entries.flatten() {
+            let hash = e.file_name().to_string_lossy().into_owned();
+            if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+                continue;
+            }
+            let entry = e.path();
+            let ready = self.entry_ready(&entry);
+            let info = if ready { read_info(&entry) } else { None };
+            let size_bytes = match &info {
+                Some(i) => i.size_bytes,
+                None => disk_usage(&entry).0,
+            };
+            out.push(CachedImage {
+                rootfs: entry.join(ROOTFS),
+                hash,
+                ready,
+                size_bytes,
+                info,
+            });
+        }
+        out.sort_by(|a, b| a.hash.cmp(&b.hash));
+        Ok(out)
+    }
+}
+
+fn short(hash: &str) -> &str {
+    &hash[..hash.len().min(12)]
+}
+
+fn read_info(entry: &Path) -> Option<ImageInfo> {
+    let bytes = fs::read(entry.join(READY)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Takes the entry's build lock, telling the user when it has to wait for another build.
+async fn lock_entry(entry: &Path, progress: &dyn Progress) -> Result<Flock<fs::File>> {
+    let path = entry.join(LOCK);
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(ImageError::io("open the lock file", &path))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(lock),
+        Err((file, Errno::EWOULDBLOCK)) => {
+            progress.stage("waiting for another build of this template to finish");
+            blocking(move || {
+                Flock::lock(file, FlockArg::LockExclusive)
+                    .map_err(|(_, e)| ImageError::io("lock", path)(e.into()))
+            })
+            .await
+        }
+        Err((_, e)) => Err(ImageError::io("lock", &path)(e.into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Quiet;
+    impl Progress for Quiet {
+        fn stage(&self, _: &str) {}
+        fn line(&self, _: &str) {}
+        fn done(&self) {}
+    }
+
+    #[tokio::test]
+    async fn ready_entries_are_returned_without_building() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ImageCache::new(dir.path());
+        let recipe = TemplateRecipe::base();
+        assert!(!cache.is_ready(&recipe));
+        assert!(cache.list().unwrap().is_empty());
+
+        // Simulate a finished build: the tree plus READY.
+        let rootfs = cache.rootfs_path(&recipe);
+        fs::create_dir_all(rootfs.join("etc")).unwrap();
+        let entry = rootfs.parent().unwrap();
+        let info = ImageInfo {
+            hash: recipe.content_hash(),
+            recipe: recipe.clone(),
+            tool: "mmdebstrap".into(),
+            mirror: DEFAULT_MIRROR.into(),
+            built_at_ms: 1,
+            build_seconds: 2.0,
+            size_bytes: 1234,
+            files: 3,
+        };
+        write_atomic(&entry.join(READY), &serde_json::to_vec(&info).unwrap()).unwrap();
+        assert!(cache.is_ready(&recipe));
+        assert_eq!(cache.info(&recipe), Some(info.clone()));
+        // Works without root and without any tool: nothing is built.
+        assert_eq!(cache.build(&recipe, &Quiet).await.unwrap(), rootfs);
+
+        // A half-built sibling shows up as not ready; junk names are ignored.
+        fs::create_dir_all(dir.path().join("a".repeat(64)).join(ROOTFS_TMP)).unwrap();
+        fs::create_dir_all(dir.path().join("not-a-hash")).unwrap();
+        let listed = cache.list().unwrap();
+        assert_eq!(listed.len(), 2);
+        let ready: Vec<_> = listed.iter().filter(|c| c.ready).collect();
+        assert_eq!(ready.len(), 1);
+        assert_eq!(ready[0].size_bytes, 1234);
+        assert_eq!(ready[0].info.as_ref(), Some(&info));
+    }
+
+    #[tokio::test]
+    async fn unreadable_ca_bundle_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ImageCache::new(dir.path());
+        let recipe = TemplateRecipe::base().with_extra_ca_bundle(dir.path().join("missing.crt"));
+        let err = cache.build(&recipe, &Quiet).await.unwrap_err();
+        assert!(matches!(err, ImageError::CaBundle { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn invalid_recipe_is_rejected_before_anything_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ImageCache::new(dir.path());
+        let mut recipe = TemplateRecipe::base();
+        recipe.packages.push("bad,name".into());
+        let err = cache.build(&recipe, &Quiet).await.unwrap_err();
+        assert!(matches!(err, ImageError::InvalidRecipe(_)), "{err:?}");
+        assert!(cache.list().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn concurrent_lockers_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = lock_entry(dir.path(), &Quiet).await.unwrap();
+        let p = dir.path().to_owned();
+        let waiter = tokio::spawn(async move {
+            let _second = lock_entry(&p, &Quiet).await.unwrap();
+            Instant::now()
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(!waiter.is_finished(), "second lock must wait");
+        let released = Instant::now();
+        drop(first);
+        assert!(waiter.await.unwrap() >= released);
+    }
+}

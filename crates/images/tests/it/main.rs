@@ -1,0 +1,284 @@
+//! Real builds. They need root and a reachable Debian mirror, and skip loudly otherwise.
+//!
+//! `BULKHEAD_TEST_IMAGE_CACHE` picks the cache (default /var/cache/bulkhead/images, so a run
+//! leaves the cache warm for the other crates' tests). `BULKHEAD_TEST_EXTRA_CA` (a PEM bundle,
+//! e.g. the TLS-inspecting proxy's CA) enables the extra-CA build.
+
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bulkhead_images::{
+    BootstrapTool, DEFAULT_CACHE_ROOT, ImageCache, ImageError, LogProgress, TemplateRecipe,
+};
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("BULKHEAD_TEST_IMAGE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CACHE_ROOT))
+}
+
+/// Printed straight to the stderr handle so it shows even for passing tests.
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+fn skip(test: &str, why: &str) {
+    say(&format!("\n*** SKIPPED: {test}: {why} ***\n"));
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Builds, or returns None (after a loud skip) when the mirror cannot be reached.
+async fn build_or_skip(test: &str, cache: &ImageCache, recipe: &TemplateRecipe) -> Option<PathBuf> {
+    match cache.build(recipe, &LogProgress::quiet()).await {
+        Ok(p) => Some(p),
+        Err(e @ ImageError::MirrorUnreachable { .. }) => {
+            skip(test, &e.to_string());
+            None
+        }
+        Err(e) => panic!("build failed: {e}"),
+    }
+}
+
+fn chroot(rootfs: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("/usr/sbin/chroot")
+        .arg(rootfs)
+        .args(args)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .output()
+        .expect("run chroot")
+}
+
+/// What every build of the base recipe must contain, whichever tool made it.
+fn check_base_tree(rootfs: &Path) {
+    for bin in [
+        "usr/bin/python3",
+        "usr/bin/bash",
+        "usr/bin/curl",
+        "usr/bin/git",
+        "usr/bin/ps",
+        "usr/sbin/ip",
+        "usr/bin/less",
+    ] {
+        assert!(rootfs.join(bin).exists(), "{bin} missing");
+    }
+    let passwd = std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap();
+    assert!(
+        passwd
+            .lines()
+            .any(|l| l == "user:x:1000:1000::/home/user:/bin/bash"),
+        "{passwd}"
+    );
+    assert!(passwd.lines().any(|l| l.starts_with("root:x:0:0:")));
+    let home = std::fs::metadata(rootfs.join("home/user")).unwrap();
+    assert_eq!((home.uid(), home.gid()), (1000, 1000));
+    assert!(rootfs.join("home/user/.bashrc").is_file());
+    assert!(!rootfs.join("usr/sbin/sudo").exists() && !rootfs.join("usr/bin/sudo").exists());
+    assert!(
+        rootfs.join("usr/share/doc/bash/copyright").is_file(),
+        "licences kept"
+    );
+    assert!(
+        !rootfs.join("usr/share/man/man1").exists(),
+        "man pages removed"
+    );
+    assert_eq!(
+        std::fs::read_dir(rootfs.join("var/lib/apt/lists"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name() != "partial" && e.file_name() != "lock")
+            .count(),
+        0
+    );
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("etc/hostname")).unwrap(),
+        "sandbox\n"
+    );
+
+    // The tree actually runs: python, and name lookups for the sandbox user.
+    let out = chroot(
+        rootfs,
+        &["python3", "-c", "import ssl, sqlite3, json; print(6*7)"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42", "{out:?}");
+    let out = Command::new("/usr/sbin/chroot")
+        .args(["--userspec=1000:1000"])
+        .arg(rootfs)
+        .args(["/usr/bin/id", "-un"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "user",
+        "{out:?}"
+    );
+}
+
+#[tokio::test]
+async fn builds_the_base_template_and_caches_it() {
+    const TEST: &str = "builds_the_base_template_and_caches_it";
+    if !is_root() {
+        return skip(TEST, "building root filesystems needs root");
+    }
+    let cache = ImageCache::new(cache_dir());
+    let recipe = TemplateRecipe::base();
+    let was_cached = cache.is_ready(&recipe);
+
+    // Two builds at once: one bootstraps, the other waits on the lock and reuses the result.
+    let started = Instant::now();
+    let (a, b) = tokio::join!(
+        build_or_skip(TEST, &cache, &recipe),
+        build_or_skip(TEST, &cache, &recipe)
+    );
+    let (Some(rootfs), Some(rootfs2)) = (a, b) else {
+        return;
+    };
+    let elapsed = started.elapsed();
+    assert_eq!(rootfs, rootfs2);
+    assert_eq!(rootfs, cache.rootfs_path(&recipe));
+    assert!(cache.is_ready(&recipe));
+
+    check_base_tree(&rootfs);
+
+    // Cached now: a further build returns at once.
+    let t = Instant::now();
+    assert_eq!(
+        cache.build(&recipe, &LogProgress::quiet()).await.unwrap(),
+        rootfs
+    );
+    let cached = t.elapsed();
+    assert!(cached < Duration::from_secs(1), "cache hit took {cached:?}");
+
+    let info = cache.info(&recipe).expect("READY metadata");
+    let listed = cache.list().unwrap();
+    let entry = listed
+        .iter()
+        .find(|c| c.hash == recipe.content_hash())
+        .expect("listed");
+    assert!(entry.ready);
+    assert_eq!(entry.size_bytes, info.size_bytes);
+    assert!(
+        info.size_bytes > 50_000_000,
+        "{} bytes is too small for python3+git",
+        info.size_bytes
+    );
+    say(&format!(
+        "base template {}: {} ({:.1} MB, {} files), built by {} in {:.1} s{}; this run {:.1} s, cache hit {:?}",
+        &info.hash[..12],
+        rootfs.display(),
+        info.size_bytes as f64 / 1e6,
+        info.files,
+        info.tool,
+        info.build_seconds,
+        if was_cached { " (earlier run)" } else { "" },
+        elapsed.as_secs_f64(),
+        cached
+    ));
+}
+
+#[tokio::test]
+async fn extra_ca_bundle_is_trusted_inside_the_template() {
+    const TEST: &str = "extra_ca_bundle_is_trusted_inside_the_template";
+    let Some(bundle) = std::env::var_os("BULKHEAD_TEST_EXTRA_CA") else {
+        return skip(
+            TEST,
+            "BULKHEAD_TEST_EXTRA_CA (a PEM bundle to trust) is not set",
+        );
+    };
+    if !is_root() {
+        return skip(TEST, "building root filesystems needs root");
+    }
+    let cache = ImageCache::new(cache_dir());
+    let recipe = TemplateRecipe::base().with_extra_ca_bundle(&bundle);
+    assert_ne!(recipe.content_hash(), TemplateRecipe::base().content_hash());
+    let Some(rootfs) = build_or_skip(TEST, &cache, &recipe).await else {
+        return;
+    };
+    let installed =
+        std::fs::read_to_string(rootfs.join("usr/local/share/ca-certificates/bulkhead-extra.crt"))
+            .unwrap();
+    let wanted = std::fs::read_to_string(&bundle).unwrap();
+    assert_eq!(installed.trim(), wanted.replace("\r\n", "\n").trim());
+    let trusted =
+        std::fs::read_to_string(rootfs.join("etc/ssl/certs/ca-certificates.crt")).unwrap();
+    let first_line = wanted.lines().nth(1).unwrap();
+    assert!(
+        trusted.contains(first_line),
+        "bundle not merged into the trust store"
+    );
+
+    // End to end when the host can reach PyPI: curl inside the template (with the host's DNS
+    // bind-mounted in a private mount namespace) must verify the, possibly re-signed, TLS.
+    let url = "https://pypi.org/simple/pip/";
+    let host_ok = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "--max-time", "20", url])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !host_ok {
+        return skip(TEST, "(TLS part) the host cannot reach pypi.org");
+    }
+    let script = format!(
+        "mount --bind /etc/resolv.conf {r}/etc/resolv.conf && \
+         chroot {r} /usr/bin/curl -sS -o /dev/null -w '%{{http_code}}' --max-time 20 {url}",
+        r = rootfs.display()
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl inside the template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    say(&format!(
+        "extra CA template {}: curl {url} inside the sandbox tree -> 200",
+        rootfs.display()
+    ));
+}
+
+#[tokio::test]
+async fn debootstrap_fallback_builds_the_same_template() {
+    const TEST: &str = "debootstrap_fallback_builds_the_same_template";
+    if std::env::var_os("BULKHEAD_TEST_DEBOOTSTRAP").is_none() {
+        return skip(
+            TEST,
+            "set BULKHEAD_TEST_DEBOOTSTRAP=1 to also build with debootstrap (~1 min)",
+        );
+    }
+    if !is_root() {
+        return skip(TEST, "building root filesystems needs root");
+    }
+    // A private cache: the hash does not include the tool, so the shared cache would answer.
+    let dir = tempfile::Builder::new()
+        .prefix("bulkhead-debootstrap-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let cache = ImageCache::new(dir.path()).with_tool(BootstrapTool::Debootstrap);
+    let recipe = TemplateRecipe::base();
+    let started = Instant::now();
+    let Some(rootfs) = build_or_skip(TEST, &cache, &recipe).await else {
+        return;
+    };
+    check_base_tree(&rootfs);
+    let info = cache.info(&recipe).unwrap();
+    assert_eq!(info.tool, "debootstrap");
+    say(&format!(
+        "debootstrap build: {:.1} MB, {} files, {:.1} s",
+        info.size_bytes as f64 / 1e6,
+        info.files,
+        started.elapsed().as_secs_f64()
+    ));
+    // TempDir's recursive delete would follow a leftover mount into the host: make sure none.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mountinfo.contains(dir.path().to_str().unwrap()),
+        "mounts left under the build"
+    );
+}

@@ -1,0 +1,297 @@
+//! Shared harness for the jail integration tests: a tiny template root filesystem made of host
+//! binaries, a private state dir / uid range / cgroup parent per test, leak checks, and a loud
+//! skip when the host cannot run jail sandboxes.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bulkhead_engine::driver::{Driver, DriverHandle, SandboxSpec};
+use bulkhead_jail::cgroup::{self, CgroupBackend};
+use bulkhead_jail::{JailConfig, JailDriver};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+pub const AGENT: &str = env!("CARGO_BIN_EXE_bulkhead-jail-test-agent");
+pub const LAUNCHER: &str = env!("CARGO_BIN_EXE_bulkhead-jail-launcher");
+pub const MAX_SLOTS: u32 = 8;
+
+/// Why this host cannot run the tests, if it cannot.
+pub fn skip_reason() -> Option<String> {
+    let report = JailDriver::probe();
+    if report.supported() {
+        None
+    } else {
+        Some(report.problems.join("; "))
+    }
+}
+
+/// Skip the calling test with a loud message when the host lacks a capability.
+#[macro_export]
+macro_rules! require_jail_host {
+    ($name:expr) => {
+        if let Some(reason) = common::skip_reason() {
+            eprintln!(
+                "\n*** SKIPPED jail integration test `{}`: {} ***\n",
+                $name, reason
+            );
+            return;
+        }
+    };
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// One test's private world. Dropping it kills leftovers and unmounts/deletes everything.
+pub struct Env {
+    tmp: tempfile::TempDir,
+    pub rootfs: PathBuf,
+    pub cfg: JailConfig,
+}
+
+const TOOLS: [&str; 15] = [
+    "sh", "cat", "ls", "id", "sleep", "touch", "mkdir", "rm", "stat", "head", "chown", "echo",
+    "wc", "dd", "ln",
+];
+
+fn which(tool: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/bin", "/usr/sbin", "/sbin"] {
+        let p = Path::new(dir).join(tool);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("host tool {tool} not found");
+}
+
+/// Shared libraries (and the ELF interpreter) a binary needs, per `ldd`.
+fn libs(bin: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(bin).output().expect("run ldd");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let path = match line.split_once("=>") {
+            Some((_, rhs)) => rhs.trim().split(' ').next().unwrap_or(""),
+            None => line.split(' ').next().unwrap_or(""),
+        };
+        if path.starts_with('/') {
+            v.push(PathBuf::from(path));
+        }
+    }
+    v
+}
+
+/// A minimal template: a few host tools plus the libraries they and the test agent need, and
+/// the usual top-level directories. Owned by host root, like a real template.
+pub fn build_rootfs(root: &Path) {
+    for d in [
+        "bin",
+        "etc",
+        "home",
+        "root",
+        "tmp",
+        "var",
+        "usr/local",
+        "proc",
+        "dev",
+        "sys",
+        "run",
+        "mnt",
+    ] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::set_permissions(root.join("root"), fs::Permissions::from_mode(0o700)).unwrap();
+    let mut need: BTreeSet<PathBuf> = libs(Path::new(AGENT)).into_iter().collect();
+    for t in TOOLS {
+        let src = which(t);
+        fs::copy(&src, root.join("bin").join(t)).unwrap();
+        need.extend(libs(&src));
+    }
+    for lib in need {
+        let dst = root.join(lib.strip_prefix("/").unwrap());
+        fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        fs::copy(&lib, &dst).unwrap();
+    }
+    fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
+    )
+    .unwrap();
+    fs::write(
+        root.join("etc/group"),
+        "root:x:0:\ntty:x:5:\nuser:x:1000:\n",
+    )
+    .unwrap();
+    fs::write(root.join("etc/hostname"), "template\n").unwrap();
+    fs::write(root.join("etc/template-marker"), "from the template\n").unwrap();
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let tmp = tempfile::Builder::new().prefix("bhj").tempdir().unwrap();
+        // Sandbox uids must be able to traverse to their slot and to the template view.
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let rootfs = tmp.path().join("rootfs");
+        build_rootfs(&rootfs);
+        // Disjoint uid ranges and cgroup parents keep concurrently running tests apart.
+        let uid_base = 2_000_000_000 + (std::process::id() % 64) * 16 * 65536 * 16 + n * 16 * 65536;
+        let cfg = JailConfig {
+            state_dir: tmp.path().join("j"),
+            agent_binary: AGENT.into(),
+            launcher: vec![LAUNCHER.into()],
+            agent_args: Vec::new(),
+            uid_base,
+            max_slots: MAX_SLOTS,
+            cgroup_parent: format!("bulkhead-test-{}-{n}", std::process::id()),
+            start_timeout: Duration::from_secs(30),
+        };
+        Env { tmp, rootfs, cfg }
+    }
+
+    pub fn driver(&self) -> JailDriver {
+        JailDriver::new(self.cfg.clone()).expect("create the jail driver")
+    }
+
+    pub fn spec(&self, memory_mb: u64, pids_max: u64) -> SandboxSpec {
+        SandboxSpec {
+            template_id: "test".into(),
+            rootfs: self.rootfs.clone(),
+            cpu_count: 1,
+            memory_mb,
+            pids_max,
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.tmp.path()
+    }
+
+    pub fn uid_range(&self) -> std::ops::Range<u32> {
+        self.cfg.uid_base..self.cfg.uid_base + MAX_SLOTS * 65536
+    }
+
+    pub fn cgroups(&self) -> Box<dyn CgroupBackend> {
+        cgroup::detect(&self.cfg.cgroup_parent).unwrap()
+    }
+
+    /// Host processes whose real uid is in this test's range.
+    pub fn processes(&self) -> Vec<(i32, u32)> {
+        let range = self.uid_range();
+        let mut v = Vec::new();
+        for e in fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(status) = fs::read_to_string(e.path().join("status")) else {
+                continue;
+            };
+            let uid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|u| u.parse::<u32>().ok());
+            if let Some(uid) = uid
+                && range.contains(&uid)
+            {
+                v.push((pid, uid));
+            }
+        }
+        v
+    }
+
+    /// Mount points under this test's directory (host mount namespace).
+    pub fn mounts(&self) -> Vec<PathBuf> {
+        let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        info.lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(PathBuf::from)
+            .filter(|p| p.starts_with(self.tmp.path()))
+            .collect()
+    }
+
+    /// Nothing of any sandbox is left: no processes in our uid range, no mounts but the
+    /// reusable idmapped lowers, no cgroups, no slot directories.
+    pub fn assert_clean(&self) {
+        let procs = self.processes();
+        assert!(procs.is_empty(), "sandbox processes left behind: {procs:?}");
+        let lowers = self.cfg.state_dir.join("l");
+        let stray: Vec<_> = self
+            .mounts()
+            .into_iter()
+            .filter(|m| !m.starts_with(&lowers))
+            .collect();
+        assert!(stray.is_empty(), "mounts left behind: {stray:?}");
+        let cgs = self.cgroups().list().unwrap();
+        assert!(cgs.is_empty(), "cgroups left behind: {cgs:?}");
+        let slots: Vec<_> = fs::read_dir(self.cfg.state_dir.join("s"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        assert!(slots.is_empty(), "slot directories left behind: {slots:?}");
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Safety net for failed tests: kill what runs in our cgroups and uid range, drop the
+        // cgroups, unmount the idmapped lowers, then let TempDir delete the files.
+        if let Ok(be) = cgroup::detect(&self.cfg.cgroup_parent) {
+            for name in be.list().unwrap_or_default() {
+                let _ = be.kill_all(&name);
+                let _ = cgroup::remove_with_retry(be.as_ref(), &name, Duration::from_secs(5));
+            }
+            for d in be.dirs("x") {
+                if let Some(parent) = d.parent() {
+                    let _ = fs::remove_dir(parent);
+                }
+            }
+        }
+        for (pid, _) in self.processes() {
+            // SAFETY: killing a leftover sandbox process of this test.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let mut mounts = self.mounts();
+        mounts.sort();
+        for m in mounts.iter().rev() {
+            let _ = bulkhead_jail::sys::umount_detach(m);
+        }
+    }
+}
+
+/// Send one request to the test agent and read its whole reply.
+pub async fn ask(driver: &JailDriver, h: &DriverHandle, req: &str) -> String {
+    let mut s = driver.connect(h).await.expect("connect to the agent");
+    s.write_all(format!("{req}\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+/// Run a shell script in the sandbox: (first line, rest).
+pub async fn sh(driver: &JailDriver, h: &DriverHandle, script: &str) -> (String, String) {
+    let out = ask(driver, h, &format!("sh {script}")).await;
+    let (head, body) = out.split_once('\n').unwrap_or((&out, ""));
+    (head.to_string(), body.to_string())
+}
+
+pub fn stats(label: &str, mut v: Vec<Duration>) -> String {
+    v.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    format!(
+        "{label}: n={} median {:.1} ms, min {:.1} ms, p90 {:.1} ms, max {:.1} ms",
+        v.len(),
+        ms(v[v.len() / 2]),
+        ms(v[0]),
+        ms(v[v.len() * 9 / 10]),
+        ms(v[v.len() - 1])
+    )
+}

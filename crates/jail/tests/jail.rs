@@ -1,0 +1,448 @@
+//! Real sandboxes, as root. Each test skips loudly (stderr) when the host lacks a capability.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::time::{Duration, Instant};
+
+use bulkhead_engine::driver::{Driver, DriverError};
+use common::{Env, ask, sh, stats};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_is_isolated_and_hardened() {
+    require_jail_host!("sandbox_is_isolated_and_hardened");
+    let env = Env::new();
+    let d = env.driver();
+    let h = d.start(&env.spec(256, 128)).await.expect("start");
+    let base = env.cfg.uid_base + h.slot * 65536;
+
+    assert_eq!(ask(&d, &h, "ping").await, "pong");
+
+    // pid 1 is the agent; host processes are invisible.
+    let (st, cmdline) = sh(&d, &h, "cat /proc/1/cmdline").await;
+    assert_eq!(st, "exit 0");
+    assert!(
+        cmdline.starts_with("/run/bulkhead/agent\0--listen\0unix:/run/bulkhead/sock/agent.sock"),
+        "{cmdline:?}"
+    );
+    let (_, pids) = sh(&d, &h, "for p in /proc/[0-9]*; do echo $p; done").await;
+    assert!(pids.lines().count() <= 3, "unexpected processes: {pids}");
+    assert!(pids.lines().any(|l| l == "/proc/1"));
+
+    // Host files are invisible, template files visible.
+    let host_path = env!("CARGO_MANIFEST_DIR");
+    let (_, out) = sh(
+        &d,
+        &h,
+        &format!("test -e {host_path} && echo visible || echo hidden"),
+    )
+    .await;
+    assert_eq!(out.trim(), "hidden");
+    let (_, out) = sh(&d, &h, "cat /etc/template-marker").await;
+    assert_eq!(out.trim(), "from the template");
+    let (_, out) = sh(&d, &h, "ls -A /sys").await;
+    assert_eq!(out.trim(), "", "/sys must be empty");
+    let (_, out) = sh(&d, &h, "ls /dev").await;
+    let devs: Vec<&str> = out.split_whitespace().collect();
+    for want in [
+        "null", "zero", "full", "random", "urandom", "tty", "pts", "ptmx", "shm", "fd",
+    ] {
+        assert!(devs.contains(&want), "/dev lacks {want}: {devs:?}");
+    }
+    assert!(
+        !devs
+            .iter()
+            .any(|d| ["kvm", "vda", "vsock", "mem"].contains(d)),
+        "{devs:?}"
+    );
+
+    // Network: only lo, and it is up.
+    let (_, out) = sh(&d, &h, "cat /proc/net/dev").await;
+    let ifaces: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .map(|(i, _)| i.trim())
+        .collect();
+    assert_eq!(ifaces, vec!["lo"], "{out}");
+    assert_eq!(ask(&d, &h, "probe inet").await, "ok");
+
+    // uid 0 inside is the slot's base uid outside.
+    let (_, out) = sh(&d, &h, "id -u; cat /proc/self/uid_map /proc/self/gid_map").await;
+    let lines: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[0], vec!["0"]);
+    assert_eq!(lines[1], vec!["0", &base.to_string(), "65536"]);
+    assert_eq!(lines[2], vec!["0", &base.to_string(), "65536"]);
+    let status = fs::read_to_string(format!("/proc/{}/status", h.pid)).unwrap();
+    let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    assert!(
+        uid_line
+            .split_whitespace()
+            .skip(1)
+            .all(|u| u == base.to_string()),
+        "{uid_line}"
+    );
+
+    // Capabilities, no_new_privs, seccomp (as seen by a process the agent started).
+    let (_, out) = sh(&d, &h, "cat /proc/self/status").await;
+    let field = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(field("CapBnd:"), "00000000a80425fb");
+    assert_eq!(field("CapEff:"), "00000000a80425fb");
+    assert_eq!(field("CapAmb:"), "0000000000000000");
+    assert_eq!(field("NoNewPrivs:"), "1");
+    assert_eq!(field("Seccomp:"), "2");
+
+    // /proc: hostname, read-only sysctls, masked entries.
+    let (_, out) = sh(&d, &h, "cat /proc/sys/kernel/hostname").await;
+    assert_eq!(out.trim(), "sandbox");
+    let (st, out) = sh(&d, &h, "echo evil > /proc/sys/kernel/hostname").await;
+    assert_ne!(st, "exit 0", "{out}");
+    let (st, out) = sh(&d, &h, "cat /proc/keys /proc/timer_list").await;
+    assert_eq!((st.as_str(), out.as_str()), ("exit 0", ""));
+
+    // seccomp denials.
+    for p in [
+        "mount",
+        "umount",
+        "unshare_user",
+        "unshare_ns",
+        "unshare_net",
+        "setns",
+        "clone_newuser",
+        "clone_newns",
+        "clone_newpid",
+        "clone_newnet",
+        "vsock",
+        "packet",
+        "alg",
+        "bpf",
+        "io_uring",
+        "keyctl",
+        "perf_event_open",
+        "userfaultfd",
+        "open_tree",
+        "fsopen",
+        "pivot_root",
+        "init_module",
+        "kexec_load",
+        "syslog",
+    ] {
+        assert_eq!(
+            ask(&d, &h, &format!("probe {p}")).await,
+            "errno 1",
+            "probe {p}"
+        );
+    }
+    assert_eq!(ask(&d, &h, "probe clone3").await, "errno 38");
+    for p in ["inet6", "unix", "netlink"] {
+        assert_eq!(ask(&d, &h, &format!("probe {p}")).await, "ok", "probe {p}");
+    }
+    // Foreign syscall entries kill the caller (SIGSYS).
+    assert_eq!(ask(&d, &h, "probe x32").await, "signal 31");
+    assert_eq!(ask(&d, &h, "probe i386").await, "signal 31");
+
+    // Writable root through the idmapped lower: the writes land in upper, owned by the slot.
+    let (st, out) = sh(
+        &d,
+        &h,
+        "echo hi > /etc/hello && rm /etc/hostname && mkdir -p /usr/local/lib/x /home/user \
+         && chown 1000:1000 /home/user && echo done",
+    )
+    .await;
+    assert_eq!((st.as_str(), out.trim()), ("exit 0", "done"));
+    let upper = env.cfg.state_dir.join(format!("s/{}/upper", h.slot));
+    let m = fs::metadata(upper.join("etc/hello")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (base, base));
+    let wh = fs::symlink_metadata(upper.join("etc/hostname")).unwrap();
+    assert!(
+        wh.file_type().is_char_device() && wh.rdev() == 0,
+        "whiteout expected"
+    );
+    assert_eq!(
+        fs::metadata(upper.join("home/user")).unwrap().uid(),
+        base + 1000
+    );
+    assert!(upper.join("usr/local/lib/x").is_dir());
+    // The template itself is untouched.
+    assert!(env.rootfs.join("etc/hostname").exists());
+    assert!(!env.rootfs.join("etc/hello").exists());
+
+    // Landlock: no new top-level entries; /tmp is fine.
+    let (st, _) = sh(&d, &h, "echo x > /newfile").await;
+    assert_ne!(st, "exit 0");
+    let (st, _) = sh(&d, &h, "echo x > /tmp/f && cat /tmp/f").await;
+    assert_eq!(st, "exit 0");
+
+    // Limits as written on the host.
+    let cg = h.data["cgroup"].as_str().unwrap().to_string();
+    let dirs = env.cgroups().dirs(&cg);
+    let read = |file: &str| {
+        dirs.iter()
+            .map(|d| d.join(file))
+            .find(|p| p.exists())
+            .map(|p| fs::read_to_string(p).unwrap().trim().to_string())
+            .unwrap_or_else(|| panic!("no {file} in {dirs:?}"))
+    };
+    if d.cgroup_version() == bulkhead_jail::CgroupVersion::V1 {
+        assert_eq!(read("memory.limit_in_bytes"), (256u64 << 20).to_string());
+        if dirs
+            .iter()
+            .any(|d| d.join("memory.memsw.limit_in_bytes").exists())
+        {
+            assert_eq!(
+                read("memory.memsw.limit_in_bytes"),
+                (256u64 << 20).to_string()
+            );
+        }
+        assert_eq!(read("cpu.cfs_quota_us"), "100000");
+        let procs = read("cgroup.procs");
+        assert!(procs.lines().any(|p| p == h.pid.to_string()), "{procs}");
+    } else {
+        assert_eq!(read("memory.max"), (256u64 << 20).to_string());
+        assert_eq!(read("cpu.max"), "100000 100000");
+    }
+    assert_eq!(read("pids.max"), "128");
+
+    // Usage from the cgroup and the upper dir.
+    let u = d.usage(&h).await.unwrap();
+    assert_eq!(u.mem_limit_bytes, 256 << 20);
+    assert!(
+        u.mem_used_bytes > 0 && u.pids_current >= 1 && u.cpu_usage_ns > 0,
+        "{u:?}"
+    );
+    assert!(
+        u.disk_used_bytes > 0 && u.disk_total_bytes > u.disk_used_bytes,
+        "{u:?}"
+    );
+
+    // The socket directory is the sandbox's: a symlink planted there must not make the server
+    // connect to a host socket.
+    let host_sock = env.path().join("host.sock");
+    let host_listener = std::os::unix::net::UnixListener::bind(&host_sock).unwrap();
+    host_listener.set_nonblocking(true).unwrap();
+    let (st, _) = sh(
+        &d,
+        &h,
+        &format!(
+            "rm /run/bulkhead/sock/agent.sock && ln -s {} /run/bulkhead/sock/agent.sock",
+            host_sock.display()
+        ),
+    )
+    .await;
+    assert_eq!(st, "exit 0");
+    assert!(matches!(d.connect(&h).await, Err(DriverError::Connect(_))));
+    assert!(
+        host_listener.accept().is_err(),
+        "the server was redirected to a host socket"
+    );
+
+    d.stop(&h).await.unwrap();
+    env.assert_clean();
+    // Idempotent, and the dead handle is not running any more.
+    d.stop(&h).await.unwrap();
+    assert!(matches!(d.connect(&h).await, Err(DriverError::NotRunning)));
+    d.prune_lowers().unwrap();
+    assert!(env.mounts().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_kills_a_hog_and_spares_the_neighbour() {
+    require_jail_host!("memory_limit_kills_a_hog_and_spares_the_neighbour");
+    let env = Env::new();
+    let d = env.driver();
+    let small = d.start(&env.spec(64, 64)).await.expect("start small");
+    let neighbour = d.start(&env.spec(128, 64)).await.expect("start neighbour");
+    assert_ne!(small.slot, neighbour.slot);
+
+    let (hog, ping) = tokio::join!(ask(&d, &small, "hog 512"), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ask(&d, &neighbour, "ping").await
+    });
+    assert_eq!(hog, "signal 9", "the hog must be OOM-killed");
+    assert_eq!(ping, "pong");
+    // Only the hog died: the small sandbox's agent still answers.
+    assert_eq!(ask(&d, &small, "ping").await, "pong");
+    assert_eq!(ask(&d, &neighbour, "ping").await, "pong");
+
+    d.stop(&small).await.unwrap();
+    d.stop(&neighbour).await.unwrap();
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pids_limit_contains_a_fork_bomb() {
+    require_jail_host!("pids_limit_contains_a_fork_bomb");
+    let env = Env::new();
+    let d = env.driver();
+    let h = d.start(&env.spec(128, 32)).await.expect("start");
+    let out = ask(&d, &h, "forkbomb 500").await;
+    let nums: Vec<usize> = out
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    let (forked, failed) = (nums[0], nums[1]);
+    assert!(forked < 32, "{out}");
+    assert!(failed > 0, "{out}");
+    assert_eq!(ask(&d, &h, "ping").await, "pong");
+    d.stop(&h).await.unwrap();
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_resolves_when_the_init_dies_and_stop_is_idempotent() {
+    require_jail_host!("wait_resolves_when_the_init_dies_and_stop_is_idempotent");
+    let env = Env::new();
+    let d = env.driver();
+    let h = d.start(&env.spec(128, 64)).await.expect("start");
+    // SAFETY: killing the sandbox init we just started.
+    unsafe { libc::kill(h.pid, libc::SIGKILL) };
+    tokio::time::timeout(Duration::from_secs(10), d.wait(&h))
+        .await
+        .expect("wait resolves");
+    assert!(matches!(d.connect(&h).await, Err(DriverError::NotRunning)));
+    assert!(matches!(d.usage(&h).await, Err(DriverError::NotRunning)));
+    d.stop(&h).await.unwrap();
+    d.stop(&h).await.unwrap();
+    env.assert_clean();
+    // wait on a stopped sandbox returns at once.
+    tokio::time::timeout(Duration::from_secs(1), d.wait(&h))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_failures_are_reported_and_cleaned_up() {
+    require_jail_host!("start_failures_are_reported_and_cleaned_up");
+    let mut env = Env::new();
+    env.cfg.agent_args = vec!["--fail".into()];
+    let d = env.driver();
+    let err = d.start(&env.spec(128, 64)).await.unwrap_err().to_string();
+    assert!(err.contains("exited with status 3"), "{err}");
+    assert!(err.contains("failing on purpose"), "{err}");
+    env.assert_clean();
+
+    let mut spec = env.spec(128, 64);
+    spec.rootfs = env.path().join("missing");
+    let err = d.start(&spec).await.unwrap_err().to_string();
+    assert!(err.contains("not a directory"), "{err}");
+
+    // A template without a usable lower fails inside the launcher with a named step.
+    let broken = env.path().join("broken");
+    fs::create_dir(&broken).unwrap();
+    let mut spec = env.spec(128, 64);
+    spec.rootfs = broken;
+    let err = d.start(&spec).await.unwrap_err().to_string();
+    assert!(
+        err.contains("execve /run/bulkhead/agent") || err.contains("exited"),
+        "{err}"
+    );
+    env.assert_clean();
+    d.prune_lowers().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopt_after_the_driver_is_recreated() {
+    require_jail_host!("adopt_after_the_driver_is_recreated");
+    let env = Env::new();
+    let h = {
+        let d1 = env.driver();
+        d1.start(&env.spec(128, 64)).await.expect("start")
+    };
+    // The sandbox outlives its driver.
+    let d2 = env.driver();
+    // Before adoption the slot is not handed out again.
+    let other = d2.start(&env.spec(128, 64)).await.expect("start other");
+    assert_ne!(other.slot, h.slot);
+
+    let mut wrong = h.clone();
+    wrong.pid_start_time += 1;
+    assert!(!d2.adopt(&wrong).await);
+    assert!(d2.adopt(&h).await);
+    assert!(d2.adopt(&h).await, "adopting twice is harmless");
+    assert_eq!(ask(&d2, &h, "ping").await, "pong");
+    assert!(d2.usage(&h).await.unwrap().pids_current >= 1);
+
+    // Reclaim keeps what it is told to keep and stops the rest.
+    assert_eq!(
+        d2.reclaim_orphans(std::slice::from_ref(&h)).await.unwrap(),
+        1
+    );
+    assert!(matches!(
+        d2.connect(&other).await,
+        Err(DriverError::NotRunning)
+    ));
+    assert_eq!(ask(&d2, &h, "ping").await, "pong");
+
+    d2.stop(&h).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), d2.wait(&h))
+        .await
+        .unwrap();
+    assert!(!d2.adopt(&h).await, "a stopped sandbox cannot be adopted");
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reclaim_orphans_cleans_up_after_a_lost_driver() {
+    require_jail_host!("reclaim_orphans_cleans_up_after_a_lost_driver");
+    let env = Env::new();
+    {
+        let d1 = env.driver();
+        d1.start(&env.spec(128, 64)).await.expect("start a");
+        d1.start(&env.spec(128, 64)).await.expect("start b");
+    }
+    assert_eq!(env.processes().len(), 2);
+    let d2 = env.driver();
+    assert_eq!(d2.reclaim_orphans(&[]).await.unwrap(), 2);
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_stop_loop_leaves_nothing_behind() {
+    require_jail_host!("start_stop_loop_leaves_nothing_behind");
+    let rounds: usize = std::env::var("BULKHEAD_JAIL_LOOP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let env = Env::new();
+    let d = env.driver();
+    let spec = env.spec(128, 64);
+    let (mut starts, mut stops) = (Vec::new(), Vec::new());
+    for i in 0..rounds {
+        let t = Instant::now();
+        let h = d
+            .start(&spec)
+            .await
+            .unwrap_or_else(|e| panic!("start #{i}: {e}"));
+        starts.push(t.elapsed());
+        let t = Instant::now();
+        d.stop(&h)
+            .await
+            .unwrap_or_else(|e| panic!("stop #{i}: {e}"));
+        stops.push(t.elapsed());
+        if i % 50 == 0 {
+            env.assert_clean();
+        }
+    }
+    env.assert_clean();
+    // One reusable idmapped lower, nothing else mounted.
+    assert_eq!(env.mounts().len(), 1, "{:?}", env.mounts());
+    eprintln!(
+        "jail {} (cgroup {})",
+        stats("start (until the agent accepts)", starts),
+        d.cgroup_version()
+    );
+    eprintln!(
+        "jail {}",
+        stats("stop (kill, reap, rmdir cgroups, rm slot)", stops)
+    );
+    d.prune_lowers().unwrap();
+    assert!(env.mounts().is_empty());
+}

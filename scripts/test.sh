@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# Bulkhead's test command (see README): lint, build and unit tests, then the conformance suites
+# with the official, unmodified E2B SDKs (PyPI `e2b`, an older 2.x `e2b`, npm `e2b`) against a
+# real `bulkhead serve`, the isolation tests and the 200-cycle leak test.
+#
+# Debian 12, as root; idempotent. Installs what it needs (Debian packages, a PostgreSQL for the
+# store tests via .ci/postgres.sh, Python venvs under $BULKHEAD_CACHE_DIR, npm packages in
+# tests/sdk/js). Exits non-zero if any step failed.
+#
+# Environment:
+#   BULKHEAD_CACHE_DIR     venvs and the template image cache   (default /var/cache/bulkhead)
+#   BULKHEAD_IMAGE_CACHE   template images                      (default $BULKHEAD_CACHE_DIR/images)
+#   PYTEST_ADDOPTS         extra pytest options, e.g. -m "not slow" to skip the leak test locally
+#   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk js
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO="$(pwd)"
+CACHE="${BULKHEAD_CACHE_DIR:-/var/cache/bulkhead}"
+export BULKHEAD_IMAGE_CACHE="${BULKHEAD_IMAGE_CACHE:-$CACHE/images}"
+export BULKHEAD_BIN="$REPO/target/debug/bulkhead"
+export DEBIAN_FRONTEND=noninteractive
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+SKIP=" ${BULKHEAD_TEST_SKIP:-} "
+
+RESULTS=()
+FAILED=0
+
+section() { printf '\n======== %s ========\n' "$*"; }
+record() { # record NAME STATUS
+    if [ "$2" -eq 0 ]; then RESULTS+=("PASS  $1"); else RESULTS+=("FAIL  $1 (exit $2)"); FAILED=$((FAILED + 1)); fi
+}
+run_step() { # run_step NAME CMD...   (runs the command, records the result, never exits)
+    local name="$1"; shift
+    section "$name"
+    local rc=0
+    "$@" || rc=$?
+    record "$name" "$rc"
+    return 0
+}
+skipped() { [[ "$SKIP" == *" $1 "* ]]; }
+summary() {
+    section "Summary"
+    printf '%s\n' "${RESULTS[@]}"
+    local passed=$(( ${#RESULTS[@]} - FAILED ))
+    echo "steps: $passed passed, $FAILED failed"
+}
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "scripts/test.sh must run as root (the server creates namespaces, mounts and cgroups): sudo $0" >&2
+    exit 1
+fi
+
+# ---- host packages --------------------------------------------------------------------------
+section "Host packages"
+want=(debootstrap mmdebstrap ca-certificates curl procps util-linux hostname python3 python3-venv)
+missing=()
+for p in "${want[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    missing+=(nodejs npm)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "all present: ${want[*]} node npm"
+fi
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+if [ "$node_major" -lt 20 ]; then
+    echo "warning: Node.js $(node -v) is older than the npm e2b SDK supports (>= 20.18.1); the JS suite may fail" >&2
+fi
+PY="${BULKHEAD_PYTHON:-python3}"
+echo "python: $($PY --version 2>&1) ($(command -v "$PY")); node: $(node -v); cargo: $(cargo --version)"
+
+# ---- PostgreSQL for the store tests ---------------------------------------------------------
+if [ -x .ci/postgres.sh ] && ! skipped unit; then
+    section "PostgreSQL (for store tests)"
+    if url="$(.ci/postgres.sh)"; then
+        export BULKHEAD_TEST_POSTGRES_URL="$url"
+        echo "BULKHEAD_TEST_POSTGRES_URL=$url"
+    else
+        record "postgres setup" 1
+    fi
+fi
+
+# ---- test environments ----------------------------------------------------------------------
+make_venv() { # make_venv REQUIREMENTS -> prints the venv dir
+    local req="$1" hash dir
+    hash="$( { cat "$req"; "$PY" -c 'import sys; print(sys.version)'; } | sha256sum | cut -c1-16)"
+    dir="$CACHE/venv-$hash"
+    if [ ! -f "$dir/.complete" ]; then
+        rm -rf "$dir"
+        mkdir -p "$CACHE"
+        "$PY" -m venv "$dir" >&2
+        "$dir/bin/pip" install -q --disable-pip-version-check -r "$req" >&2
+        touch "$dir/.complete"
+    fi
+    echo "$dir"
+}
+section "Test environments"
+VENV="$(make_venv tests/sdk/python/requirements.txt)"
+OLD_VENV="$(make_venv tests/sdk/python_old/requirements-old.txt)"
+echo "python SDK venv: $VENV (e2b $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
+echo "old SDK venv:    $OLD_VENV (e2b $("$OLD_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
+(cd tests/sdk/js && npm ci --no-audit --no-fund --loglevel=error)
+echo "js SDK: e2b $(node -p 'require("./tests/sdk/js/node_modules/e2b/package.json").version')"
+mkdir -p "$BULKHEAD_IMAGE_CACHE"
+
+# ---- Rust -----------------------------------------------------------------------------------
+if ! skipped lint; then
+    run_step "cargo fmt --check" cargo fmt --all -- --check
+    run_step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
+fi
+section "cargo build"
+build_rc=0
+cargo build --workspace || build_rc=$?
+record "cargo build" "$build_rc"
+if [ "$build_rc" -ne 0 ]; then
+    echo "build failed: the SDK suites need target/debug/bulkhead" >&2
+    summary
+    exit 1
+fi
+if ! skipped unit; then
+    run_step "cargo test" cargo test --workspace
+fi
+
+# ---- SDK suites -----------------------------------------------------------------------------
+pytest_step() { # pytest_step NAME VENV TIMEOUT ARGS...
+    local name="$1" venv="$2" secs="$3"; shift 3
+    run_step "$name" timeout --kill-after=30 "$secs" "$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+}
+if ! skipped python; then
+    pytest_step "Python SDK: conformance, isolation, leak (tests/sdk/python)" "$VENV" 3000 tests/sdk/python
+fi
+if ! skipped old-sdk; then
+    pytest_step "Older Python SDK, POST /sandboxes generation (tests/sdk/python_old)" "$OLD_VENV" 900 tests/sdk/python_old
+fi
+
+js_suite() {
+    local tmp port key pid rc=0
+    tmp="$(mktemp -d /var/tmp/bulkhead-js-XXXXXX)"
+    port="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+    key="e2b_$("$PY" -c 'import secrets; print(secrets.token_hex(20))')"
+    BULKHEAD_API_KEY="$key" "$BULKHEAD_BIN" serve --listen "127.0.0.1:$port" --data-dir "$tmp/data" \
+        --image-cache "$BULKHEAD_IMAGE_CACHE" --log-level info >"$tmp/server.log" 2>&1 &
+    pid=$!
+    local deadline=$((SECONDS + 1200)) code=""
+    while [ $SECONDS -lt $deadline ]; do
+        code="$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health" || true)"
+        [ "$code" = 204 ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if [ "$code" != 204 ]; then
+        echo "bulkhead serve did not become healthy (last /health: ${code:-none}); log:" >&2
+        tail -n 100 "$tmp/server.log" >&2
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        return 1
+    fi
+    BULKHEAD_TEST_URL="http://127.0.0.1:$port" BULKHEAD_TEST_API_KEY="$key" BULKHEAD_TEST_DATA_DIR="$tmp/data" \
+        timeout --kill-after=30 1500 node --test --test-concurrency=1 tests/sdk/js/*.test.mjs || rc=$?
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    if [ "$rc" -ne 0 ]; then
+        echo "---- bulkhead server log (tail) ----"
+        tail -n 150 "$tmp/server.log"
+        echo "(kept at $tmp)"
+    else
+        # Never rm -rf across a mount (the server's idmapped lower layers live in the data dir).
+        grep -F " $tmp/" /proc/self/mountinfo | awk '{print $5}' | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+        grep -qF " $tmp/" /proc/self/mountinfo || rm -rf --one-file-system "$tmp"
+    fi
+    return "$rc"
+}
+if ! skipped js; then
+    run_step "JS SDK: conformance (tests/sdk/js, node --test)" js_suite
+fi
+
+summary
+[ "$FAILED" -eq 0 ]
