@@ -656,13 +656,28 @@ impl JailDriver {
         };
         // Record the owner first: if we crash from here on, the next run will not hand this
         // slot out while the sandbox lives.
-        fs::write(
+        let registered = fs::write(
             dir.join("pid"),
             format!("{pid} {start_time} {cgroup_name}\n"),
         )
-        .map_err(|e| DriverError::io("record the sandbox pid", e))?;
-        let pidfd = sys::pidfd_open(pid).map_err(|e| DriverError::io("pidfd_open", e))?;
-        let sb = self.register(slot, pid, start_time, cgroup_name.to_string(), pidfd, false)?;
+        .map_err(|e| DriverError::io("record the sandbox pid", e))
+        .and_then(|()| sys::pidfd_open(pid).map_err(|e| DriverError::io("pidfd_open", e)))
+        .and_then(|fd| self.register(slot, pid, start_time, cgroup_name.to_string(), fd, false));
+        let sb = match registered {
+            Ok(sb) => sb,
+            Err(e) => {
+                // No reaper watches it yet, and it is our child now: kill and reap it here.
+                let _ = tokio::task::spawn_blocking(move || {
+                    // SAFETY: signalling and reaping our own (re-parented) child.
+                    unsafe {
+                        libc::kill(pid, libc::SIGKILL);
+                        libc::waitpid(pid, std::ptr::null_mut(), 0);
+                    }
+                })
+                .await;
+                return Err(e);
+            }
+        };
         let handle = DriverHandle {
             driver: DRIVER_NAME.into(),
             pid,

@@ -3,6 +3,7 @@
 mod common;
 
 use std::fs;
+use std::io::Write as _;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::time::{Duration, Instant};
 
@@ -434,12 +435,14 @@ async fn start_stop_loop_leaves_nothing_behind() {
     env.assert_clean();
     // One reusable idmapped lower, nothing else mounted.
     assert_eq!(env.mounts().len(), 1, "{:?}", env.mounts());
-    eprintln!(
+    let _ = writeln!(
+        std::io::stderr(),
         "jail {} (cgroup {})",
         stats("start (until the agent accepts)", starts),
         d.cgroup_version()
     );
-    eprintln!(
+    let _ = writeln!(
+        std::io::stderr(),
         "jail {}",
         stats("stop (kill, reap, rmdir cgroups, rm slot)", stops)
     );

@@ -31,14 +31,18 @@ pub fn skip_reason() -> Option<String> {
     }
 }
 
-/// Skip the calling test with a loud message when the host lacks a capability.
+/// Skip the calling test with a loud message when the host lacks a capability. Written to the
+/// stderr handle directly: libtest captures `eprintln!` of passing tests, which would hide it.
 #[macro_export]
 macro_rules! require_jail_host {
     ($name:expr) => {
         if let Some(reason) = common::skip_reason() {
-            eprintln!(
+            use std::io::Write as _;
+            let _ = writeln!(
+                std::io::stderr(),
                 "\n*** SKIPPED jail integration test `{}`: {} ***\n",
-                $name, reason
+                $name,
+                reason
             );
             return;
         }
