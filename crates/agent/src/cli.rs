@@ -26,11 +26,13 @@ impl FromStr for ListenAddr {
             }
             Ok(ListenAddr::Unix(PathBuf::from(path)))
         } else if let Some(addr) = s.strip_prefix("tcp:") {
-            addr.parse()
-                .map(ListenAddr::Tcp)
-                .map_err(|e| format!("invalid TCP address {addr:?} ({e}); use e.g. tcp:127.0.0.1:49983"))
+            addr.parse().map(ListenAddr::Tcp).map_err(|e| {
+                format!("invalid TCP address {addr:?} ({e}); use e.g. tcp:127.0.0.1:49983")
+            })
         } else {
-            Err(format!("invalid listen address {s:?}: use unix:/path/to.sock or tcp:HOST:PORT"))
+            Err(format!(
+                "invalid listen address {s:?}: use unix:/path/to.sock or tcp:HOST:PORT"
+            ))
         }
     }
 }
@@ -72,8 +74,14 @@ mod tests {
 
     #[test]
     fn listen_addresses() {
-        assert_eq!("unix:/run/a.sock".parse(), Ok(ListenAddr::Unix("/run/a.sock".into())));
-        assert_eq!("tcp:127.0.0.1:5".parse(), Ok(ListenAddr::Tcp("127.0.0.1:5".parse().unwrap())));
+        assert_eq!(
+            "unix:/run/a.sock".parse(),
+            Ok(ListenAddr::Unix("/run/a.sock".into()))
+        );
+        assert_eq!(
+            "tcp:127.0.0.1:5".parse(),
+            Ok(ListenAddr::Tcp("127.0.0.1:5".parse().unwrap()))
+        );
         assert!("unix:".parse::<ListenAddr>().is_err());
         assert!("tcp:localhost".parse::<ListenAddr>().is_err());
         assert!("/run/a.sock".parse::<ListenAddr>().is_err());
@@ -84,6 +92,15 @@ mod tests {
         let args = Args::try_parse_from(["bulkhead-agent", "--listen", "tcp:127.0.0.1:1"]).unwrap();
         assert_eq!(args.default_user, "user");
         assert_eq!(args.max_background_processes, 100);
-        assert!(Args::try_parse_from(["bulkhead-agent", "--listen", "tcp:127.0.0.1:1", "--max-background-processes", "0"]).is_err());
+        assert!(
+            Args::try_parse_from([
+                "bulkhead-agent",
+                "--listen",
+                "tcp:127.0.0.1:1",
+                "--max-background-processes",
+                "0"
+            ])
+            .is_err()
+        );
     }
 }

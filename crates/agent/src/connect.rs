@@ -14,8 +14,8 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bulkhead_envd::connect::{
-    self as wire, CONTENT_TYPE_CONNECT_JSON, CONTENT_TYPE_JSON, Code, ConnectError, EnvelopeDecoder,
-    HEADER_KEEPALIVE_INTERVAL, HEADER_TIMEOUT_MS,
+    self as wire, CONTENT_TYPE_CONNECT_JSON, CONTENT_TYPE_JSON, Code, ConnectError,
+    EnvelopeDecoder, HEADER_KEEPALIVE_INTERVAL, HEADER_TIMEOUT_MS,
 };
 use bytes::Bytes;
 use futures::stream::{BoxStream, Stream, StreamExt};
@@ -56,7 +56,8 @@ impl CallContext {
                             "Invalid {HEADER_TIMEOUT_MS} header {value:?}: expected up to 10 digits of milliseconds"
                         ))
                     })?;
-                Some(Instant::now() + Duration::from_millis(ms))
+                // `0` means no deadline, as in envd.
+                (ms > 0).then(|| Instant::now() + Duration::from_millis(ms))
             }
         };
         let keepalive = headers
@@ -65,13 +66,24 @@ impl CallContext {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .filter(|s| *s > 0)
             .map_or(DEFAULT_KEEPALIVE, Duration::from_secs);
-        Ok(Self { deadline, keepalive, headers: headers.clone() })
+        Ok(Self {
+            deadline,
+            keepalive,
+            headers: headers.clone(),
+        })
     }
 }
 
 fn media_type(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
-    Some(value.split(';').next().unwrap_or("").trim().to_ascii_lowercase())
+    Some(
+        value
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase(),
+    )
 }
 
 fn unsupported_media_type(expected: &str, got: Option<&str>) -> Response {
@@ -88,13 +100,17 @@ fn unsupported_media_type(expected: &str, got: Option<&str>) -> Response {
 fn json_response(status: StatusCode, body: Bytes) -> Response {
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_JSON));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(CONTENT_TYPE_JSON),
+    );
     response
 }
 
 /// A unary error response: the code's HTTP status and `{"code","message"}`.
 pub fn error_response(err: &ConnectError) -> Response {
-    let status = StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status =
+        StatusCode::from_u16(err.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     json_response(status, err.to_json())
 }
 
@@ -107,7 +123,9 @@ pub fn error_response_with_status(status: StatusCode, err: &ConnectError) -> Res
 pub fn unary_ok<T: Serialize>(message: &T) -> Response {
     match serde_json::to_vec(message) {
         Ok(body) => json_response(StatusCode::OK, Bytes::from(body)),
-        Err(e) => error_response(&ConnectError::internal(format!("Could not encode the response: {e}"))),
+        Err(e) => error_response(&ConnectError::internal(format!(
+            "Could not encode the response: {e}"
+        ))),
     }
 }
 
@@ -119,9 +137,10 @@ pub fn stream_error_response(err: &ConnectError) -> Response {
 
 fn stream_body_response(body: Body) -> Response {
     let mut response = Response::new(body);
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE_CONNECT_JSON));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(CONTENT_TYPE_CONNECT_JSON),
+    );
     response
 }
 
@@ -160,7 +179,11 @@ where
     let result = match deadline {
         Some(deadline) => tokio::time::timeout_at(deadline, call)
             .await
-            .unwrap_or_else(|_| Err(ConnectError::deadline_exceeded("The call did not complete before its deadline"))),
+            .unwrap_or_else(|_| {
+                Err(ConnectError::deadline_exceeded(
+                    "The call did not complete before its deadline",
+                ))
+            }),
         None => call.await,
     };
     match result {
@@ -171,10 +194,16 @@ where
 
 /// Reads the single request message of a server-streaming call.
 /// Failures are returned as complete responses to send back.
-pub async fn read_stream_request<Req: DeserializeOwned>(headers: &HeaderMap, body: Body) -> Result<Req, Box<Response>> {
+pub async fn read_stream_request<Req: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Req, Box<Response>> {
     let media = media_type(headers);
     if media.as_deref() != Some(CONTENT_TYPE_CONNECT_JSON) {
-        return Err(Box::new(unsupported_media_type(CONTENT_TYPE_CONNECT_JSON, media.as_deref())));
+        return Err(Box::new(unsupported_media_type(
+            CONTENT_TYPE_CONNECT_JSON,
+            media.as_deref(),
+        )));
     }
     let bytes = axum::body::to_bytes(body, MAX_REQUEST_BYTES + wire::ENVELOPE_PREFIX_LEN)
         .await
@@ -189,14 +218,18 @@ pub async fn read_stream_request<Req: DeserializeOwned>(headers: &HeaderMap, bod
     let envelope = match decoder.next_envelope() {
         Ok(Some(env)) => env,
         Ok(None) => {
-            return Err(Box::new(stream_error_response(&ConnectError::invalid_argument(
-                "The request body must hold one enveloped message (flags byte, 4-byte length, JSON)",
-            ))));
+            return Err(Box::new(stream_error_response(
+                &ConnectError::invalid_argument(
+                    "The request body must hold one enveloped message (flags byte, 4-byte length, JSON)",
+                ),
+            )));
         }
         Err(e) => return Err(Box::new(stream_error_response(&e.to_connect_error()))),
     };
     if envelope.is_compressed() {
-        return Err(Box::new(stream_error_response(&wire::EnvelopeError::Compressed.to_connect_error())));
+        return Err(Box::new(stream_error_response(
+            &wire::EnvelopeError::Compressed.to_connect_error(),
+        )));
     }
     wire::decode_json(&envelope.data).map_err(|e| Box::new(stream_error_response(&e)))
 }
@@ -293,7 +326,9 @@ impl<T: Serialize, K: Fn() -> T> StreamState<T, K> {
             Ok(bytes) => bytes,
             Err(e) => {
                 self.done = true;
-                wire::encode_end_stream(Some(&ConnectError::internal(format!("Could not encode a message: {e}"))))
+                wire::encode_end_stream(Some(&ConnectError::internal(format!(
+                    "Could not encode a message: {e}"
+                ))))
             }
         }
     }
@@ -311,7 +346,10 @@ impl ClientStream {
     pub fn new(headers: &HeaderMap, body: Body) -> Result<Self, Box<Response>> {
         let media = media_type(headers);
         if media.as_deref() != Some(CONTENT_TYPE_CONNECT_JSON) {
-            return Err(Box::new(unsupported_media_type(CONTENT_TYPE_CONNECT_JSON, media.as_deref())));
+            return Err(Box::new(unsupported_media_type(
+                CONTENT_TYPE_CONNECT_JSON,
+                media.as_deref(),
+            )));
         }
         Ok(Self {
             body: body.into_data_stream(),
@@ -323,7 +361,11 @@ impl ClientStream {
     /// The next message, `Ok(None)` at the end of the request body.
     pub async fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ConnectError> {
         loop {
-            if let Some(env) = self.decoder.next_envelope().map_err(|e| e.to_connect_error())? {
+            if let Some(env) = self
+                .decoder
+                .next_envelope()
+                .map_err(|e| e.to_connect_error())?
+            {
                 if env.is_compressed() {
                     return Err(wire::EnvelopeError::Compressed.to_connect_error());
                 }
@@ -341,7 +383,10 @@ impl ClientStream {
             match self.body.next().await {
                 Some(Ok(chunk)) => self.decoder.push(&chunk),
                 Some(Err(e)) => {
-                    return Err(ConnectError::new(Code::Canceled, format!("Reading the request stream failed: {e}")));
+                    return Err(ConnectError::new(
+                        Code::Canceled,
+                        format!("Reading the request stream failed: {e}"),
+                    ));
                 }
                 None => self.finished = true,
             }
@@ -357,7 +402,9 @@ pub fn stream_single<T: Serialize>(message: &T) -> Response {
             body.extend_from_slice(&bytes);
             body.extend_from_slice(&wire::encode_end_stream(None));
         }
-        Err(e) => body.extend_from_slice(&wire::encode_end_stream(Some(&ConnectError::internal(e.to_string())))),
+        Err(e) => body.extend_from_slice(&wire::encode_end_stream(Some(&ConnectError::internal(
+            e.to_string(),
+        )))),
     }
     stream_body_response(Body::from(body))
 }

@@ -23,20 +23,30 @@ pub async fn health() -> StatusCode {
 pub async fn init(State(state): State<SharedState>, body: Body) -> Response {
     let bytes = match axum::body::to_bytes(body, 1 << 20).await {
         Ok(b) => b,
-        Err(e) => return error_json(StatusCode::BAD_REQUEST, format!("could not read the body: {e}")),
+        Err(e) => {
+            return error_json(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            );
+        }
     };
     let request: InitRequest = if bytes.iter().all(u8::is_ascii_whitespace) {
         InitRequest::default()
     } else {
         match serde_json::from_slice(&bytes) {
             Ok(r) => r,
-            Err(e) => return error_json(StatusCode::BAD_REQUEST, format!("invalid /init body: {e}")),
+            Err(e) => {
+                return error_json(StatusCode::BAD_REQUEST, format!("invalid /init body: {e}"));
+            }
         }
     };
     if let Some(user) = request.default_user.as_deref().filter(|u| !u.is_empty())
         && let Err(e) = state.resolve_user(Some(user))
     {
-        return error_json(StatusCode::BAD_REQUEST, format!("cannot make {user:?} the default user: {e}"));
+        return error_json(
+            StatusCode::BAD_REQUEST,
+            format!("cannot make {user:?} the default user: {e}"),
+        );
     }
     if let Some(hostname) = request.hostname.as_deref().filter(|h| !h.is_empty())
         && let Err(e) = nix::unistd::sethostname(hostname)
@@ -54,7 +64,8 @@ pub async fn init(State(state): State<SharedState>, body: Body) -> Response {
             s.default_user = user;
         }
         if let Some(workdir) = request.default_workdir {
-            s.default_workdir = (!workdir.is_empty()).then(|| crate::paths::clean(std::path::Path::new(&workdir)));
+            s.default_workdir =
+                (!workdir.is_empty()).then(|| crate::paths::clean(std::path::Path::new(&workdir)));
         }
     });
     tracing::info!("initialized by the host");
@@ -71,7 +82,8 @@ pub async fn metrics(State(state): State<SharedState>) -> Response {
     let cpu_used_pct = state.cpu.usage_percent().await;
     let mem = read_meminfo().unwrap_or_default();
     let (disk_total, disk_used) = disk_usage().unwrap_or_default();
-    let cpu_count = std::thread::available_parallelism().map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX));
+    let cpu_count = std::thread::available_parallelism()
+        .map_or(1, |n| u32::try_from(n.get()).unwrap_or(u32::MAX));
     Json(Metrics {
         ts: chrono::Utc::now().timestamp(),
         cpu_count,
@@ -103,8 +115,15 @@ fn parse_meminfo(text: &str) -> MemInfo {
     };
     let total = field("MemTotal");
     let cached = field("Cached") + field("SReclaimable");
-    let used = total.saturating_sub(field("MemFree")).saturating_sub(field("Buffers")).saturating_sub(cached);
-    MemInfo { total, used, cache: field("Cached") }
+    let used = total
+        .saturating_sub(field("MemFree"))
+        .saturating_sub(field("Buffers"))
+        .saturating_sub(cached);
+    MemInfo {
+        total,
+        used,
+        cache: field("Cached"),
+    }
 }
 
 fn read_meminfo() -> std::io::Result<MemInfo> {
@@ -122,7 +141,11 @@ fn disk_usage() -> nix::Result<(u64, u64)> {
 /// (busy, total) jiffies from the first line of `/proc/stat`.
 fn parse_cpu_times(text: &str) -> Option<(u64, u64)> {
     let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let values: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let values: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
     // user nice system idle iowait irq softirq steal (guest time is already in user/nice).
     let total: u64 = values.iter().take(8).sum();
     let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
@@ -142,7 +165,10 @@ pub struct CpuSampler {
 impl CpuSampler {
     /// Usage in percent of all CPUs.
     pub async fn usage_percent(&self) -> f64 {
-        let previous = *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let previous = *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (busy0, total0) = match previous {
             Some((at, busy, total)) if at.elapsed() >= Duration::from_millis(100) => (busy, total),
             _ => {
@@ -151,13 +177,22 @@ impl CpuSampler {
                 first
             }
         };
-        let Some((busy1, total1)) = cpu_times() else { return 0.0 };
-        *self.last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((Instant::now(), busy1, total1));
+        let Some((busy1, total1)) = cpu_times() else {
+            return 0.0;
+        };
+        *self
+            .last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some((Instant::now(), busy1, total1));
         let total = total1.saturating_sub(total0);
         if total == 0 {
             return 0.0;
         }
-        #[expect(clippy::cast_precision_loss, reason = "jiffy counts are far below 2^52")]
+        #[expect(
+            clippy::cast_precision_loss,
+            reason = "jiffy counts are far below 2^52"
+        )]
         let pct = busy1.saturating_sub(busy0) as f64 / total as f64 * 100.0;
         (pct * 100.0).round() / 100.0
     }
@@ -170,7 +205,14 @@ mod tests {
     #[test]
     fn meminfo_and_cpu_parsing() {
         let text = "MemTotal:       1000 kB\nMemFree:         100 kB\nBuffers:          50 kB\nCached:          200 kB\nSReclaimable:     50 kB\n";
-        assert_eq!(parse_meminfo(text), MemInfo { total: 1_024_000, used: 600 * 1024, cache: 200 * 1024 });
+        assert_eq!(
+            parse_meminfo(text),
+            MemInfo {
+                total: 1_024_000,
+                used: 600 * 1024,
+                cache: 200 * 1024
+            }
+        );
         let stat = "cpu  10 0 10 70 10 0 0 0 0 0\ncpu0 1 2 3\n";
         assert_eq!(parse_cpu_times(stat), Some((20, 100)));
     }

@@ -22,7 +22,9 @@ use crate::users::Identity;
 #[derive(Debug, thiserror::Error)]
 pub enum CredsError {
     /// The kernel refused the switch (the agent lacks `CAP_SETUID`/`CAP_SETGID`).
-    #[error("The agent cannot act as uid {uid}: {step} failed (is it running without CAP_SETUID/CAP_SETGID?)")]
+    #[error(
+        "The agent cannot act as uid {uid}: {step} failed (is it running without CAP_SETUID/CAP_SETGID?)"
+    )]
     Switch {
         /// Target uid.
         uid: u32,
@@ -50,7 +52,9 @@ where
     let euid = unsafe { libc::geteuid() };
     if identity.uid == euid {
         // Already that user (root acting as root, or an unprivileged agent in development).
-        return tokio::task::spawn_blocking(work).await.map_err(|_| CredsError::Panicked);
+        return tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|_| CredsError::Panicked);
     }
     let identity = identity.clone();
     let (tx, rx) = oneshot::channel();
@@ -67,7 +71,11 @@ where
 /// Switches the calling thread's groups and filesystem ids; the thread must exit afterwards.
 fn switch_thread_credentials(identity: &Identity) -> Result<(), CredsError> {
     let uid = identity.uid;
-    let fail = |step| CredsError::Switch { uid, step, source: io::Error::last_os_error() };
+    let fail = |step| CredsError::Switch {
+        uid,
+        step,
+        source: io::Error::last_os_error(),
+    };
     let groups: Vec<libc::gid_t> = identity.groups.clone();
     // SAFETY: `groups` is a valid array of `groups.len()` gids for the duration of the call; the
     // raw syscall changes only this thread's credentials.
@@ -111,7 +119,13 @@ mod tests {
     #[tokio::test]
     async fn own_identity_runs_directly() {
         // SAFETY: geteuid and getegid have no preconditions.
-        let me = unsafe { Identity { uid: libc::geteuid(), gid: libc::getegid(), groups: vec![] } };
+        let me = unsafe {
+            Identity {
+                uid: libc::geteuid(),
+                gid: libc::getegid(),
+                groups: vec![],
+            }
+        };
         assert_eq!(run_as(&me, || 41 + 1).await.unwrap(), 42);
     }
 
@@ -123,20 +137,29 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o777))
-            .unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
         let secret = dir.path().join("secret");
         std::fs::write(&secret, "root only").unwrap();
         std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .unwrap();
-        let nobody = Identity { uid: 65534, gid: 65534, groups: vec![65534] };
+        let nobody = Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: vec![65534],
+        };
         let created = dir.path().join("made-by-nobody");
         let (read, write) = {
             let secret = secret.clone();
             let created = created.clone();
-            run_as(&nobody, move || (std::fs::read(&secret), std::fs::write(&created, "x")))
-                .await
-                .unwrap()
+            run_as(&nobody, move || {
+                (std::fs::read(&secret), std::fs::write(&created, "x"))
+            })
+            .await
+            .unwrap()
         };
         assert_eq!(read.unwrap_err().kind(), io::ErrorKind::PermissionDenied);
         write.unwrap();

@@ -19,8 +19,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bulkhead_envd::rest::{
-    ErrorBody, FileOperation, HEADER_ACCESS_TOKEN, HEADER_METADATA_PREFIX, METADATA_XATTR_PREFIX, UploadedEntry,
-    file_signature,
+    ErrorBody, FileOperation, HEADER_ACCESS_TOKEN, HEADER_METADATA_PREFIX, METADATA_XATTR_PREFIX,
+    UploadedEntry, file_signature,
 };
 use bytes::Bytes;
 use futures::stream::{BoxStream, StreamExt};
@@ -139,11 +139,17 @@ impl FilesError {
             Some(libc::ENOENT) => FilesError::NotFound(path.to_owned()),
             Some(libc::EISDIR) => FilesError::IsDirectory(path.to_owned()),
             Some(libc::ENOTDIR | libc::EEXIST) => FilesError::ParentNotDirectory(path.to_owned()),
-            Some(libc::EACCES | libc::EPERM | libc::EROFS) => {
-                FilesError::Forbidden { user: user.to_owned(), operation, path: path.to_owned() }
-            }
+            Some(libc::EACCES | libc::EPERM | libc::EROFS) => FilesError::Forbidden {
+                user: user.to_owned(),
+                operation,
+                path: path.to_owned(),
+            },
             Some(libc::ENOSPC | libc::EDQUOT) => FilesError::NoSpace(path.to_owned()),
-            _ => FilesError::Io { operation, path: path.to_owned(), source: error },
+            _ => FilesError::Io {
+                operation,
+                path: path.to_owned(),
+                source: error,
+            },
         }
     }
 }
@@ -160,10 +166,17 @@ impl IntoResponse for FilesError {
 
 /// The plain-HTTP error body `{"code": <status>, "message": "..."}`.
 pub fn error_json(status: StatusCode, message: String) -> Response {
-    let body = serde_json::to_vec(&ErrorBody { code: status.as_u16(), message }).unwrap_or_default();
+    let body = serde_json::to_vec(&ErrorBody {
+        code: status.as_u16(),
+        message,
+    })
+    .unwrap_or_default();
     let mut response = Response::new(Body::from(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     response
 }
 
@@ -187,7 +200,9 @@ pub fn authorize(
         return if constant_time_eq(sent.to_str().unwrap_or(""), token) {
             Ok(())
         } else {
-            Err(FilesError::Unauthorized("access token present in header but does not match".into()))
+            Err(FilesError::Unauthorized(
+                "access token present in header but does not match".into(),
+            ))
         };
     }
     let signature = query.signature.as_deref().ok_or_else(|| {
@@ -199,11 +214,9 @@ pub fn authorize(
     })?;
     let expiration = match query.signature_expiration.as_deref() {
         None => None,
-        Some(text) => Some(
-            text.trim()
-                .parse::<i64>()
-                .map_err(|_| FilesError::Unauthorized(format!("invalid signature_expiration {text:?}")))?,
-        ),
+        Some(text) => Some(text.trim().parse::<i64>().map_err(|_| {
+            FilesError::Unauthorized(format!("invalid signature_expiration {text:?}"))
+        })?),
     };
     let expected = file_signature(
         query.path.as_deref().unwrap_or(""),
@@ -218,7 +231,9 @@ pub fn authorize(
     if let Some(exp) = expiration
         && exp < now_unix
     {
-        return Err(FilesError::Unauthorized("signature is already expired: create a new signed URL".into()));
+        return Err(FilesError::Unauthorized(
+            "signature is already expired: create a new signed URL".into(),
+        ));
     }
     Ok(())
 }
@@ -253,7 +268,11 @@ pub fn negotiate_encoding(accept: Option<&str>) -> Result<Encoding, FilesError> 
                 return None;
             }
             let q = parts
-                .filter_map(|p| p.trim().strip_prefix("q=").or_else(|| p.trim().strip_prefix("Q=")))
+                .filter_map(|p| {
+                    p.trim()
+                        .strip_prefix("q=")
+                        .or_else(|| p.trim().strip_prefix("Q="))
+                })
                 .find_map(|v| v.trim().parse::<f32>().ok())
                 .unwrap_or(1.0);
             Some((name, q))
@@ -272,7 +291,13 @@ pub fn negotiate_encoding(accept: Option<&str>) -> Result<Encoding, FilesError> 
         match name.as_str() {
             "gzip" | "x-gzip" => return Ok(Encoding::Gzip),
             "identity" => return Ok(Encoding::Identity),
-            "*" => return Ok(if identity_ok { Encoding::Identity } else { Encoding::Gzip }),
+            "*" => {
+                return Ok(if identity_ok {
+                    Encoding::Identity
+                } else {
+                    Encoding::Gzip
+                });
+            }
             _ => {}
         }
     }
@@ -291,7 +316,11 @@ fn resolve_user(state: &SharedState, query: &FilesQuery) -> Result<User, FilesEr
 }
 
 fn resolve_path(state: &SharedState, user: &User, path: &str) -> Result<PathBuf, FilesError> {
-    Ok(paths::resolve(path, &user.home, state.settings().default_workdir.as_deref())?)
+    Ok(paths::resolve(
+        path,
+        &user.home,
+        state.settings().default_workdir.as_deref(),
+    )?)
 }
 
 async fn as_user<T, F>(user: &User, work: F) -> Result<T, FilesError>
@@ -303,29 +332,52 @@ where
 }
 
 /// `GET /files`.
-pub async fn download(State(state): State<SharedState>, Query(query): Query<FilesQuery>, headers: HeaderMap) -> Response {
+pub async fn download(
+    State(state): State<SharedState>,
+    Query(query): Query<FilesQuery>,
+    headers: HeaderMap,
+) -> Response {
     match download_inner(&state, &query, &headers).await {
         Ok(response) => response,
         Err(e) => e.into_response(),
     }
 }
 
-async fn download_inner(state: &SharedState, query: &FilesQuery, headers: &HeaderMap) -> Result<Response, FilesError> {
-    authorize(state.access_token().as_deref(), headers, query, FileOperation::Read, now_unix())?;
+async fn download_inner(
+    state: &SharedState,
+    query: &FilesQuery,
+    headers: &HeaderMap,
+) -> Result<Response, FilesError> {
+    authorize(
+        state.access_token().as_deref(),
+        headers,
+        query,
+        FileOperation::Read,
+        now_unix(),
+    )?;
     let user = resolve_user(state, query)?;
     let path = resolve_path(state, &user, query.path.as_deref().unwrap_or(""))?;
-    let encoding = negotiate_encoding(headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok()))?;
+    let encoding = negotiate_encoding(
+        headers
+            .get(header::ACCEPT_ENCODING)
+            .and_then(|v| v.to_str().ok()),
+    )?;
     let name = user.name.clone();
     let (file, size) = as_user(&user, move || {
-        let meta = std::fs::metadata(&path).map_err(|e| FilesError::from_io(&name, "read", &path, e))?;
+        let meta =
+            std::fs::metadata(&path).map_err(|e| FilesError::from_io(&name, "read", &path, e))?;
         if meta.is_dir() {
             return Err(FilesError::IsDirectory(path));
         }
         if !meta.is_file() {
             return Err(FilesError::NotRegular(path));
         }
-        let file = std::fs::File::open(&path).map_err(|e| FilesError::from_io(&name, "read", &path, e))?;
-        let size = file.metadata().map_err(|e| FilesError::from_io(&name, "read", &path, e))?.len();
+        let file =
+            std::fs::File::open(&path).map_err(|e| FilesError::from_io(&name, "read", &path, e))?;
+        let size = file
+            .metadata()
+            .map_err(|e| FilesError::from_io(&name, "read", &path, e))?
+            .len();
         Ok((file, size))
     })
     .await?;
@@ -333,18 +385,25 @@ async fn download_inner(state: &SharedState, query: &FilesQuery, headers: &Heade
     let mut response = match encoding {
         Encoding::Gzip => {
             let mut r = Response::new(Body::from_stream(gzip_file(file)));
-            r.headers_mut().insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+            r.headers_mut()
+                .insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
             r
         }
         Encoding::Identity => {
             let reader = tokio::fs::File::from_std(file).take(size);
-            let mut r = Response::new(Body::from_stream(tokio_util::io::ReaderStream::with_capacity(reader, CHUNK)));
-            r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+            let mut r = Response::new(Body::from_stream(
+                tokio_util::io::ReaderStream::with_capacity(reader, CHUNK),
+            ));
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
             r
         }
     };
     let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
     h.insert(header::VARY, HeaderValue::from_static("Accept-Encoding"));
     Ok(response)
 }
@@ -361,7 +420,9 @@ impl ChannelWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx.blocking_send(Ok(chunk)).map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
     }
 }
 
@@ -384,9 +445,14 @@ impl Write for ChannelWriter {
 fn gzip_file(mut file: std::fs::File) -> ReceiverStream<io::Result<Bytes>> {
     let (tx, rx) = mpsc::channel(8);
     tokio::task::spawn_blocking(move || {
-        let writer = ChannelWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK) };
+        let writer = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(CHUNK),
+        };
         let mut encoder = flate2::write::GzEncoder::new(writer, flate2::Compression::default());
-        let result = io::copy(&mut file, &mut encoder).and_then(|_| encoder.finish()).and_then(|mut w| w.flush());
+        let result = io::copy(&mut file, &mut encoder)
+            .and_then(|_| encoder.finish())
+            .and_then(|mut w| w.flush());
         if let Err(e) = result
             && e.kind() != io::ErrorKind::BrokenPipe
         {
@@ -419,23 +485,35 @@ impl Read for BlockingStreamReader {
 }
 
 /// Decompresses a gzip byte stream on a blocking thread.
-fn gunzip_stream(input: BoxStream<'static, io::Result<Bytes>>) -> BoxStream<'static, io::Result<Bytes>> {
+fn gunzip_stream(
+    input: BoxStream<'static, io::Result<Bytes>>,
+) -> BoxStream<'static, io::Result<Bytes>> {
     let (tx, rx) = mpsc::channel(8);
     let handle = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
-        let reader = BlockingStreamReader { handle, stream: input, current: Bytes::new() };
+        let reader = BlockingStreamReader {
+            handle,
+            stream: input,
+            current: Bytes::new(),
+        };
         let mut decoder = flate2::read::MultiGzDecoder::new(reader);
         let mut buf = vec![0_u8; CHUNK];
         loop {
             match decoder.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
-                    if tx.blocking_send(Ok(Bytes::copy_from_slice(&buf[..n]))).is_err() {
+                    if tx
+                        .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                        .is_err()
+                    {
                         break;
                     }
                 }
                 Err(e) => {
-                    let _ = tx.blocking_send(Err(io::Error::new(e.kind(), format!("invalid gzip body: {e}"))));
+                    let _ = tx.blocking_send(Err(io::Error::new(
+                        e.kind(),
+                        format!("invalid gzip body: {e}"),
+                    )));
                     break;
                 }
             }
@@ -445,7 +523,9 @@ fn gunzip_stream(input: BoxStream<'static, io::Result<Bytes>>) -> BoxStream<'sta
 }
 
 /// Metadata to store from `X-Metadata-<key>` headers; `None` when there are none.
-pub fn parse_metadata_headers(headers: &HeaderMap) -> Result<Option<Vec<(String, String)>>, FilesError> {
+pub fn parse_metadata_headers(
+    headers: &HeaderMap,
+) -> Result<Option<Vec<(String, String)>>, FilesError> {
     let mut out = Vec::new();
     let mut total = 0;
     for (name, value) in headers {
@@ -461,7 +541,9 @@ pub fn parse_metadata_headers(headers: &HeaderMap) -> Result<Option<Vec<(String,
             .to_str()
             .ok()
             .filter(|v| v.bytes().all(|b| (0x20..=0x7e).contains(&b)))
-            .ok_or_else(|| FilesError::BadRequest(format!("metadata value of {key:?} must be printable ASCII")))?;
+            .ok_or_else(|| {
+                FilesError::BadRequest(format!("metadata value of {key:?} must be printable ASCII"))
+            })?;
         total += key.len() + value.len();
         out.push((key.to_owned(), value.to_owned()));
     }
@@ -491,9 +573,11 @@ fn set_metadata(file: &std::fs::File, metadata: &[(String, String)]) -> io::Resu
         }
     }
     for (key, value) in metadata {
-        let c_name = CString::new(format!("{METADATA_XATTR_PREFIX}{key}")).map_err(io::Error::other)?;
+        let c_name =
+            CString::new(format!("{METADATA_XATTR_PREFIX}{key}")).map_err(io::Error::other)?;
         // SAFETY: NUL-terminated name; the value buffer is valid for its length; fd is open.
-        let rc = unsafe { libc::fsetxattr(fd, c_name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+        let rc =
+            unsafe { libc::fsetxattr(fd, c_name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
@@ -503,9 +587,14 @@ fn set_metadata(file: &std::fs::File, metadata: &[(String, String)]) -> io::Resu
 
 /// Creates missing parents, then opens `path` for writing (created or truncated) and stores the
 /// metadata. Runs with the user's credentials.
-fn open_for_write(user: &str, path: &Path, metadata: Option<&[(String, String)]>) -> Result<std::fs::File, FilesError> {
+fn open_for_write(
+    user: &str,
+    path: &Path,
+    metadata: Option<&[(String, String)]>,
+) -> Result<std::fs::File, FilesError> {
     if let Some(parent) = path.parent() {
-        crate::filesystem::create_dirs(parent).map_err(|e| FilesError::from_io(user, "create directories for", path, e))?;
+        crate::filesystem::create_dirs(parent)
+            .map_err(|e| FilesError::from_io(user, "create directories for", path, e))?;
     }
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(FilesError::IsDirectory(path.to_owned()));
@@ -530,21 +619,34 @@ fn open_for_write(user: &str, path: &Path, metadata: Option<&[(String, String)]>
 }
 
 /// Streams `data` into `path` as `user`.
-async fn write_file<S, E>(user: &User, path: PathBuf, data: S, metadata: Option<Vec<(String, String)>>) -> Result<(), FilesError>
+async fn write_file<S, E>(
+    user: &User,
+    path: PathBuf,
+    data: S,
+    metadata: Option<Vec<(String, String)>>,
+) -> Result<(), FilesError>
 where
     S: futures::Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
     let name = user.name.clone();
     let open_path = path.clone();
-    let file = as_user(user, move || open_for_write(&name, &open_path, metadata.as_deref())).await?;
+    let file = as_user(user, move || {
+        open_for_write(&name, &open_path, metadata.as_deref())
+    })
+    .await?;
     let mut file = tokio::fs::File::from_std(file);
     let mut data = data;
     while let Some(chunk) = data.next().await {
-        let chunk = chunk.map_err(|e| FilesError::BadRequest(format!("reading the upload failed: {e}")))?;
-        file.write_all(&chunk).await.map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
+        let chunk =
+            chunk.map_err(|e| FilesError::BadRequest(format!("reading the upload failed: {e}")))?;
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
     }
-    file.flush().await.map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
+    file.flush()
+        .await
+        .map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
     Ok(())
 }
 
@@ -554,7 +656,9 @@ pub fn disposition_filename(value: &str) -> Option<String> {
     let mut plain = None;
     let mut extended = None;
     for param in split_params(value).into_iter().skip(1) {
-        let Some((key, raw)) = param.split_once('=') else { continue };
+        let Some((key, raw)) = param.split_once('=') else {
+            continue;
+        };
         match key.trim().to_ascii_lowercase().as_str() {
             "filename" => plain = Some(unquote(raw.trim())),
             "filename*" => {
@@ -635,8 +739,12 @@ pub async fn upload(
 ) -> Response {
     match upload_inner(&state, &query, &headers, body).await {
         Ok(entries) => {
-            let mut response = Response::new(Body::from(serde_json::to_vec(&entries).unwrap_or_default()));
-            response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            let mut response =
+                Response::new(Body::from(serde_json::to_vec(&entries).unwrap_or_default()));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             response
         }
         Err(e) => e.into_response(),
@@ -646,7 +754,9 @@ pub async fn upload(
 fn entry_for(path: &Path) -> UploadedEntry {
     UploadedEntry {
         path: path.to_string_lossy().into_owned(),
-        name: path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+        name: path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         r#type: "file".to_owned(),
     }
 }
@@ -657,30 +767,57 @@ async fn upload_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Vec<UploadedEntry>, FilesError> {
-    authorize(state.access_token().as_deref(), headers, query, FileOperation::Write, now_unix())?;
+    authorize(
+        state.access_token().as_deref(),
+        headers,
+        query,
+        FileOperation::Write,
+        now_unix(),
+    )?;
     let user = resolve_user(state, query)?;
     let metadata = parse_metadata_headers(headers)?;
 
-    let gzip = match headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("").trim().to_ascii_lowercase()) {
+    let gzip = match headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("").trim().to_ascii_lowercase())
+    {
         None => false,
         Some(e) if e.is_empty() || e == "identity" => false,
         Some(e) if e == "gzip" || e == "x-gzip" => true,
         Some(e) => {
-            return Err(FilesError::BadRequest(format!("unsupported Content-Encoding {e:?}; supported: gzip")));
+            return Err(FilesError::BadRequest(format!(
+                "unsupported Content-Encoding {e:?}; supported: gzip"
+            )));
         }
     };
-    let raw: BoxStream<'static, io::Result<Bytes>> = body.into_data_stream().map(|r| r.map_err(io::Error::other)).boxed();
+    let raw: BoxStream<'static, io::Result<Bytes>> = body
+        .into_data_stream()
+        .map(|r| r.map_err(io::Error::other))
+        .boxed();
     let data = if gzip { gunzip_stream(raw) } else { raw };
 
-    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let media = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
 
     if media == "application/octet-stream" {
         let path = query
             .path
             .as_deref()
             .filter(|p| !p.is_empty())
-            .ok_or_else(|| FilesError::BadRequest("the path query parameter is required for application/octet-stream uploads".into()))?;
+            .ok_or_else(|| {
+                FilesError::BadRequest(
+                    "the path query parameter is required for application/octet-stream uploads"
+                        .into(),
+                )
+            })?;
         let path = resolve_path(state, &user, path)?;
         write_file(&user, path.clone(), data, metadata).await?;
         return Ok(vec![entry_for(&path)]);
@@ -710,7 +847,11 @@ async fn upload_inner(
                 .get(header::CONTENT_DISPOSITION)
                 .and_then(|v| v.to_str().ok())
                 .and_then(disposition_filename)
-                .ok_or_else(|| FilesError::BadRequest("a `file` part has no filename (the destination path)".into()))?,
+                .ok_or_else(|| {
+                    FilesError::BadRequest(
+                        "a `file` part has no filename (the destination path)".into(),
+                    )
+                })?,
         };
         let path = resolve_path(state, &user, &target)?;
         if !seen.insert(path.clone()) {
@@ -732,7 +873,8 @@ mod tests {
     #[test]
     fn filenames_keep_directories() {
         assert_eq!(
-            disposition_filename(r#"form-data; name="file"; filename="/home/user/dir/a.txt""#).as_deref(),
+            disposition_filename(r#"form-data; name="file"; filename="/home/user/dir/a.txt""#)
+                .as_deref(),
             Some("/home/user/dir/a.txt")
         );
         assert_eq!(
@@ -740,25 +882,49 @@ mod tests {
             Some(r#"a;b "q".txt"#)
         );
         assert_eq!(
-            disposition_filename("form-data; name=file; filename*=UTF-8''d%C3%ADr%2Fx.txt; filename=x").as_deref(),
+            disposition_filename(
+                "form-data; name=file; filename*=UTF-8''d%C3%ADr%2Fx.txt; filename=x"
+            )
+            .as_deref(),
             Some("dír/x.txt")
         );
         assert_eq!(disposition_filename(r#"form-data; name="file""#), None);
-        assert_eq!(disposition_filename(r#"form-data; name="file"; filename="""#), None);
+        assert_eq!(
+            disposition_filename(r#"form-data; name="file"; filename="""#),
+            None
+        );
     }
 
     #[test]
     fn accept_encoding() {
         assert_eq!(negotiate_encoding(None).unwrap(), Encoding::Identity);
         assert_eq!(negotiate_encoding(Some("gzip")).unwrap(), Encoding::Gzip);
-        assert_eq!(negotiate_encoding(Some("br;q=1, gzip;q=0.5")).unwrap(), Encoding::Gzip);
-        assert_eq!(negotiate_encoding(Some("gzip;q=0")).unwrap(), Encoding::Identity);
+        assert_eq!(
+            negotiate_encoding(Some("br;q=1, gzip;q=0.5")).unwrap(),
+            Encoding::Gzip
+        );
+        assert_eq!(
+            negotiate_encoding(Some("gzip;q=0")).unwrap(),
+            Encoding::Identity
+        );
         assert_eq!(negotiate_encoding(Some("br")).unwrap(), Encoding::Identity);
-        assert_eq!(negotiate_encoding(Some("identity;q=0, gzip")).unwrap(), Encoding::Gzip);
-        assert_eq!(negotiate_encoding(Some("*;q=0, gzip")).unwrap(), Encoding::Gzip);
+        assert_eq!(
+            negotiate_encoding(Some("identity;q=0, gzip")).unwrap(),
+            Encoding::Gzip
+        );
+        assert_eq!(
+            negotiate_encoding(Some("*;q=0, gzip")).unwrap(),
+            Encoding::Gzip
+        );
         assert_eq!(negotiate_encoding(Some("*")).unwrap(), Encoding::Identity);
-        assert!(matches!(negotiate_encoding(Some("br, identity;q=0")), Err(FilesError::NotAcceptable(_))));
-        assert!(matches!(negotiate_encoding(Some("*;q=0")), Err(FilesError::NotAcceptable(_))));
+        assert!(matches!(
+            negotiate_encoding(Some("br, identity;q=0")),
+            Err(FilesError::NotAcceptable(_))
+        ));
+        assert!(matches!(
+            negotiate_encoding(Some("*;q=0")),
+            Err(FilesError::NotAcceptable(_))
+        ));
     }
 
     #[test]
@@ -773,21 +939,87 @@ mod tests {
         // No token: everything is allowed.
         authorize(None, &headers, &q("a", None, None), FileOperation::Read, 0).unwrap();
         let good = file_signature("a", FileOperation::Read, "", "tok", None);
-        authorize(Some("tok"), &headers, &q("a", Some(good.clone()), None), FileOperation::Read, 0).unwrap();
+        authorize(
+            Some("tok"),
+            &headers,
+            &q("a", Some(good.clone()), None),
+            FileOperation::Read,
+            0,
+        )
+        .unwrap();
         // Wrong operation, path, or missing signature.
-        assert!(authorize(Some("tok"), &headers, &q("a", Some(good.clone()), None), FileOperation::Write, 0).is_err());
-        assert!(authorize(Some("tok"), &headers, &q("b", Some(good), None), FileOperation::Read, 0).is_err());
-        assert!(authorize(Some("tok"), &headers, &q("a", None, None), FileOperation::Read, 0).is_err());
+        assert!(
+            authorize(
+                Some("tok"),
+                &headers,
+                &q("a", Some(good.clone()), None),
+                FileOperation::Write,
+                0
+            )
+            .is_err()
+        );
+        assert!(
+            authorize(
+                Some("tok"),
+                &headers,
+                &q("b", Some(good), None),
+                FileOperation::Read,
+                0
+            )
+            .is_err()
+        );
+        assert!(
+            authorize(
+                Some("tok"),
+                &headers,
+                &q("a", None, None),
+                FileOperation::Read,
+                0
+            )
+            .is_err()
+        );
         // Expiry.
         let exp = file_signature("a", FileOperation::Read, "", "tok", Some(100));
-        authorize(Some("tok"), &headers, &q("a", Some(exp.clone()), Some(100)), FileOperation::Read, 100).unwrap();
-        assert!(authorize(Some("tok"), &headers, &q("a", Some(exp), Some(100)), FileOperation::Read, 101).is_err());
+        authorize(
+            Some("tok"),
+            &headers,
+            &q("a", Some(exp.clone()), Some(100)),
+            FileOperation::Read,
+            100,
+        )
+        .unwrap();
+        assert!(
+            authorize(
+                Some("tok"),
+                &headers,
+                &q("a", Some(exp), Some(100)),
+                FileOperation::Read,
+                101
+            )
+            .is_err()
+        );
         // Header wins over signature; a wrong header fails.
         let mut with_header = HeaderMap::new();
         with_header.insert(HEADER_ACCESS_TOKEN, HeaderValue::from_static("tok"));
-        authorize(Some("tok"), &with_header, &q("a", None, None), FileOperation::Write, 0).unwrap();
+        authorize(
+            Some("tok"),
+            &with_header,
+            &q("a", None, None),
+            FileOperation::Write,
+            0,
+        )
+        .unwrap();
         with_header.insert(HEADER_ACCESS_TOKEN, HeaderValue::from_static("nope"));
-        assert!(authorize(Some("tok"), &with_header, &q("a", None, None), FileOperation::Write, 0).is_err());
+        assert!(
+            authorize(
+                Some("tok"),
+                &with_header,
+                &q("a", None, None),
+                FileOperation::Write,
+                0
+            )
+            .is_err()
+        );
     }
 
     #[test]

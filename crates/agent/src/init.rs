@@ -48,15 +48,28 @@ pub fn become_init_if_pid1() {
 
 fn reap_forever(server: Pid) -> ! {
     SERVER_PID.store(server.as_raw(), Ordering::Relaxed);
-    let action = SigAction::new(SigHandler::Handler(forward_signal), SaFlags::SA_RESTART, SigSet::empty());
-    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGUSR1, Signal::SIGUSR2] {
+    let action = SigAction::new(
+        SigHandler::Handler(forward_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for signal in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+    ] {
         // SAFETY: the handler only calls the async-signal-safe kill().
         let _ = unsafe { sigaction(signal, &action) };
     }
     loop {
         match waitpid(None, None) {
             Ok(WaitStatus::Exited(pid, code)) if pid == server => std::process::exit(code),
-            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == server => std::process::exit(128 + signal as i32),
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == server => {
+                std::process::exit(128 + signal as i32)
+            }
             Ok(_) | Err(nix::errno::Errno::EINTR) => {}
             Err(e) => {
                 eprintln!("bulkhead-agent: waitpid failed: {e}");

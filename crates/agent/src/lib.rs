@@ -74,23 +74,30 @@ pub enum ServeError {
 pub async fn run(args: &Args) -> Result<(), ServeError> {
     let config = Config {
         default_user: args.default_user.clone(),
-        max_background_processes: usize::try_from(args.max_background_processes).unwrap_or(usize::MAX),
+        max_background_processes: usize::try_from(args.max_background_processes)
+            .unwrap_or(usize::MAX),
     };
     let state = AppState::new(&config);
     let app = server::app(state);
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             () = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
         }
         tracing::info!("shutting down");
     };
-    let bind_err = |source| ServeError::Bind { addr: args.listen.clone(), source };
+    let bind_err = |source| ServeError::Bind {
+        addr: args.listen.clone(),
+        source,
+    };
     match &args.listen {
         ListenAddr::Unix(path) => {
             match std::fs::symlink_metadata(path) {
-                Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).map_err(bind_err)?,
+                Ok(meta) if meta.file_type().is_socket() => {
+                    std::fs::remove_file(path).map_err(bind_err)?
+                }
                 Ok(_) => return Err(ServeError::NotASocket(path.clone())),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(bind_err(e)),
@@ -98,8 +105,16 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(bind_err)?;
             }
-            let listener = tokio::net::UnixListener::bind(path).map_err(bind_err)?;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(bind_err)?;
+            // Create the socket as 0600 from the start (no window with a wider mode); no other
+            // thread creates files yet, so changing the process umask briefly is safe.
+            // SAFETY: umask has no preconditions.
+            let previous = unsafe { libc::umask(0o177) };
+            let bound = tokio::net::UnixListener::bind(path);
+            // SAFETY: as above.
+            unsafe { libc::umask(previous) };
+            let listener = bound.map_err(bind_err)?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                .map_err(bind_err)?;
             tracing::info!(listen = %args.listen, "agent listening");
             // Streams (process output, watches) never end by themselves, so shutdown does not wait
             // for connections to finish: the sandbox is going away.
@@ -109,9 +124,12 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
             }
         }
         ListenAddr::Tcp(addr) => {
-            let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind_err)?.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(bind_err)?
+                .tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
             tracing::info!(listen = %args.listen, "agent listening");
             tokio::select! {
                 r = axum::serve(listener, app) => r.map_err(ServeError::Serve)?,

@@ -11,7 +11,9 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bulkhead_envd::rest::{ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, HEADER_SANDBOX_PORT, PortClosedBody};
+use bulkhead_envd::rest::{
+    ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, HEADER_SANDBOX_PORT, PortClosedBody,
+};
 use bulkhead_envd::{ConnectError, filesystem, process};
 use tower::ServiceExt as _;
 
@@ -32,7 +34,10 @@ pub struct PortRouter {
 impl PortRouter {
     /// A router whose default port (used when the header is absent) is served by `router`.
     pub fn new(default_port: u16, router: Router) -> Self {
-        Self { routes: Arc::new(HashMap::from([(default_port, router)])), default_port }
+        Self {
+            routes: Arc::new(HashMap::from([(default_port, router)])),
+            default_port,
+        }
     }
 
     /// Serves `port` with `router`.
@@ -53,7 +58,10 @@ impl PortRouter {
     async fn dispatch(&self, request: Request) -> Response {
         let port = match request.headers().get(HEADER_SANDBOX_PORT) {
             None => Some(self.default_port),
-            Some(value) => value.to_str().ok().and_then(|v| v.trim().parse::<u16>().ok()),
+            Some(value) => value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u16>().ok()),
         };
         match port.and_then(|p| self.routes.get(&p)) {
             Some(router) => match router.clone().oneshot(request).await {
@@ -67,7 +75,11 @@ impl PortRouter {
 
 fn port_closed(headers: &HeaderMap) -> Response {
     let body = PortClosedBody {
-        sandbox_id: headers.get(HEADER_SANDBOX_ID).and_then(|v| v.to_str().ok()).unwrap_or("").to_owned(),
+        sandbox_id: headers
+            .get(HEADER_SANDBOX_ID)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned(),
         message: "The sandbox is running but port is not open".to_owned(),
         code: 502,
     };
@@ -83,12 +95,21 @@ pub fn app(state: SharedState) -> Router {
 pub fn envd_router(state: SharedState) -> Router {
     Router::new()
         .route("/health", get(crate::control::health))
-        .route("/files", get(crate::files::download).post(crate::files::upload))
+        .route(
+            "/files",
+            get(crate::files::download).post(crate::files::upload),
+        )
         .route("/init", post(crate::control::init))
         .route("/envs", get(crate::control::envs))
         .route("/metrics", get(crate::control::metrics))
-        .route(&format!("/{}/{{method}}", process::SERVICE), post(process_rpc))
-        .route(&format!("/{}/{{method}}", filesystem::SERVICE), post(filesystem_rpc))
+        .route(
+            &format!("/{}/{{method}}", process::SERVICE),
+            post(process_rpc),
+        )
+        .route(
+            &format!("/{}/{{method}}", filesystem::SERVICE),
+            post(filesystem_rpc),
+        )
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), require_token))
         .with_state(state)
@@ -99,12 +120,16 @@ async fn not_found(request: Request) -> Response {
     if is_rpc_path(&path) {
         unknown_method(&path)
     } else {
-        error_json(StatusCode::NOT_FOUND, format!("no route for {} {path}", request.method()))
+        error_json(
+            StatusCode::NOT_FOUND,
+            format!("no route for {} {path}", request.method()),
+        )
     }
 }
 
 fn is_rpc_path(path: &str) -> bool {
-    path.starts_with(&format!("/{}/", process::SERVICE)) || path.starts_with(&format!("/{}/", filesystem::SERVICE))
+    path.starts_with(&format!("/{}/", process::SERVICE))
+        || path.starts_with(&format!("/{}/", filesystem::SERVICE))
 }
 
 fn unknown_method(path: &str) -> Response {
@@ -122,7 +147,10 @@ async fn require_token(State(state): State<SharedState>, request: Request, next:
     };
     let path = request.uri().path();
     let exempt = (request.method() == Method::GET && path == "/health") || path == "/files";
-    let sent = request.headers().get(HEADER_ACCESS_TOKEN).and_then(|v| v.to_str().ok());
+    let sent = request
+        .headers()
+        .get(HEADER_ACCESS_TOKEN)
+        .and_then(|v| v.to_str().ok());
     if exempt || sent.is_some_and(|sent| constant_time_eq(sent, &token)) {
         return next.run(request).await;
     }
@@ -138,7 +166,12 @@ async fn require_token(State(state): State<SharedState>, request: Request, next:
     }
 }
 
-async fn process_rpc(State(state): State<SharedState>, Path(method): Path<String>, headers: HeaderMap, body: Body) -> Response {
+async fn process_rpc(
+    State(state): State<SharedState>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     use process::method as m;
     match method.as_str() {
         m::START => crate::process::start(state, headers, body).await,

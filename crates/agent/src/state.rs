@@ -64,17 +64,27 @@ impl AppState {
 
     /// A copy of the current settings.
     pub fn settings(&self) -> Settings {
-        self.settings.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.settings
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Changes the settings.
     pub fn update_settings(&self, f: impl FnOnce(&mut Settings)) {
-        f(&mut self.settings.write().unwrap_or_else(std::sync::PoisonError::into_inner));
+        f(&mut self
+            .settings
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner));
     }
 
     /// The current access token.
     pub fn access_token(&self) -> Option<String> {
-        self.settings.read().unwrap_or_else(std::sync::PoisonError::into_inner).access_token.clone()
+        self.settings
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .access_token
+            .clone()
     }
 
     /// Resolves `name` (or the default user when `None`) against the sandbox's user database.
@@ -90,11 +100,15 @@ impl AppState {
 
     /// The user of an RPC: `Authorization: Basic base64("<user>:")`, else the default user.
     pub fn rpc_user(&self, headers: &HeaderMap) -> Result<(User, UserDb), ConnectError> {
-        let header = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let header = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
         let resolved = crate::users::username_from_authorization(header)
             .and_then(|name| self.resolve_user(name.as_deref()));
         resolved.map_err(|e| match e {
-            UserError::Unknown(_) | UserError::BadHeader => ConnectError::unauthenticated(e.to_string()),
+            UserError::Unknown(_) | UserError::BadHeader => {
+                ConnectError::unauthenticated(e.to_string())
+            }
             UserError::Io { .. } => ConnectError::internal(crate::error_chain(&e)),
         })
     }

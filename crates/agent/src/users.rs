@@ -13,7 +13,9 @@ use base64::Engine as _;
 #[derive(Debug, thiserror::Error)]
 pub enum UserError {
     /// The user does not exist in the sandbox.
-    #[error("invalid username: user {0:?} does not exist in this sandbox (check /etc/passwd, or create it with `useradd`)")]
+    #[error(
+        "invalid username: user {0:?} does not exist in this sandbox (check /etc/passwd, or create it with `useradd`)"
+    )]
     Unknown(String),
     /// The `Authorization` header is not `Basic base64("<user>:")`.
     #[error("invalid username: the Authorization header must be `Basic base64(\"<user>:\")`")]
@@ -49,7 +51,11 @@ pub struct User {
 impl User {
     /// The credentials a process or file operation of this user runs with.
     pub fn identity(&self) -> Identity {
-        Identity { uid: self.uid, gid: self.gid, groups: self.groups.clone() }
+        Identity {
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups.clone(),
+        }
     }
 }
 
@@ -95,12 +101,19 @@ impl UserDb {
 
     /// Reads the given files.
     pub fn load_from(passwd: &Path, group: &Path) -> Result<Self, UserError> {
-        let passwd_text = std::fs::read_to_string(passwd)
-            .map_err(|source| UserError::Io { path: passwd.to_owned(), source })?;
+        let passwd_text = std::fs::read_to_string(passwd).map_err(|source| UserError::Io {
+            path: passwd.to_owned(),
+            source,
+        })?;
         let group_text = match std::fs::read_to_string(group) {
             Ok(text) => text,
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
-            Err(source) => return Err(UserError::Io { path: group.to_owned(), source }),
+            Err(source) => {
+                return Err(UserError::Io {
+                    path: group.to_owned(),
+                    source,
+                });
+            }
         };
         Ok(Self::parse(&passwd_text, &group_text))
     }
@@ -164,8 +177,16 @@ impl UserDb {
             name: entry.name.clone(),
             uid: entry.uid,
             gid: entry.gid,
-            home: PathBuf::from(if entry.home.is_empty() { "/" } else { &entry.home }),
-            shell: if entry.shell.is_empty() { "/bin/sh".to_owned() } else { entry.shell.clone() },
+            home: PathBuf::from(if entry.home.is_empty() {
+                "/"
+            } else {
+                &entry.home
+            }),
+            shell: if entry.shell.is_empty() {
+                "/bin/sh".to_owned()
+            } else {
+                entry.shell.clone()
+            },
             groups,
         })
     }
@@ -240,10 +261,28 @@ mod tests {
     #[test]
     fn basic_auth_username() {
         assert_eq!(username_from_authorization(None).unwrap(), None);
-        assert_eq!(username_from_authorization(Some("Basic cm9vdDo=")).unwrap().as_deref(), Some("root"));
-        assert_eq!(username_from_authorization(Some("basic dXNlcjo")).unwrap().as_deref(), Some("user"));
-        assert_eq!(username_from_authorization(Some("Basic dXNlcg==")).unwrap().as_deref(), Some("user"));
-        assert_eq!(username_from_authorization(Some("Basic Og==")).unwrap(), None);
+        assert_eq!(
+            username_from_authorization(Some("Basic cm9vdDo="))
+                .unwrap()
+                .as_deref(),
+            Some("root")
+        );
+        assert_eq!(
+            username_from_authorization(Some("basic dXNlcjo"))
+                .unwrap()
+                .as_deref(),
+            Some("user")
+        );
+        assert_eq!(
+            username_from_authorization(Some("Basic dXNlcg=="))
+                .unwrap()
+                .as_deref(),
+            Some("user")
+        );
+        assert_eq!(
+            username_from_authorization(Some("Basic Og==")).unwrap(),
+            None
+        );
         assert!(username_from_authorization(Some("Bearer abc")).is_err());
         assert!(username_from_authorization(Some("Basic !!!")).is_err());
     }

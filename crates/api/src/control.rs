@@ -1,7 +1,5 @@
 //! Control-plane handlers (E2B REST, both SDK generations).
 
-use std::collections::BTreeMap;
-
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -13,9 +11,9 @@ use bulkhead_store::{ApiKeyRow, SandboxState};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
+use crate::AppState;
 use crate::error::ApiError;
 use crate::wire::{NewSandbox, RefreshBody, Sandbox, SandboxDetail, SandboxMetric, TimeoutBody};
-use crate::AppState;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -47,11 +45,19 @@ async fn health() -> StatusCode {
 }
 
 async fn not_found(req: Request) -> ApiError {
-    ApiError::not_found(format!("No route for {} {}", req.method(), req.uri().path()))
+    ApiError::not_found(format!(
+        "No route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
 }
 
 async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
-    let key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let Some(key) = key else {
         return ApiError::unauthorized().into_response();
     };
@@ -70,13 +76,16 @@ fn parse_body<T: DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
 }
 
 fn timeout_secs(t: Option<i64>) -> ApiResult<Option<u64>> {
     match t {
         None => Ok(None),
-        Some(t) if t < 0 => Err(ApiError::bad_request("Timeout must be a non-negative number of seconds")),
+        Some(t) if t < 0 => Err(ApiError::bad_request(
+            "Timeout must be a non-negative number of seconds",
+        )),
         Some(t) => Ok(Some(t as u64)),
     }
 }
@@ -87,7 +96,9 @@ async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> Api
         return Err(ApiError::bad_request("templateID is required"));
     }
     if req.allow_internet_access == Some(true) {
-        tracing::warn!("allow_internet_access requested; egress is not available, the sandbox has no network");
+        tracing::warn!(
+            "allow_internet_access requested; egress is not available, the sandbox has no network"
+        );
     }
     let info = st
         .engine
@@ -106,15 +117,26 @@ async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> Api
     Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response())
 }
 
-async fn create_v1(State(st): State<AppState>, Extension(owner): Extension<ApiKeyRow>, body: Bytes) -> ApiResult<Response> {
+async fn create_v1(
+    State(st): State<AppState>,
+    Extension(owner): Extension<ApiKeyRow>,
+    body: Bytes,
+) -> ApiResult<Response> {
     create(&st, &owner, &body, false).await
 }
 
-async fn create_v2(State(st): State<AppState>, Extension(owner): Extension<ApiKeyRow>, body: Bytes) -> ApiResult<Response> {
+async fn create_v2(
+    State(st): State<AppState>,
+    Extension(owner): Extension<ApiKeyRow>,
+    body: Bytes,
+) -> ApiResult<Response> {
     create(&st, &owner, &body, true).await
 }
 
-async fn get_sandbox(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<SandboxDetail>> {
+async fn get_sandbox(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<SandboxDetail>> {
     let info = st.engine.get(&id).await?;
     Ok(Json(SandboxDetail::new(&info, true)))
 }
@@ -127,32 +149,55 @@ async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<S
     }
 }
 
-async fn set_timeout(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+async fn set_timeout(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let b: TimeoutBody = parse_body(&body)?;
-    let secs = timeout_secs(b.timeout)?.ok_or_else(|| ApiError::bad_request("timeout is required"))?;
+    let secs =
+        timeout_secs(b.timeout)?.ok_or_else(|| ApiError::bad_request("timeout is required"))?;
     st.engine.set_timeout(&id, secs).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn refresh(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiResult<StatusCode> {
+async fn refresh(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let b: RefreshBody = parse_body(&body)?;
     st.engine.connect(&id, timeout_secs(b.duration)?).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn connect(State(st): State<AppState>, Path(id): Path<String>, body: Bytes) -> ApiResult<Response> {
+async fn connect(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b: TimeoutBody = parse_body(&body)?;
     let (info, resumed) = st.engine.connect(&id, timeout_secs(b.timeout)?).await?;
-    let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(Sandbox::from(&info))).into_response())
 }
 
-async fn metrics(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Vec<SandboxMetric>>> {
+async fn metrics(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<SandboxMetric>>> {
     let u = st.engine.usage(&id).await?;
     Ok(Json(vec![SandboxMetric::from(&u)]))
 }
 
-async fn metrics_batch(State(st): State<AppState>, req: Request) -> ApiResult<Json<serde_json::Value>> {
+async fn metrics_batch(
+    State(st): State<AppState>,
+    req: Request,
+) -> ApiResult<Json<serde_json::Value>> {
     let q = query_pairs(req.uri().query());
     let mut out = serde_json::Map::new();
     for (k, v) in q {
@@ -161,7 +206,10 @@ async fn metrics_batch(State(st): State<AppState>, req: Request) -> ApiResult<Js
         }
         for id in v.split(',').filter(|s| !s.is_empty()) {
             if let Ok(u) = st.engine.usage(id).await {
-                out.insert(id.to_string(), serde_json::to_value(SandboxMetric::from(&u)).unwrap_or_default());
+                out.insert(
+                    id.to_string(),
+                    serde_json::to_value(SandboxMetric::from(&u)).unwrap_or_default(),
+                );
             }
         }
     }
@@ -169,7 +217,9 @@ async fn metrics_batch(State(st): State<AppState>, req: Request) -> ApiResult<Js
 }
 
 fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
-    form_urlencoded::parse(q.unwrap_or("").as_bytes()).into_owned().collect()
+    form_urlencoded::parse(q.unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
 }
 
 /// `GET /sandboxes` (v1, deprecated): running sandboxes, optional `metadata` filter.
@@ -192,36 +242,60 @@ async fn list_v1(State(st): State<AppState>, req: Request) -> ApiResult<Json<Vec
 async fn list_v2(State(st): State<AppState>, req: Request) -> ApiResult<Response> {
     let lr = list_request(req.uri().query())?;
     let page = st.engine.list(&lr).await?;
-    let items: Vec<SandboxDetail> = page.items.iter().map(|i| SandboxDetail::new(i, false)).collect();
+    let items: Vec<SandboxDetail> = page
+        .items
+        .iter()
+        .map(|i| SandboxDetail::new(i, false))
+        .collect();
     let mut headers = HeaderMap::new();
-    if let Some(t) = page.next_token.as_deref().and_then(|t| HeaderValue::from_str(t).ok()) {
+    if let Some(t) = page
+        .next_token
+        .as_deref()
+        .and_then(|t| HeaderValue::from_str(t).ok())
+    {
         headers.insert("x-next-token", t);
     }
     headers.insert("x-total-running", HeaderValue::from(page.total_running));
     Ok((StatusCode::OK, headers, Json(items)).into_response())
 }
 
+fn percent_decode(s: &str) -> String {
+    urlencoding::decode(s)
+        .map(|c| c.into_owned())
+        .unwrap_or_else(|_| s.to_string())
+}
+
 fn list_request(query: Option<&str>) -> ApiResult<ListRequest> {
-    let mut lr = ListRequest { order_desc: true, ..Default::default() };
+    let mut lr = ListRequest {
+        order_desc: true,
+        ..Default::default()
+    };
     for (k, v) in query_pairs(query) {
         match k.as_str() {
             "metadata" | "query" => {
-                // `metadata` is itself a URL-encoded `k=v&k2=v2` string.
-                let md: BTreeMap<String, String> = form_urlencoded::parse(v.as_bytes()).into_owned().collect();
-                lr.metadata.extend(md);
+                // `metadata` is itself a URL-encoded `k=v&k2=v2` string whose keys and values the
+                // SDKs percent-encode once more (`quote(k)=quote(v)`), so decode three layers.
+                for (mk, mv) in form_urlencoded::parse(v.as_bytes()) {
+                    lr.metadata.insert(percent_decode(&mk), percent_decode(&mv));
+                }
             }
             "state" => {
                 for s in v.split(',').filter(|s| !s.is_empty()) {
                     let state = SandboxState::parse(s)
                         .filter(|s| *s != SandboxState::Dead)
-                        .ok_or_else(|| ApiError::bad_request(format!("Invalid state {s:?}: use running or paused")))?;
+                        .ok_or_else(|| {
+                            ApiError::bad_request(format!(
+                                "Invalid state {s:?}: use running or paused"
+                            ))
+                        })?;
                     lr.states.push(state);
                 }
             }
             "template" | "templateID" => lr.template = Some(v),
             "startedAfter" => {
-                let t = chrono::DateTime::parse_from_rfc3339(&v)
-                    .map_err(|_| ApiError::bad_request("startedAfter must be an RFC 3339 timestamp"))?;
+                let t = chrono::DateTime::parse_from_rfc3339(&v).map_err(|_| {
+                    ApiError::bad_request("startedAfter must be an RFC 3339 timestamp")
+                })?;
                 lr.started_after = Some(t.with_timezone(&chrono::Utc));
             }
             "order" => match v.as_str() {
@@ -230,9 +304,13 @@ fn list_request(query: Option<&str>) -> ApiResult<ListRequest> {
                 _ => return Err(ApiError::bad_request("order must be asc or desc")),
             },
             "limit" => {
-                let n: usize = v.parse().map_err(|_| ApiError::bad_request("limit must be a number from 1 to 100"))?;
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| ApiError::bad_request("limit must be a number from 1 to 100"))?;
                 if !(1..=100).contains(&n) {
-                    return Err(ApiError::bad_request("limit must be a number from 1 to 100"));
+                    return Err(ApiError::bad_request(
+                        "limit must be a number from 1 to 100",
+                    ));
                 }
                 lr.limit = Some(n);
             }
@@ -273,6 +351,24 @@ mod tests {
     fn list_query_parses_sdk_shapes() {
         // Python sends state comma-joined and metadata as an encoded k=v&k2=v2 string.
         let q = "state=running%2Cpaused&metadata=user%3Dalice%26env%3Ddev&limit=5&order=asc";
+        // What Python's SDK sends for {"odd key/ü": "a=b&c"}: quote(), urlencode(), then the query.
+        let odd = list_request(Some(
+            "metadata=odd%252520key%252F%2525C3%2525BC%3Da%25253Db%252526c",
+        ))
+        .unwrap();
+        assert_eq!(
+            odd.metadata.get("odd key/ü").map(String::as_str),
+            Some("a=b&c")
+        );
+        // What Python's SDK sends for {"odd key/ü": "a=b&c"}: quote(), urlencode(), then the query.
+        let odd = list_request(Some(
+            "metadata=odd%252520key%252F%2525C3%2525BC%3Da%25253Db%252526c",
+        ))
+        .unwrap();
+        assert_eq!(
+            odd.metadata.get("odd key/ü").map(String::as_str),
+            Some("a=b&c")
+        );
         let lr = list_request(Some(q)).unwrap();
         assert_eq!(lr.states, vec![SandboxState::Running, SandboxState::Paused]);
         assert_eq!(lr.metadata.get("user").map(String::as_str), Some("alice"));

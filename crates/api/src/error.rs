@@ -13,7 +13,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into(), error_code: None }
+        Self {
+            status,
+            message: message.into(),
+            error_code: None,
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
@@ -42,20 +46,37 @@ impl IntoResponse for ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         let (status, code) = match &e {
-            EngineError::SandboxNotFound(_) | EngineError::TemplateNotFound(_) => (StatusCode::NOT_FOUND, None),
-            EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
-            EngineError::Capacity => (StatusCode::TOO_MANY_REQUESTS, Some("sandbox_capacity_unavailable")),
-            EngineError::Driver(_) | EngineError::Agent(_) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, Some("sandbox_create_failed"))
+            EngineError::SandboxNotFound(_) | EngineError::TemplateNotFound(_) => {
+                (StatusCode::NOT_FOUND, None)
             }
-            EngineError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, Some("internal_server_error")),
+            EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
+            EngineError::Capacity => (
+                StatusCode::TOO_MANY_REQUESTS,
+                Some("sandbox_capacity_unavailable"),
+            ),
+            EngineError::Driver(_) | EngineError::Agent(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some("sandbox_create_failed"),
+            ),
+            EngineError::Store(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some("internal_server_error"),
+            ),
         };
         if status.is_server_error() {
             tracing::error!(error = %error_chain(&e), "request failed");
         }
         // Server errors carry the cause chain so operators and users see what to fix.
-        let message = if status.is_server_error() { error_chain(&e) } else { e.to_string() };
-        ApiError { status, message, error_code: code }
+        let message = if status.is_server_error() {
+            error_chain(&e)
+        } else {
+            e.to_string()
+        };
+        ApiError {
+            status,
+            message,
+            error_code: code,
+        }
     }
 }
 

@@ -25,7 +25,10 @@ pub struct AppState {
 pub fn router(engine: Arc<Engine>) -> Router {
     let state = AppState { engine };
     control::routes(state.clone())
-        .layer(axum::middleware::from_fn_with_state(state.clone(), proxy::route_to_sandbox))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            proxy::route_to_sandbox,
+        ))
         .layer(tower_http::catch_panic::CatchPanicLayer::new())
         .with_state(state)
 }

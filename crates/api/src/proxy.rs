@@ -6,15 +6,15 @@
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bulkhead_engine::EngineError;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
-use crate::error::ApiError;
 use crate::AppState;
+use crate::error::ApiError;
 
 pub const ENVD_PORT: u16 = 49983;
 
@@ -22,7 +22,15 @@ const HDR_ID: &str = "e2b-sandbox-id";
 const HDR_PORT: &str = "e2b-sandbox-port";
 
 /// envd routes that only the host may call; E2B's proxy answers 404 for them too.
-const INTERNAL_PATHS: &[&str] = &["/init", "/freeze", "/unfreeze", "/collapse", "/fsfreeze", "/fsthaw", "/upgrade"];
+const INTERNAL_PATHS: &[&str] = &[
+    "/init",
+    "/freeze",
+    "/unfreeze",
+    "/collapse",
+    "/fsfreeze",
+    "/fsthaw",
+    "/upgrade",
+];
 
 #[derive(Debug, PartialEq)]
 enum Target {
@@ -44,17 +52,22 @@ fn target(st: &AppState, req: &Request) -> Result<Target, ApiError> {
     let port = h.get(HDR_PORT).and_then(|v| v.to_str().ok());
     match (id, port) {
         (Some(id), Some(port)) => {
-            let port = port
-                .trim()
-                .parse()
-                .map_err(|_| ApiError::bad_request(format!("Invalid header E2b-Sandbox-Port: {port:?}")))?;
-            return Ok(Target::Sandbox { id: id.trim().to_string(), port });
+            let port = port.trim().parse().map_err(|_| {
+                ApiError::bad_request(format!("Invalid header E2b-Sandbox-Port: {port:?}"))
+            })?;
+            return Ok(Target::Sandbox {
+                id: id.trim().to_string(),
+                port,
+            });
         }
         (Some(_), None) => return Err(ApiError::bad_request("Missing header: E2b-Sandbox-Port")),
         (None, Some(_)) => return Err(ApiError::bad_request("Missing header: E2b-Sandbox-Id")),
         (None, None) => {}
     }
-    let host = h.get(header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri().host());
+    let host = h
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().host());
     if let Some(t) = host.and_then(parse_host) {
         return Ok(t);
     }
@@ -62,10 +75,16 @@ fn target(st: &AppState, req: &Request) -> Result<Target, ApiError> {
     // sandbox whose access token produced the signature.
     if req.uri().path() == "/files" {
         let q: Vec<(String, String)> =
-            form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()).into_owned().collect();
+            form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+                .into_owned()
+                .collect();
         let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         if let Some(sig) = get("signature") {
-            let op = if req.method() == axum::http::Method::GET { "read" } else { "write" };
+            let op = if req.method() == axum::http::Method::GET {
+                "read"
+            } else {
+                "write"
+            };
             let found = st.engine.find_by_file_signature(
                 get("path").unwrap_or(""),
                 op,
@@ -74,7 +93,10 @@ fn target(st: &AppState, req: &Request) -> Result<Target, ApiError> {
                 get("signature_expiration"),
             );
             return match found {
-                Some(id) => Ok(Target::Sandbox { id, port: ENVD_PORT }),
+                Some(id) => Ok(Target::Sandbox {
+                    id,
+                    port: ENVD_PORT,
+                }),
                 None => Err(ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "Invalid file URL signature: the sandbox is gone or the URL was altered; request a new URL",
@@ -93,10 +115,17 @@ fn parse_host(host: &str) -> Option<Target> {
     }
     let (port, id) = first.split_once('-')?;
     let port: u16 = port.parse().ok()?;
-    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+    if id.is_empty()
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
         return None;
     }
-    Some(Target::Sandbox { id: id.to_string(), port })
+    Some(Target::Sandbox {
+        id: id.to_string(),
+        port,
+    })
 }
 
 fn not_found_502(id: &str, message: &str) -> Response {
@@ -110,7 +139,9 @@ async fn forward(st: &AppState, id: String, port: u16, req: Request) -> Response
     }
     let stream = match st.engine.agent_stream(&id).await {
         Ok(s) => s,
-        Err(EngineError::SandboxNotFound(_)) => return not_found_502(&id, "The sandbox was not found"),
+        Err(EngineError::SandboxNotFound(_)) => {
+            return not_found_502(&id, "The sandbox was not found");
+        }
         Err(e) => {
             tracing::warn!(sandbox = %id, error = %e, "agent unreachable");
             return not_found_502(&id, "The sandbox is running but port is not open");
@@ -131,11 +162,17 @@ async fn forward(st: &AppState, id: String, port: u16, req: Request) -> Response
     for h in HOP_BY_HOP {
         parts.headers.remove(*h);
     }
-    parts.headers.insert(HeaderName::from_static(HDR_PORT), HeaderValue::from(port));
+    parts
+        .headers
+        .insert(HeaderName::from_static(HDR_PORT), HeaderValue::from(port));
     if let Ok(v) = HeaderValue::from_str(&id) {
         parts.headers.insert(HeaderName::from_static(HDR_ID), v);
     }
-    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
     parts.uri = match pq.parse() {
         Ok(u) => u,
         Err(_) => return ApiError::bad_request("Invalid request path").into_response(),
@@ -181,7 +218,10 @@ mod tests {
     fn host_scheme() {
         assert_eq!(
             parse_host("49983-abc123.localhost:3000"),
-            Some(Target::Sandbox { id: "abc123".into(), port: 49983 })
+            Some(Target::Sandbox {
+                id: "abc123".into(),
+                port: 49983
+            })
         );
         assert_eq!(parse_host("127.0.0.1:3000"), None);
         assert_eq!(parse_host("localhost:3000"), None);

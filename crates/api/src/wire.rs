@@ -113,7 +113,11 @@ impl SandboxDetail {
             disk_size_mb: s.disk_size_mb,
             state: s.state,
             metadata: s.metadata.clone(),
-            envd_access_token: if include_token { s.envd_access_token.clone() } else { None },
+            envd_access_token: if include_token {
+                s.envd_access_token.clone()
+            } else {
+                None
+            },
             domain: None,
             allow_internet_access: false,
             lifecycle: serde_json::json!({ "onTimeout": "kill", "autoResume": false }),

@@ -22,7 +22,14 @@ async fn ctx() -> Ctx {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
     let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
-    let engine = Engine::new(store, Arc::new(FakeDriver::default()), EngineConfig { pool_size: 0, ..Default::default() });
+    let engine = Engine::new(
+        store,
+        Arc::new(FakeDriver::default()),
+        EngineConfig {
+            pool_size: 0,
+            ..Default::default()
+        },
+    );
     engine
         .register_template(TemplateInfo {
             id: "base".into(),
@@ -36,15 +43,26 @@ async fn ctx() -> Ctx {
         })
         .await
         .unwrap();
-    Ctx { _dir: dir, app: bulkhead_api::router(engine), key }
+    Ctx {
+        _dir: dir,
+        app: bulkhead_api::router(engine),
+        key,
+    }
 }
 
-async fn call(app: &axum::Router, req: Request<Body>) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
+async fn call(
+    app: &axum::Router,
+    req: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = if bytes.is_empty() { serde_json::Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+    let v = if bytes.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&bytes).unwrap()
+    };
     (status, headers, v)
 }
 
@@ -57,7 +75,10 @@ fn post(path: &str, key: &str, body: serde_json::Value) -> Request<Body> {
 }
 
 fn get(path: &str, key: &str) -> Request<Body> {
-    Request::get(path).header("x-api-key", key).body(Body::empty()).unwrap()
+    Request::get(path)
+        .header("x-api-key", key)
+        .body(Body::empty())
+        .unwrap()
 }
 
 #[tokio::test]
@@ -65,7 +86,14 @@ async fn health_needs_no_key_and_everything_else_does() {
     let c = ctx().await;
     let (s, _, _) = call(&c.app, Request::get("/health").body(Body::empty()).unwrap()).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
-    let (s, _, v) = call(&c.app, get("/v2/sandboxes", "e2b_0000000000000000000000000000000000000000")).await;
+    let (s, _, v) = call(
+        &c.app,
+        get(
+            "/v2/sandboxes",
+            "e2b_0000000000000000000000000000000000000000",
+        ),
+    )
+    .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert_eq!(v["code"], 401);
     assert!(v["message"].as_str().unwrap().contains("API key"));
@@ -75,9 +103,23 @@ async fn health_needs_no_key_and_everything_else_does() {
 async fn create_both_generations_and_lifecycle() {
     let c = ctx().await;
     // v2 (latest SDKs): minimal JS body.
-    let (s, _, v) = call(&c.app, post("/v2/sandboxes", &c.key, serde_json::json!({"templateID": "base"}))).await;
+    let (s, _, v) = call(
+        &c.app,
+        post(
+            "/v2/sandboxes",
+            &c.key,
+            serde_json::json!({"templateID": "base"}),
+        ),
+    )
+    .await;
     assert_eq!(s, StatusCode::CREATED);
-    for f in ["sandboxID", "templateID", "clientID", "envdVersion", "envdAccessToken"] {
+    for f in [
+        "sandboxID",
+        "templateID",
+        "clientID",
+        "envdVersion",
+        "envdAccessToken",
+    ] {
         assert!(v.get(f).is_some(), "missing {f} in {v}");
     }
     let id = v["sandboxID"].as_str().unwrap().to_string();
@@ -95,11 +137,22 @@ async fn create_both_generations_and_lifecycle() {
     assert_eq!(d["metadata"]["k"], "v");
     assert_eq!(d["state"], "running");
     assert_eq!(d["memoryMB"], 512);
-    for f in ["startedAt", "endAt", "cpuCount", "diskSizeMB", "clientID", "envdVersion"] {
+    for f in [
+        "startedAt",
+        "endAt",
+        "cpuCount",
+        "diskSizeMB",
+        "clientID",
+        "envdVersion",
+    ] {
         assert!(d.get(f).is_some(), "missing {f}");
     }
 
-    let (s, h, l) = call(&c.app, get("/v2/sandboxes?metadata=k%3Dv&state=running", &c.key)).await;
+    let (s, h, l) = call(
+        &c.app,
+        get("/v2/sandboxes?metadata=k%3Dv&state=running", &c.key),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(l.as_array().unwrap().len(), 1);
     assert_eq!(h["x-total-running"], "2");
@@ -107,16 +160,37 @@ async fn create_both_generations_and_lifecycle() {
     assert_eq!(l.as_array().unwrap().len(), 1);
     assert!(h.contains_key("x-next-token"));
 
-    let (s, _, _) = call(&c.app, post(&format!("/sandboxes/{id}/timeout"), &c.key, serde_json::json!({"timeout": 60}))).await;
+    let (s, _, _) = call(
+        &c.app,
+        post(
+            &format!("/sandboxes/{id}/timeout"),
+            &c.key,
+            serde_json::json!({"timeout": 60}),
+        ),
+    )
+    .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
-    let (s, _, v) = call(&c.app, post(&format!("/v2/sandboxes/{id}/connect"), &c.key, serde_json::json!({"timeout": 600}))).await;
+    let (s, _, v) = call(
+        &c.app,
+        post(
+            &format!("/v2/sandboxes/{id}/connect"),
+            &c.key,
+            serde_json::json!({"timeout": 600}),
+        ),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["sandboxID"], id.as_str());
     let (s, _, m) = call(&c.app, get(&format!("/sandboxes/{id}/metrics"), &c.key)).await;
     assert_eq!(s, StatusCode::OK);
     assert!(m[0]["timestamp"].is_string() && m[0]["memUsed"].is_number());
 
-    let del = || Request::delete(format!("/sandboxes/{id}")).header("x-api-key", &c.key).body(Body::empty()).unwrap();
+    let del = || {
+        Request::delete(format!("/sandboxes/{id}"))
+            .header("x-api-key", &c.key)
+            .body(Body::empty())
+            .unwrap()
+    };
     let (s, _, _) = call(&c.app, del()).await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let (s, _, v) = call(&c.app, del()).await;
@@ -136,12 +210,32 @@ async fn bad_input_gets_e2b_errors() {
     let (s, _, v) = call(&c.app, bad).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_eq!(v["code"], 400);
-    let (s, _, _) = call(&c.app, post("/v2/sandboxes", &c.key, serde_json::json!({"templateID": "nope"}))).await;
+    let (s, _, _) = call(
+        &c.app,
+        post(
+            "/v2/sandboxes",
+            &c.key,
+            serde_json::json!({"templateID": "nope"}),
+        ),
+    )
+    .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, _, v) =
-        call(&c.app, post("/v2/sandboxes", &c.key, serde_json::json!({"templateID": "base", "timeout": 999999999}))).await;
+    let (s, _, v) = call(
+        &c.app,
+        post(
+            "/v2/sandboxes",
+            &c.key,
+            serde_json::json!({"templateID": "base", "timeout": 999999999}),
+        ),
+    )
+    .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert!(v["message"].as_str().unwrap().contains("Timeout cannot be greater"));
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("Timeout cannot be greater")
+    );
     let (s, _, _) = call(&c.app, get("/v2/sandboxes?limit=1000", &c.key)).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     let (s, _, _) = call(&c.app, get("/sandboxes/..%2F..%2Fetc", &c.key)).await;
@@ -152,17 +246,32 @@ async fn bad_input_gets_e2b_errors() {
 async fn proxy_routes_and_refuses() {
     let c = ctx().await;
     let sb = |id: &str, port: &str, path: &str| {
-        Request::get(path).header("e2b-sandbox-id", id).header("e2b-sandbox-port", port).body(Body::empty()).unwrap()
+        Request::get(path)
+            .header("e2b-sandbox-id", id)
+            .header("e2b-sandbox-port", port)
+            .body(Body::empty())
+            .unwrap()
     };
     let (s, _, v) = call(&c.app, sb("doesnotexist", "49983", "/health")).await;
     assert_eq!(s, StatusCode::BAD_GATEWAY);
     assert_eq!(v["message"], "The sandbox was not found");
-    let only_id = Request::get("/health").header("e2b-sandbox-id", "x").body(Body::empty()).unwrap();
+    let only_id = Request::get("/health")
+        .header("e2b-sandbox-id", "x")
+        .body(Body::empty())
+        .unwrap();
     let (s, _, v) = call(&c.app, only_id).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert!(v["message"].as_str().unwrap().contains("Missing header"));
 
-    let (_, _, v) = call(&c.app, post("/v2/sandboxes", &c.key, serde_json::json!({"templateID": "base"}))).await;
+    let (_, _, v) = call(
+        &c.app,
+        post(
+            "/v2/sandboxes",
+            &c.key,
+            serde_json::json!({"templateID": "base"}),
+        ),
+    )
+    .await;
     let id = v["sandboxID"].as_str().unwrap();
     // The host-only /init route is never reachable from clients.
     let init = Request::post("/init")
@@ -173,10 +282,19 @@ async fn proxy_routes_and_refuses() {
     let (s, _, _) = call(&c.app, init).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
     // Host-based routing reaches the (fake) agent, which answers 404 for unknown paths.
-    let by_host = Request::get("/nothing").header("host", format!("49983-{id}.localhost:3000")).body(Body::empty()).unwrap();
+    let by_host = Request::get("/nothing")
+        .header("host", format!("49983-{id}.localhost:3000"))
+        .body(Body::empty())
+        .unwrap();
     let resp = c.app.clone().oneshot(by_host).await.unwrap();
     assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     // Unknown signature on a bare /files URL.
-    let (s, _, _) = call(&c.app, Request::get("/files?path=/x&signature=v1_abc").body(Body::empty()).unwrap()).await;
+    let (s, _, _) = call(
+        &c.app,
+        Request::get("/files?path=/x&signature=v1_abc")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
 }

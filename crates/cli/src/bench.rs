@@ -29,7 +29,11 @@ pub struct BenchArgs {
     /// Template rootfs for the bwrap baseline; default: the cached `base` image.
     #[arg(long)]
     rootfs: Option<PathBuf>,
-    #[arg(long, env = "BULKHEAD_IMAGE_CACHE", default_value = "/var/lib/bulkhead/images")]
+    #[arg(
+        long,
+        env = "BULKHEAD_IMAGE_CACHE",
+        default_value = "/var/lib/bulkhead/images"
+    )]
     image_cache: PathBuf,
     #[arg(long, default_value = "base")]
     template: String,
@@ -60,16 +64,28 @@ impl Stats {
             self.pct(99.0)
         );
         if let Some(b) = base {
-            s.push_str(&format!("  ×{:.2} p50 vs {}", self.pct(50.0) / b.pct(50.0), b.name));
+            s.push_str(&format!(
+                "  ×{:.2} p50 vs {}",
+                self.pct(50.0) / b.pct(50.0),
+                b.name
+            ));
         }
         s
     }
 }
 
-async fn create_and_run(client: &Client, template: &str, cmd: &[String]) -> anyhow::Result<(Duration, String)> {
+async fn create_and_run(
+    client: &Client,
+    template: &str,
+    cmd: &[String],
+) -> anyhow::Result<(Duration, String)> {
     let t0 = Instant::now();
     let (_, _, b) = client
-        .api(http::Method::POST, "/v2/sandboxes", Some(serde_json::json!({ "templateID": template, "timeout": 120 })))
+        .api(
+            http::Method::POST,
+            "/v2/sandboxes",
+            Some(serde_json::json!({ "templateID": template, "timeout": 120 })),
+        )
         .await?;
     let v: serde_json::Value = serde_json::from_slice(&b)?;
     let sb = SandboxRef {
@@ -91,49 +107,85 @@ fn time_process(mut c: std::process::Command) -> anyhow::Result<Duration> {
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let client = Arc::new(Client::new(&args.client.api_url, &args.client.api_key)?);
-    let rootfs = args
-        .rootfs
-        .clone()
-        .unwrap_or_else(|| ImageCache::new(args.image_cache.clone()).rootfs_path(&TemplateRecipe::base()));
-    println!("bulkhead bench: command {:?}, {} sequential, burst {}", args.cmd, args.n, args.burst);
+    let rootfs = args.rootfs.clone().unwrap_or_else(|| {
+        ImageCache::new(args.image_cache.clone()).rootfs_path(&TemplateRecipe::base())
+    });
+    println!(
+        "bulkhead bench: command {:?}, {} sequential, burst {}",
+        args.cmd, args.n, args.burst
+    );
 
     // Baselines first (same run, same machine state).
-    let mut host = Stats { name: "host: bare command".into(), samples: Vec::new() };
+    let mut host = Stats {
+        name: "host: bare command".into(),
+        samples: Vec::new(),
+    };
     for _ in 0..args.n {
         let mut c = std::process::Command::new(&args.cmd[0]);
         c.args(&args.cmd[1..]);
         host.samples.push(time_process(c)?);
     }
-    let mut bwrap = Stats { name: "bwrap: --unshare-all over template rootfs".into(), samples: Vec::new() };
+    let mut bwrap = Stats {
+        name: "bwrap: --unshare-all over template rootfs".into(),
+        samples: Vec::new(),
+    };
     if which("bwrap") && rootfs.exists() {
         for _ in 0..args.n {
             let mut c = std::process::Command::new("bwrap");
-            c.args(["--unshare-all", "--unshare-user", "--uid", "0", "--gid", "0", "--die-with-parent", "--new-session"])
-                .args(["--cap-drop", "ALL", "--ro-bind"])
-                .arg(&rootfs)
-                .args(["/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--clearenv"])
-                .args(["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"])
-                .args(&args.cmd);
+            c.args([
+                "--unshare-all",
+                "--unshare-user",
+                "--uid",
+                "0",
+                "--gid",
+                "0",
+                "--die-with-parent",
+                "--new-session",
+            ])
+            .args(["--cap-drop", "ALL", "--ro-bind"])
+            .arg(&rootfs)
+            .args([
+                "/",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--tmpfs",
+                "/tmp",
+                "--clearenv",
+            ])
+            .args(["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin"])
+            .args(&args.cmd);
             bwrap.samples.push(time_process(c)?);
         }
     } else {
         println!("(bwrap baseline skipped: install bubblewrap and build the base template)");
     }
 
-    let mut seq = Stats { name: "bulkhead: create→first command (sequential)".into(), samples: Vec::new() };
+    let mut seq = Stats {
+        name: "bulkhead: create→first command (sequential)".into(),
+        samples: Vec::new(),
+    };
     for _ in 0..args.n {
         let (d, id) = create_and_run(&client, &args.template, &args.cmd).await?;
         seq.samples.push(d);
-        client.api(http::Method::DELETE, &format!("/sandboxes/{id}"), None).await?;
+        client
+            .api(http::Method::DELETE, &format!("/sandboxes/{id}"), None)
+            .await?;
     }
 
-    let mut burst = Stats { name: format!("bulkhead: create→first command (burst {})", args.burst), samples: Vec::new() };
+    let mut burst = Stats {
+        name: format!("bulkhead: create→first command (burst {})", args.burst),
+        samples: Vec::new(),
+    };
     let mut tasks = Vec::new();
     for _ in 0..args.burst {
         let client = client.clone();
         let template = args.template.clone();
         let cmd = args.cmd.clone();
-        tasks.push(tokio::spawn(async move { create_and_run(&client, &template, &cmd).await }));
+        tasks.push(tokio::spawn(async move {
+            create_and_run(&client, &template, &cmd).await
+        }));
     }
     let mut ids = Vec::new();
     for t in tasks {
@@ -142,7 +194,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         ids.push(id);
     }
     for id in ids {
-        client.api(http::Method::DELETE, &format!("/sandboxes/{id}"), None).await?;
+        client
+            .api(http::Method::DELETE, &format!("/sandboxes/{id}"), None)
+            .await?;
     }
 
     println!("{}", host.row(None));

@@ -23,13 +23,24 @@ impl Client {
         let rest = api_url
             .strip_prefix("http://")
             .context("only http:// API URLs are supported by the CLI client")?;
-        Ok(Self { host_port: rest.trim_end_matches('/').to_string(), api_key: api_key.to_string() })
+        Ok(Self {
+            host_port: rest.trim_end_matches('/').to_string(),
+            api_key: api_key.to_string(),
+        })
     }
 
-    async fn send(&self, req: http::Request<Full<Bytes>>) -> anyhow::Result<http::Response<Incoming>> {
+    async fn send(
+        &self,
+        req: http::Request<Full<Bytes>>,
+    ) -> anyhow::Result<http::Response<Incoming>> {
         let stream = tokio::net::TcpStream::connect(&self.host_port)
             .await
-            .with_context(|| format!("cannot connect to {}: is `bulkhead serve` running?", self.host_port))?;
+            .with_context(|| {
+                format!(
+                    "cannot connect to {}: is `bulkhead serve` running?",
+                    self.host_port
+                )
+            })?;
         stream.set_nodelay(true)?;
         let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
         tokio::spawn(async move {
@@ -132,9 +143,14 @@ impl EnvelopeReader {
         if self.buf.len() < 5 + len {
             return Ok(None);
         }
-        let v: serde_json::Value = serde_json::from_slice(&self.buf[5..5 + len]).context("bad envelope JSON")?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&self.buf[5..5 + len]).context("bad envelope JSON")?;
         self.buf.drain(..5 + len);
-        Ok(Some(if flags & 0x02 != 0 { Frame::End(v) } else { Frame::Message(v) }))
+        Ok(Some(if flags & 0x02 != 0 {
+            Frame::End(v)
+        } else {
+            Frame::Message(v)
+        }))
     }
 }
 
@@ -149,14 +165,19 @@ pub async fn run_command(
     mut on_output: impl FnMut(bool, &[u8]),
 ) -> anyhow::Result<i32> {
     use base64::Engine as _;
-    let msg = serde_json::json!({ "process": { "cmd": cmd, "args": args, "envs": {} }, "stdin": false });
-    let resp = client.envd_stream(sb, "/process.Process/Start", &msg, timeout_ms).await?;
+    let msg =
+        serde_json::json!({ "process": { "cmd": cmd, "args": args, "envs": {} }, "stdin": false });
+    let resp = client
+        .envd_stream(sb, "/process.Process/Start", &msg, timeout_ms)
+        .await?;
     let mut body = resp.into_body();
     let mut rd = EnvelopeReader::default();
     let mut exit = None;
     while let Some(frame) = body.frame().await {
         let frame = frame?;
-        let Some(data) = frame.data_ref() else { continue };
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
         rd.push(data);
         while let Some(f) = rd.next_frame()? {
             match f {
@@ -170,7 +191,8 @@ pub async fn run_command(
                             }
                         }
                     } else if let Some(end) = ev.get("end") {
-                        exit = Some(end.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0) as i32);
+                        exit =
+                            Some(end.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0) as i32);
                     }
                 }
                 Frame::End(v) => {

@@ -22,11 +22,17 @@ pub async fn run(data: DataArgs, cmd: KeysCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         KeysCmd::Create { name } => {
             let (row, key) = bulkhead_engine::keys::create(&store, &name).await?;
-            eprintln!("Created key {} ({}). It is shown only once:", row.id, row.name);
+            eprintln!(
+                "Created key {} ({}). It is shown only once:",
+                row.id, row.name
+            );
             println!("{key}");
         }
         KeysCmd::List => {
-            println!("{:<18} {:<12} {:<20} {:<25} REVOKED", "ID", "PREFIX", "NAME", "CREATED");
+            println!(
+                "{:<18} {:<12} {:<20} {:<25} REVOKED",
+                "ID", "PREFIX", "NAME", "CREATED"
+            );
             for k in store.list_api_keys().await? {
                 println!(
                     "{:<18} {:<12} {:<20} {:<25} {}",

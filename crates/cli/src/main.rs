@@ -14,7 +14,11 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "bulkhead", version, about = "Self-hosted, E2B-compatible sandboxes for AI agents")]
+#[command(
+    name = "bulkhead",
+    version,
+    about = "Self-hosted, E2B-compatible sandboxes for AI agents"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -36,7 +40,9 @@ pub struct DataArgs {
 
 impl DataArgs {
     pub fn image_cache(&self) -> PathBuf {
-        self.image_cache.clone().unwrap_or_else(|| self.data_dir.join("images"))
+        self.image_cache
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("images"))
     }
     pub async fn open_store(&self) -> anyhow::Result<bulkhead_store::Store> {
         std::fs::create_dir_all(&self.data_dir)?;
@@ -86,11 +92,17 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
-    if std::env::args_os().nth(1).is_some_and(|a| a == "__jail-launch") {
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "__jail-launch")
+    {
         bulkhead_jail::launcher::main();
     }
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");

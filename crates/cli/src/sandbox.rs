@@ -34,14 +34,21 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
     match cmd {
         SandboxCmd::Create { template, timeout } => {
             let body = serde_json::json!({ "templateID": template, "timeout": timeout });
-            let (_, _, b) = client.api(http::Method::POST, "/v2/sandboxes", Some(body)).await?;
+            let (_, _, b) = client
+                .api(http::Method::POST, "/v2/sandboxes", Some(body))
+                .await?;
             let v: serde_json::Value = serde_json::from_slice(&b)?;
             println!("{}", v["sandboxID"].as_str().unwrap_or_default());
         }
         SandboxCmd::Ls => {
-            let (_, _, b) = client.api(http::Method::GET, "/v2/sandboxes?state=running", None).await?;
+            let (_, _, b) = client
+                .api(http::Method::GET, "/v2/sandboxes?state=running", None)
+                .await?;
             let v: Vec<serde_json::Value> = serde_json::from_slice(&b)?;
-            println!("{:<22} {:<22} {:<26} END", "SANDBOX ID", "TEMPLATE", "STARTED");
+            println!(
+                "{:<22} {:<22} {:<26} END",
+                "SANDBOX ID", "TEMPLATE", "STARTED"
+            );
             for s in v {
                 println!(
                     "{:<22} {:<22} {:<26} {}",
@@ -53,9 +60,14 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
             }
         }
         SandboxCmd::Exec { id, command } => {
-            let (_, _, b) = client.api(http::Method::GET, &format!("/sandboxes/{id}"), None).await?;
+            let (_, _, b) = client
+                .api(http::Method::GET, &format!("/sandboxes/{id}"), None)
+                .await?;
             let v: serde_json::Value = serde_json::from_slice(&b)?;
-            let sb = SandboxRef { id, access_token: v["envdAccessToken"].as_str().map(str::to_owned) };
+            let sb = SandboxRef {
+                id,
+                access_token: v["envdAccessToken"].as_str().map(str::to_owned),
+            };
             let args = vec!["-l".to_string(), "-c".to_string(), command.join(" ")];
             let code = run_command(&client, &sb, "/bin/bash", &args, None, |is_err, data| {
                 if is_err {
@@ -69,7 +81,9 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
             return Ok(ExitCode::from(code.clamp(0, 255) as u8));
         }
         SandboxCmd::Kill { id } => {
-            client.api(http::Method::DELETE, &format!("/sandboxes/{id}"), None).await?;
+            client
+                .api(http::Method::DELETE, &format!("/sandboxes/{id}"), None)
+                .await?;
             eprintln!("Killed {id}");
         }
     }

@@ -51,7 +51,9 @@ pub struct ServeArgs {
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_level);
     if !nix_is_root() {
-        anyhow::bail!("bulkhead serve must run as root (it creates namespaces, mounts and cgroups); try: sudo bulkhead serve");
+        anyhow::bail!(
+            "bulkhead serve must run as root (it creates namespaces, mounts and cgroups); try: sudo bulkhead serve"
+        );
     }
     std::fs::create_dir_all(&args.data.data_dir)
         .with_context(|| format!("cannot create data dir {}", args.data.data_dir.display()))?;
@@ -65,7 +67,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     } else if store.count_active_api_keys().await? == 0 {
         let (_, key) = bulkhead_engine::keys::create(&store, "default").await?;
-        eprintln!("\nCreated your API key (shown only once; `bulkhead keys create` makes more):\n\n    {key}\n");
+        eprintln!(
+            "\nCreated your API key (shown only once; `bulkhead keys create` makes more):\n\n    {key}\n"
+        );
         eprintln!("Use it with the E2B SDKs:\n");
         eprintln!(
             "    export E2B_API_KEY={key} E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0}\n",
@@ -132,14 +136,21 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .with_context(|| format!("cannot listen on {} (is another server running?)", args.listen))?;
+        .with_context(|| {
+            format!(
+                "cannot listen on {} (is another server running?)",
+                args.listen
+            )
+        })?;
     let app = bulkhead_api::router(engine.clone());
     eprintln!("Listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("server failed")?;
-    eprintln!("Shutting down; running sandboxes keep running and are re-adopted on the next start.");
+    eprintln!(
+        "Shutting down; running sandboxes keep running and are re-adopted on the next start."
+    );
     engine.shutdown().await;
     Ok(ExitCode::SUCCESS)
 }
@@ -150,7 +161,7 @@ fn nix_is_root() -> bool {
 }
 
 async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
+    use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
@@ -162,5 +173,9 @@ pub fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .or_else(|_| tracing_subscriber::EnvFilter::try_new("info"))
         .expect("valid filter");
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
 }

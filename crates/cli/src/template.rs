@@ -2,8 +2,8 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Subcommand;
 use bulkhead_images::{ImageCache, IndicatifProgress, LogProgress, Progress, TemplateRecipe};
+use clap::Subcommand;
 
 use crate::DataArgs;
 
@@ -24,10 +24,15 @@ pub enum TemplateCmd {
 pub async fn run(data: DataArgs, cmd: TemplateCmd) -> anyhow::Result<ExitCode> {
     let cache = ImageCache::new(data.image_cache()).install_missing_tools(true);
     match cmd {
-        TemplateCmd::Build { name, extra_ca_bundle } => {
+        TemplateCmd::Build {
+            name,
+            extra_ca_bundle,
+        } => {
             let mut recipe = match name.as_str() {
                 "base" => TemplateRecipe::base(),
-                other => anyhow::bail!("unknown template {other:?}: the built-in templates are: base"),
+                other => {
+                    anyhow::bail!("unknown template {other:?}: the built-in templates are: base")
+                }
             };
             recipe.extra_ca_bundle = extra_ca_bundle;
             let path = ensure_built(&cache, &recipe).await?;

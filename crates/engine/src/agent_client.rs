@@ -36,7 +36,9 @@ pub async fn request(
     let conn_task = tokio::spawn(async move {
         let _ = conn.await;
     });
-    let body = json_body.map(|v| Bytes::from(v.to_string())).unwrap_or_default();
+    let body = json_body
+        .map(|v| Bytes::from(v.to_string()))
+        .unwrap_or_default();
     let mut builder = http::Request::builder()
         .method(method)
         .uri(path)
@@ -45,8 +47,13 @@ pub async fn request(
     if let Some(token) = access_token {
         builder = builder.header("X-Access-Token", token);
     }
-    let req = builder.body(Full::new(body)).map_err(AgentClientError::Build)?;
-    let resp = sender.send_request(req).await.map_err(AgentClientError::Request)?;
+    let req = builder
+        .body(Full::new(body))
+        .map_err(AgentClientError::Build)?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(AgentClientError::Request)?;
     let status = resp.status();
     let bytes = resp
         .into_body()

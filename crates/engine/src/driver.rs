@@ -62,7 +62,10 @@ pub struct ResourceUsage {
 #[derive(Debug, thiserror::Error)]
 pub enum DriverError {
     #[error("The host cannot run {driver} sandboxes: {reason}")]
-    Unsupported { driver: &'static str, reason: String },
+    Unsupported {
+        driver: &'static str,
+        reason: String,
+    },
     #[error("Sandbox failed to start: {0}")]
     Start(String),
     #[error("Sandbox agent is not reachable: {0}")]
@@ -79,7 +82,10 @@ pub enum DriverError {
 
 impl DriverError {
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        DriverError::Io { context: context.into(), source }
+        DriverError::Io {
+            context: context.into(),
+            source,
+        }
     }
 }
 

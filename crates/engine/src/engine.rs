@@ -229,7 +229,11 @@ impl Engine {
     pub fn template(&self, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
         // `name:tag` → tags are not versioned separately yet; the default tag is the template.
         let name = id_or_alias.strip_suffix(":default").unwrap_or(id_or_alias);
-        self.templates.read().expect("templates lock").get(name).cloned()
+        self.templates
+            .read()
+            .expect("templates lock")
+            .get(name)
+            .cloned()
     }
 
     pub fn templates(&self) -> Vec<Arc<TemplateInfo>> {
@@ -249,12 +253,21 @@ impl Engine {
 
     // ----- sandboxes -----
 
-    pub async fn create(self: &Arc<Self>, owner: &ApiKeyRow, req: CreateRequest) -> Result<SandboxInfo> {
-        let template_name = if req.template.is_empty() { "base" } else { req.template.as_str() };
+    pub async fn create(
+        self: &Arc<Self>,
+        owner: &ApiKeyRow,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let template_name = if req.template.is_empty() {
+            "base"
+        } else {
+            req.template.as_str()
+        };
         let template = self
             .template(template_name)
             .ok_or_else(|| EngineError::TemplateNotFound(template_name.to_string()))?;
-        let timeout = self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
+        let timeout =
+            self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
         validate_env(&req.env_vars)?;
         validate_metadata(&req.metadata)?;
         if self.live.lock().expect("live lock").len() >= self.cfg.max_sandboxes {
@@ -301,10 +314,19 @@ impl Engine {
     }
 
     /// Take a warm sandbox (or start one) and give it its identity through `/init`.
-    async fn claim_and_init(&self, t: &TemplateInfo, init: &serde_json::Value) -> Result<DriverHandle> {
+    async fn claim_and_init(
+        &self,
+        t: &TemplateInfo,
+        init: &serde_json::Value,
+    ) -> Result<DriverHandle> {
         // A pooled sandbox may have died while waiting; try the pool a few times, then cold.
         for _ in 0..3 {
-            let Some(handle) = self.pools.lock().expect("pool lock").get_mut(&t.id).and_then(|q| q.pop_front())
+            let Some(handle) = self
+                .pools
+                .lock()
+                .expect("pool lock")
+                .get_mut(&t.id)
+                .and_then(|q| q.pop_front())
             else {
                 break;
             };
@@ -342,7 +364,10 @@ impl Engine {
             cpu_count: row.cpu_count,
             last_cpu: (0, row.started_at),
         };
-        self.live.lock().expect("live lock").insert(row.id.clone(), live);
+        self.live
+            .lock()
+            .expect("live lock")
+            .insert(row.id.clone(), live);
         let engine = Arc::clone(self);
         let id = row.id.clone();
         tokio::spawn(async move {
@@ -365,7 +390,11 @@ impl Engine {
         if let Err(e) = self.driver.stop(&live.handle).await {
             tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
         }
-        if let Err(e) = self.store.set_sandbox_state(id, SandboxState::Dead, Some(reason)).await {
+        if let Err(e) = self
+            .store
+            .set_sandbox_state(id, SandboxState::Dead, Some(reason))
+            .await
+        {
             tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
         }
         let _ = self.store.set_sandbox_driver_handle(id, None).await;
@@ -413,7 +442,10 @@ impl Engine {
         let filter = SandboxFilter {
             states,
             metadata: req.metadata.clone(),
-            template_id: req.template.as_ref().map(|t| self.template(t).map(|t| t.id.clone()).unwrap_or(t.clone())),
+            template_id: req
+                .template
+                .as_ref()
+                .map(|t| self.template(t).map(|t| t.id.clone()).unwrap_or(t.clone())),
             started_after: req.started_after.map(|d| d.timestamp_millis()),
             owner_key_id: None,
         };
@@ -434,7 +466,10 @@ impl Engine {
         };
         let total_running = self
             .store
-            .count_sandboxes(&SandboxFilter { states: vec![SandboxState::Running], ..Default::default() })
+            .count_sandboxes(&SandboxFilter {
+                states: vec![SandboxState::Running],
+                ..Default::default()
+            })
             .await?;
         Ok(ListPage {
             items: rows.iter().map(|r| self.info_from_row(r)).collect(),
@@ -490,7 +525,10 @@ impl Engine {
         if let Some(l) = self.live.lock().expect("live lock").get_mut(&row.id) {
             let (prev_ns, prev_ms) = l.last_cpu;
             let wall_ns = ((now - prev_ms).max(1) as f64) * 1e6;
-            pct = (u.cpu_usage_ns.saturating_sub(prev_ns) as f64 / wall_ns / l.cpu_count.max(1) as f64 * 100.0)
+            pct = (u.cpu_usage_ns.saturating_sub(prev_ns) as f64
+                / wall_ns
+                / l.cpu_count.max(1) as f64
+                * 100.0)
                 .clamp(0.0, 100.0);
             l.last_cpu = (u.cpu_usage_ns, now);
         }
@@ -499,10 +537,18 @@ impl Engine {
             cpu_count: row.cpu_count,
             cpu_used_pct: (pct * 100.0).round() / 100.0,
             mem_used: u.mem_used_bytes,
-            mem_total: if u.mem_limit_bytes > 0 { u.mem_limit_bytes } else { row.memory_mb as u64 * 1024 * 1024 },
+            mem_total: if u.mem_limit_bytes > 0 {
+                u.mem_limit_bytes
+            } else {
+                row.memory_mb as u64 * 1024 * 1024
+            },
             mem_cache: u.mem_cache_bytes,
             disk_used: u.disk_used_bytes,
-            disk_total: if u.disk_total_bytes > 0 { u.disk_total_bytes } else { row.disk_size_mb as u64 * 1024 * 1024 },
+            disk_total: if u.disk_total_bytes > 0 {
+                u.disk_total_bytes
+            } else {
+                row.disk_size_mb as u64 * 1024 * 1024
+            },
         })
     }
 
@@ -572,7 +618,10 @@ impl Engine {
         let rows = self
             .store
             .list_sandboxes(
-                &SandboxFilter { states: vec![SandboxState::Running, SandboxState::Paused], ..Default::default() },
+                &SandboxFilter {
+                    states: vec![SandboxState::Running, SandboxState::Paused],
+                    ..Default::default()
+                },
                 None,
                 false,
                 None,
@@ -585,14 +634,20 @@ impl Engine {
                 .as_deref()
                 .and_then(|h| serde_json::from_str::<DriverHandle>(h).ok());
             match handle {
-                Some(h) if h.driver == self.driver.name() && row.end_at > now_ms() && self.driver.adopt(&h).await => {
+                Some(h)
+                    if h.driver == self.driver.name()
+                        && row.end_at > now_ms()
+                        && self.driver.adopt(&h).await =>
+                {
                     tracing::info!(sandbox = %row.id, "re-adopted running sandbox");
                     keep.push(h.clone());
                     self.track(&row, h);
                 }
                 _ => {
                     tracing::info!(sandbox = %row.id, "sandbox did not survive the restart");
-                    self.store.set_sandbox_state(&row.id, SandboxState::Dead, Some("lost on restart")).await?;
+                    self.store
+                        .set_sandbox_state(&row.id, SandboxState::Dead, Some("lost on restart"))
+                        .await?;
                     self.store.set_sandbox_driver_handle(&row.id, None).await?;
                 }
             }
@@ -650,12 +705,23 @@ impl Engine {
                     if self.shutdown.is_cancelled() {
                         return;
                     }
-                    let have = self.pools.lock().expect("pool lock").get(&t.id).map_or(0, |q| q.len());
+                    let have = self
+                        .pools
+                        .lock()
+                        .expect("pool lock")
+                        .get(&t.id)
+                        .map_or(0, |q| q.len());
                     if have >= self.cfg.pool_size {
                         break;
                     }
                     match self.driver.start(&t.spec()).await {
-                        Ok(h) => self.pools.lock().expect("pool lock").entry(t.id.clone()).or_default().push_back(h),
+                        Ok(h) => self
+                            .pools
+                            .lock()
+                            .expect("pool lock")
+                            .entry(t.id.clone())
+                            .or_default()
+                            .push_back(h),
                         Err(e) => {
                             tracing::warn!(template = %t.id, error = %e, "warm pool: starting a sandbox failed");
                             tokio::time::sleep(Duration::from_secs(2)).await;
@@ -676,7 +742,13 @@ impl Engine {
     /// server start re-adopts them.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        let pooled: Vec<DriverHandle> = self.pools.lock().expect("pool lock").drain().flat_map(|(_, q)| q).collect();
+        let pooled: Vec<DriverHandle> = self
+            .pools
+            .lock()
+            .expect("pool lock")
+            .drain()
+            .flat_map(|(_, q)| q)
+            .collect();
         for h in pooled {
             let _ = self.driver.stop(&h).await;
         }
@@ -684,20 +756,36 @@ impl Engine {
 
     /// Kill every running sandbox (used by tests and `serve --kill-on-exit`).
     pub async fn kill_all(&self) {
-        let ids: Vec<String> = self.live.lock().expect("live lock").keys().cloned().collect();
+        let ids: Vec<String> = self
+            .live
+            .lock()
+            .expect("live lock")
+            .keys()
+            .cloned()
+            .collect();
         for id in ids {
             self.finish(&id, "killed").await;
         }
     }
 
     pub fn pool_len(&self, template: &str) -> usize {
-        self.pools.lock().expect("pool lock").get(template).map_or(0, |q| q.len())
+        self.pools
+            .lock()
+            .expect("pool lock")
+            .get(template)
+            .map_or(0, |q| q.len())
     }
 }
 
 /// `v1_` + base64(sha256("path:operation:username:token[:expiration]")), no padding (envd's
 /// signed-URL scheme).
-pub fn file_signature(path: &str, operation: &str, username: &str, token: &str, expiration: Option<&str>) -> String {
+pub fn file_signature(
+    path: &str,
+    operation: &str,
+    username: &str,
+    token: &str,
+    expiration: Option<&str>,
+) -> String {
     let mut s = format!("{path}:{operation}:{username}:{token}");
     if let Some(e) = expiration {
         s.push(':');
@@ -714,8 +802,14 @@ fn encode_token(started_at: i64, id: &str) -> String {
 }
 
 fn decode_token(t: &str) -> Result<(i64, String)> {
-    let bad = || EngineError::BadRequest("Invalid nextToken: pass the X-Next-Token of the previous page".into());
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(t).map_err(|_| bad())?;
+    let bad = || {
+        EngineError::BadRequest(
+            "Invalid nextToken: pass the X-Next-Token of the previous page".into(),
+        )
+    };
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(t)
+        .map_err(|_| bad())?;
     let s = String::from_utf8(raw).map_err(|_| bad())?;
     let (ts, id) = s.split_once(':').ok_or_else(bad)?;
     Ok((ts.parse().map_err(|_| bad())?, id.to_string()))
@@ -730,7 +824,9 @@ fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
         }
     }
     if env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > 1 << 20 {
-        return Err(EngineError::BadRequest("Environment variables exceed 1 MiB in total".into()));
+        return Err(EngineError::BadRequest(
+            "Environment variables exceed 1 MiB in total".into(),
+        ));
     }
     Ok(())
 }
@@ -753,8 +849,14 @@ mod tests {
         // sha256("/home/user/a.txt:read::tok") computed independently with python hashlib.
         let sig = file_signature("/home/user/a.txt", "read", "", "tok", None);
         assert_eq!(sig, "v1_Zkbb3914oLJLvMBzCAHQhm2ydBLxbSx2eQUR/kLdvIY");
-        assert_ne!(sig, file_signature("/home/user/a.txt", "write", "", "tok", None));
-        assert_ne!(sig, file_signature("/home/user/a.txt", "read", "", "tok", Some("123")));
+        assert_ne!(
+            sig,
+            file_signature("/home/user/a.txt", "write", "", "tok", None)
+        );
+        assert_ne!(
+            sig,
+            file_signature("/home/user/a.txt", "read", "", "tok", Some("123"))
+        );
     }
 
     #[test]
@@ -762,7 +864,9 @@ mod tests {
         let t = encode_token(1234, "abc");
         assert_eq!(decode_token(&t).unwrap(), (1234, "abc".to_string()));
         assert!(decode_token("!!!").is_err());
-        assert!(decode_token(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("x")).is_err());
+        assert!(
+            decode_token(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("x")).is_err()
+        );
     }
 
     #[test]

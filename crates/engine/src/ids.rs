@@ -7,7 +7,9 @@ const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 
 pub fn sandbox_id() -> String {
     let mut rng = rand::rng();
-    (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+    (0..20)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 /// Random lowercase hex string of `bytes` random bytes.
@@ -20,7 +22,11 @@ pub fn random_hex(bytes: usize) -> String {
 /// Is `id` a well-formed sandbox id? Legacy `<id>-<clientID>` forms are accepted by
 /// [`normalize_sandbox_id`] first.
 pub fn is_valid_sandbox_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 /// Old SDKs address sandboxes as `<sandboxID>-<clientID>`; strip the suffix like E2B does.

@@ -15,7 +15,9 @@ pub fn generate_key() -> String {
 pub fn is_well_formed(key: &str) -> bool {
     key.len() == KEY_PREFIX.len() + 40
         && key.starts_with(KEY_PREFIX)
-        && key[KEY_PREFIX.len()..].bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        && key[KEY_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 pub fn hash_key(key: &str) -> String {
@@ -88,7 +90,11 @@ pub async fn seed(store: &Store, key: &str, name: &str) -> Result<bool, KeyError
     if !is_well_formed(key) {
         return Err(KeyError::Malformed(key.len()));
     }
-    if store.find_active_api_key_by_hash(&hash_key(key)).await?.is_some() {
+    if store
+        .find_active_api_key_by_hash(&hash_key(key))
+        .await?
+        .is_some()
+    {
         return Ok(false);
     }
     insert(store, name, key).await?;

@@ -40,9 +40,18 @@ impl Driver for FakeDriver {
     async fn start(&self, _spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
         let pid = self.next_pid.fetch_add(1, Ordering::SeqCst) + 100;
         self.alive.lock().unwrap().insert(pid);
-        self.deaths.lock().unwrap().insert(pid, Arc::new(Notify::new()));
+        self.deaths
+            .lock()
+            .unwrap()
+            .insert(pid, Arc::new(Notify::new()));
         self.started.fetch_add(1, Ordering::SeqCst);
-        Ok(DriverHandle { driver: "fake".into(), pid, pid_start_time: 1, slot: pid as u32, data: serde_json::Value::Null })
+        Ok(DriverHandle {
+            driver: "fake".into(),
+            pid,
+            pid_start_time: 1,
+            slot: pid as u32,
+            data: serde_json::Value::Null,
+        })
     }
     async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
         self.stopped.fetch_add(1, Ordering::SeqCst);
@@ -68,21 +77,27 @@ impl Driver for FakeDriver {
         let (client, server) = tokio::io::duplex(64 * 1024);
         let sink = Arc::clone(&self.inits);
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let sink = sink.clone();
-                async move {
-                    use http_body_util::BodyExt;
-                    let path = req.uri().path().to_string();
-                    let body = req.into_body().collect().await?.to_bytes();
-                    if path == "/init" {
-                        sink.lock().unwrap().push(serde_json::from_slice::<serde_json::Value>(&body).unwrap());
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let sink = sink.clone();
+                    async move {
+                        use http_body_util::BodyExt;
+                        let path = req.uri().path().to_string();
+                        let body = req.into_body().collect().await?.to_bytes();
+                        if path == "/init" {
+                            sink.lock()
+                                .unwrap()
+                                .push(serde_json::from_slice::<serde_json::Value>(&body).unwrap());
+                        }
+                        let status = if path == "/init" { 204 } else { 404 };
+                        Ok::<_, hyper::Error>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                .unwrap(),
+                        )
                     }
-                    let status = if path == "/init" { 204 } else { 404 };
-                    Ok::<_, hyper::Error>(
-                        hyper::Response::builder().status(status).body(http_body_util::Full::new(bytes::Bytes::new())).unwrap(),
-                    )
-                }
-            });
+                });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(hyper_util::rt::TokioIo::new(server), svc)
                 .await;
@@ -90,11 +105,22 @@ impl Driver for FakeDriver {
         Ok(Box::new(client))
     }
     async fn usage(&self, _h: &DriverHandle) -> Result<ResourceUsage, DriverError> {
-        Ok(ResourceUsage { cpu_usage_ns: 5_000_000, mem_used_bytes: 1 << 20, ..Default::default() })
+        Ok(ResourceUsage {
+            cpu_usage_ns: 5_000_000,
+            mem_used_bytes: 1 << 20,
+            ..Default::default()
+        })
     }
     async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
         let keep: HashSet<i32> = keep.iter().map(|h| h.pid).collect();
-        let orphans: Vec<i32> = self.alive.lock().unwrap().iter().copied().filter(|p| !keep.contains(p)).collect();
+        let orphans: Vec<i32> = self
+            .alive
+            .lock()
+            .unwrap()
+            .iter()
+            .copied()
+            .filter(|p| !keep.contains(p))
+            .collect();
         for p in &orphans {
             self.crash(*p);
         }

@@ -3,13 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bulkhead_engine::driver::{Driver, SandboxSpec};
 use bulkhead_engine::testing::FakeDriver;
-use bulkhead_engine::{CreateRequest, Engine, EngineConfig, EngineError, ListRequest, TemplateInfo};
+use bulkhead_engine::{
+    CreateRequest, Engine, EngineConfig, EngineError, ListRequest, TemplateInfo,
+};
 use bulkhead_store::{SandboxState, Store};
 
 fn template() -> TemplateInfo {
@@ -25,14 +27,25 @@ fn template() -> TemplateInfo {
     }
 }
 
-async fn setup(pool: usize) -> (tempfile::TempDir, Arc<FakeDriver>, Arc<Engine>, bulkhead_store::ApiKeyRow) {
+async fn setup(
+    pool: usize,
+) -> (
+    tempfile::TempDir,
+    Arc<FakeDriver>,
+    Arc<Engine>,
+    bulkhead_store::ApiKeyRow,
+) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
     let driver = Arc::new(FakeDriver::default());
     let engine = Engine::new(
         store.clone(),
         driver.clone(),
-        EngineConfig { pool_size: pool, reap_interval: Duration::from_millis(20), ..Default::default() },
+        EngineConfig {
+            pool_size: pool,
+            reap_interval: Duration::from_millis(20),
+            ..Default::default()
+        },
     );
     engine.register_template(template()).await.unwrap();
     let (owner, _) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
@@ -45,7 +58,15 @@ async fn create_get_list_kill() {
     let mut md = BTreeMap::new();
     md.insert("user".to_string(), "alice".to_string());
     let info = engine
-        .create(&owner, CreateRequest { template: "debian".into(), metadata: md.clone(), secure: true, ..Default::default() })
+        .create(
+            &owner,
+            CreateRequest {
+                template: "debian".into(),
+                metadata: md.clone(),
+                secure: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(info.template_id, "base");
@@ -59,17 +80,44 @@ async fn create_get_list_kill() {
     // Legacy `<id>-<clientID>` form.
     assert!(engine.get(&format!("{}-bulkhead", info.id)).await.is_ok());
 
-    let other = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
-    let page = engine.list(&ListRequest { metadata: md.clone(), ..Default::default() }).await.unwrap();
+    let other = engine
+        .create(
+            &owner,
+            CreateRequest {
+                template: "base".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let page = engine
+        .list(&ListRequest {
+            metadata: md.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(page.items.len(), 1);
     assert_eq!(page.items[0].id, info.id);
     assert_eq!(page.total_running, 2);
 
     // Pagination: limit 1 gives a token, the second page has the other sandbox.
-    let p1 = engine.list(&ListRequest { limit: Some(1), order_desc: true, ..Default::default() }).await.unwrap();
+    let p1 = engine
+        .list(&ListRequest {
+            limit: Some(1),
+            order_desc: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     assert_eq!(p1.items.len(), 1);
     let p2 = engine
-        .list(&ListRequest { limit: Some(1), order_desc: true, next_token: p1.next_token.clone(), ..Default::default() })
+        .list(&ListRequest {
+            limit: Some(1),
+            order_desc: true,
+            next_token: p1.next_token.clone(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(p2.items.len(), 1);
@@ -78,7 +126,10 @@ async fn create_get_list_kill() {
 
     assert!(engine.kill(&info.id).await.unwrap());
     assert!(!engine.kill(&info.id).await.unwrap());
-    assert!(matches!(engine.get(&info.id).await, Err(EngineError::SandboxNotFound(_))));
+    assert!(matches!(
+        engine.get(&info.id).await,
+        Err(EngineError::SandboxNotFound(_))
+    ));
     assert!(engine.kill(&other.id).await.unwrap());
     assert_eq!(driver.stopped.load(Ordering::SeqCst), 2);
     let row = engine.store().get_sandbox(&info.id).await.unwrap().unwrap();
@@ -89,20 +140,49 @@ async fn create_get_list_kill() {
 #[tokio::test]
 async fn unknown_template_and_bad_timeout_are_rejected() {
     let (_d, driver, engine, owner) = setup(0).await;
-    let e = engine.create(&owner, CreateRequest { template: "nope".into(), ..Default::default() }).await;
+    let e = engine
+        .create(
+            &owner,
+            CreateRequest {
+                template: "nope".into(),
+                ..Default::default()
+            },
+        )
+        .await;
     assert!(matches!(e, Err(EngineError::TemplateNotFound(_))));
     let e = engine
-        .create(&owner, CreateRequest { template: "base".into(), timeout: Some(10 * 24 * 3600), ..Default::default() })
+        .create(
+            &owner,
+            CreateRequest {
+                template: "base".into(),
+                timeout: Some(10 * 24 * 3600),
+                ..Default::default()
+            },
+        )
         .await;
     assert!(matches!(e, Err(EngineError::BadRequest(_))));
-    assert_eq!(driver.started.load(Ordering::SeqCst), 0, "nothing started for rejected requests");
+    assert_eq!(
+        driver.started.load(Ordering::SeqCst),
+        0,
+        "nothing started for rejected requests"
+    );
 }
 
 #[tokio::test]
 async fn ttl_reaper_kills_and_timeouts_move_end_at() {
     let (_d, _driver, engine, owner) = setup(0).await;
     engine.start_background();
-    let sb = engine.create(&owner, CreateRequest { template: "base".into(), timeout: Some(1), ..Default::default() }).await.unwrap();
+    let sb = engine
+        .create(
+            &owner,
+            CreateRequest {
+                template: "base".into(),
+                timeout: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     // connect extends, never shortens.
     let (c, resumed) = engine.connect(&sb.id, Some(60)).await.unwrap();
     assert!(!resumed);
@@ -112,7 +192,10 @@ async fn ttl_reaper_kills_and_timeouts_move_end_at() {
     // set_timeout may shorten.
     engine.set_timeout(&sb.id, 1).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(matches!(engine.get(&sb.id).await, Err(EngineError::SandboxNotFound(_))));
+    assert!(matches!(
+        engine.get(&sb.id).await,
+        Err(EngineError::SandboxNotFound(_))
+    ));
     let row = engine.store().get_sandbox(&sb.id).await.unwrap().unwrap();
     assert_eq!(row.end_reason.as_deref(), Some("timeout"));
 }
@@ -120,9 +203,27 @@ async fn ttl_reaper_kills_and_timeouts_move_end_at() {
 #[tokio::test]
 async fn dead_sandbox_is_noticed() {
     let (_d, driver, engine, owner) = setup(0).await;
-    let sb = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
-    let h: bulkhead_engine::driver::DriverHandle =
-        serde_json::from_str(&engine.store().get_sandbox(&sb.id).await.unwrap().unwrap().driver_handle.unwrap()).unwrap();
+    let sb = engine
+        .create(
+            &owner,
+            CreateRequest {
+                template: "base".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let h: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
+        &engine
+            .store()
+            .get_sandbox(&sb.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .driver_handle
+            .unwrap(),
+    )
+    .unwrap();
     driver.crash(h.pid);
     for _ in 0..50 {
         if engine.get(&sb.id).await.is_err() {
@@ -130,7 +231,10 @@ async fn dead_sandbox_is_noticed() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(matches!(engine.get(&sb.id).await, Err(EngineError::SandboxNotFound(_))));
+    assert!(matches!(
+        engine.get(&sb.id).await,
+        Err(EngineError::SandboxNotFound(_))
+    ));
 }
 
 #[tokio::test]
@@ -148,14 +252,32 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
     let mut env = BTreeMap::new();
     env.insert("FOO".to_string(), "bar".to_string());
     let sb = engine
-        .create(&owner, CreateRequest { template: "base".into(), env_vars: env, secure: true, ..Default::default() })
+        .create(
+            &owner,
+            CreateRequest {
+                template: "base".into(),
+                env_vars: env,
+                secure: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
-    assert_eq!(driver.started.load(Ordering::SeqCst), started_before, "create claimed from the pool");
+    assert_eq!(
+        driver.started.load(Ordering::SeqCst),
+        started_before,
+        "create claimed from the pool"
+    );
     let inits = driver.inits.lock().unwrap().clone();
-    let mine = inits.iter().find(|v| v["sandboxId"] == sb.id.as_str()).expect("init sent");
+    let mine = inits
+        .iter()
+        .find(|v| v["sandboxId"] == sb.id.as_str())
+        .expect("init sent");
     assert_eq!(mine["envVars"]["FOO"], "bar");
-    assert_eq!(mine["accessToken"], sb.envd_access_token.clone().unwrap().as_str());
+    assert_eq!(
+        mine["accessToken"],
+        sb.envd_access_token.clone().unwrap().as_str()
+    );
     for _ in 0..100 {
         if engine.pool_len("base") == 2 {
             break;
@@ -169,30 +291,68 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
 #[tokio::test]
 async fn recover_readopts_live_and_buries_dead() {
     let (dir, driver, engine, owner) = setup(0).await;
-    let a = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
-    let b = engine.create(&owner, CreateRequest { template: "base".into(), ..Default::default() }).await.unwrap();
-    let hb: bulkhead_engine::driver::DriverHandle =
-        serde_json::from_str(&engine.store().get_sandbox(&b.id).await.unwrap().unwrap().driver_handle.unwrap()).unwrap();
-    // An orphan the store does not know about (e.g. a pool member of the dead server).
-    let orphan = driver.start(&SandboxSpec {
-        template_id: "base".into(),
-        rootfs: "/x".into(),
-        cpu_count: 1,
-        memory_mb: 1,
-        pids_max: 1,
-    })
-    .await
+    let a = engine
+        .create(
+            &owner,
+            CreateRequest {
+                template: "base".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let b = engine
+        .create(
+            &owner,
+            CreateRequest {
+                template: "base".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let hb: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
+        &engine
+            .store()
+            .get_sandbox(&b.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .driver_handle
+            .unwrap(),
+    )
     .unwrap();
+    // An orphan the store does not know about (e.g. a pool member of the dead server).
+    let orphan = driver
+        .start(&SandboxSpec {
+            template_id: "base".into(),
+            rootfs: "/x".into(),
+            cpu_count: 1,
+            memory_mb: 1,
+            pids_max: 1,
+        })
+        .await
+        .unwrap();
     // "Restart": a new engine over the same store and host; b died meanwhile.
     drop(engine);
     driver.alive.lock().unwrap().remove(&hb.pid);
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let engine2 = Engine::new(store, driver.clone(), EngineConfig { pool_size: 0, ..Default::default() });
+    let engine2 = Engine::new(
+        store,
+        driver.clone(),
+        EngineConfig {
+            pool_size: 0,
+            ..Default::default()
+        },
+    );
     engine2.register_template(template()).await.unwrap();
     assert_eq!(engine2.recover().await.unwrap(), 1);
     assert!(engine2.get(&a.id).await.is_ok());
     assert!(engine2.get(&b.id).await.is_err());
-    assert!(!driver.alive.lock().unwrap().contains(&orphan.pid), "orphan reclaimed");
+    assert!(
+        !driver.alive.lock().unwrap().contains(&orphan.pid),
+        "orphan reclaimed"
+    );
     let row = engine2.store().get_sandbox(&b.id).await.unwrap().unwrap();
     assert_eq!(row.end_reason.as_deref(), Some("lost on restart"));
 }

@@ -173,7 +173,10 @@ impl FromStr for Code {
     type Err = UnknownCode;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Code::ALL.into_iter().find(|c| c.as_str() == s).ok_or_else(|| UnknownCode(s.to_owned()))
+        Code::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownCode(s.to_owned()))
     }
 }
 
@@ -205,7 +208,10 @@ pub struct ConnectError {
 impl ConnectError {
     /// Creates an error.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 
     /// `invalid_argument`.
@@ -342,7 +348,9 @@ impl EnvelopeError {
     pub fn to_connect_error(&self) -> ConnectError {
         match self {
             EnvelopeError::Remote(err) => err.clone(),
-            EnvelopeError::TooLarge { .. } => ConnectError::new(Code::ResourceExhausted, self.to_string()),
+            EnvelopeError::TooLarge { .. } => {
+                ConnectError::new(Code::ResourceExhausted, self.to_string())
+            }
             EnvelopeError::Compressed => ConnectError::new(Code::Internal, self.to_string()),
             EnvelopeError::Json(e) => ConnectError::invalid_argument(format!("{self}: {e}")),
             EnvelopeError::Truncated { .. } | EnvelopeError::MissingEndStream => {
@@ -369,15 +377,28 @@ pub fn encode_message<T: Serialize>(message: &T) -> Result<Bytes, serde_json::Er
 
 /// Frames an end-of-stream envelope: `{}` on success, `{"error": ...}` on failure.
 pub fn encode_end_stream(error: Option<&ConnectError>) -> Bytes {
-    let end = EndStream { error: error.cloned(), metadata: BTreeMap::new() };
-    encode_envelope(FLAG_END_STREAM, &serde_json::to_vec(&end).unwrap_or_else(|_| b"{}".to_vec()))
+    let end = EndStream {
+        error: error.cloned(),
+        metadata: BTreeMap::new(),
+    };
+    encode_envelope(
+        FLAG_END_STREAM,
+        &serde_json::to_vec(&end).unwrap_or_else(|_| b"{}".to_vec()),
+    )
 }
 
 /// Parses a JSON message, mapping failures to `invalid_argument`.
 pub fn decode_json<T: DeserializeOwned>(data: &[u8]) -> Result<T, ConnectError> {
-    let data = if data.iter().all(u8::is_ascii_whitespace) { &b"{}"[..] } else { data };
-    serde_json::from_slice(data)
-        .map_err(|e| ConnectError::invalid_argument(format!("The request message is not valid JSON for this method: {e}")))
+    let data = if data.iter().all(u8::is_ascii_whitespace) {
+        &b"{}"[..]
+    } else {
+        data
+    };
+    serde_json::from_slice(data).map_err(|e| {
+        ConnectError::invalid_argument(format!(
+            "The request message is not valid JSON for this method: {e}"
+        ))
+    })
 }
 
 /// One decoded frame of a response stream.
@@ -410,7 +431,10 @@ impl EnvelopeDecoder {
 
     /// A decoder accepting payloads up to `max_len` bytes.
     pub fn with_max_len(max_len: usize) -> Self {
-        Self { buf: BytesMut::new(), max_len }
+        Self {
+            buf: BytesMut::new(),
+            max_len,
+        }
     }
 
     /// Appends received bytes.
@@ -432,7 +456,10 @@ impl EnvelopeDecoder {
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         if len > self.max_len {
-            return Err(EnvelopeError::TooLarge { len, max: self.max_len });
+            return Err(EnvelopeError::TooLarge {
+                len,
+                max: self.max_len,
+            });
         }
         if self.buf.len() < ENVELOPE_PREFIX_LEN + len {
             return Ok(None);
@@ -443,7 +470,9 @@ impl EnvelopeDecoder {
     }
 
     /// Returns the next decoded frame of a response stream, if one is buffered.
-    pub fn next_frame<T: DeserializeOwned>(&mut self) -> Result<Option<StreamFrame<T>>, EnvelopeError> {
+    pub fn next_frame<T: DeserializeOwned>(
+        &mut self,
+    ) -> Result<Option<StreamFrame<T>>, EnvelopeError> {
         let Some(env) = self.next_envelope()? else {
             return Ok(None);
         };
@@ -473,7 +502,10 @@ impl EnvelopeDecoder {
         } else {
             ENVELOPE_PREFIX_LEN
         };
-        Err(EnvelopeError::Truncated { have: self.buf.len(), need })
+        Err(EnvelopeError::Truncated {
+            have: self.buf.len(),
+            need,
+        })
     }
 }
 
@@ -588,17 +620,26 @@ mod tests {
     fn framing_errors() {
         let mut d = EnvelopeDecoder::with_max_len(4);
         d.push(&[0, 0, 0, 0, 5]);
-        assert!(matches!(d.next_envelope(), Err(EnvelopeError::TooLarge { len: 5, max: 4 })));
+        assert!(matches!(
+            d.next_envelope(),
+            Err(EnvelopeError::TooLarge { len: 5, max: 4 })
+        ));
         let mut d = EnvelopeDecoder::new();
         d.push(&[0, 0, 0, 0, 5, b'{']);
         assert!(d.next_envelope().unwrap().is_none());
-        assert!(matches!(d.finish(), Err(EnvelopeError::Truncated { have: 6, need: 10 })));
+        assert!(matches!(
+            d.finish(),
+            Err(EnvelopeError::Truncated { have: 6, need: 10 })
+        ));
         let body = encode_message(&json!({})).unwrap();
         assert!(matches!(
             decode_stream_body::<serde_json::Value>(&body),
             Err(EnvelopeError::MissingEndStream)
         ));
         assert_eq!(decode_json::<serde_json::Value>(b"").unwrap(), json!({}));
-        assert_eq!(decode_json::<serde_json::Value>(b"[").unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(
+            decode_json::<serde_json::Value>(b"[").unwrap_err().code,
+            Code::InvalidArgument
+        );
     }
 }

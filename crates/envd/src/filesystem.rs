@@ -248,7 +248,10 @@ pub mod watch_dir_response {
 
     /// The `event` oneof.
     #[derive(Debug, Clone, PartialEq, Eq)]
-    #[expect(clippy::large_enum_variant, reason = "mirrors the proto oneof; values are short-lived")]
+    #[expect(
+        clippy::large_enum_variant,
+        reason = "mirrors the proto oneof; values are short-lived"
+    )]
     pub enum Event {
         /// The watch is established.
         Start(StartEvent),
@@ -276,18 +279,26 @@ crate::proto_oneof!(WatchDirResponse.event: watch_dir_response::Event {
 impl WatchDirResponse {
     /// The `start` message.
     pub fn start() -> Self {
-        Self { event: Some(watch_dir_response::Event::Start(watch_dir_response::StartEvent {})) }
+        Self {
+            event: Some(watch_dir_response::Event::Start(
+                watch_dir_response::StartEvent {},
+            )),
+        }
     }
 
     /// A `filesystem` message.
     pub fn filesystem(event: FilesystemEvent) -> Self {
-        Self { event: Some(watch_dir_response::Event::Filesystem(event)) }
+        Self {
+            event: Some(watch_dir_response::Event::Filesystem(event)),
+        }
     }
 
     /// A `keepalive` message.
     pub fn keepalive() -> Self {
         Self {
-            event: Some(watch_dir_response::Event::Keepalive(watch_dir_response::KeepAlive {})),
+            event: Some(watch_dir_response::Event::Keepalive(
+                watch_dir_response::KeepAlive {},
+            )),
         }
     }
 }
@@ -389,7 +400,10 @@ mod tests {
             permissions: "-rw-r--r--".into(),
             owner: "user".into(),
             group: "user".into(),
-            modified_time: Some(Timestamp { seconds: 1_700_000_000, nanos: 0 }),
+            modified_time: Some(Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            }),
             symlink_target: None,
             metadata: BTreeMap::new(),
             is_symlink: false,
@@ -408,7 +422,10 @@ mod tests {
         assert_eq!(back, entry);
         let numeric: EntryInfo =
             serde_json::from_value(json!({"type": 2, "size": 7, "is_symlink": true})).unwrap();
-        assert_eq!((numeric.r#type, numeric.size, numeric.is_symlink), (FileType::Directory, 7, true));
+        assert_eq!(
+            (numeric.r#type, numeric.size, numeric.is_symlink),
+            (FileType::Directory, 7, true)
+        );
     }
 
     #[test]
@@ -422,7 +439,10 @@ mod tests {
             serde_json::to_value(&msg).unwrap(),
             json!({"filesystem": {"name": "sub/x", "type": "EVENT_TYPE_CREATE"}})
         );
-        assert_eq!(serde_json::to_value(WatchDirResponse::start()).unwrap(), json!({"start": {}}));
+        assert_eq!(
+            serde_json::to_value(WatchDirResponse::start()).unwrap(),
+            json!({"start": {}})
+        );
         let req: WatchDirRequest =
             serde_json::from_value(json!({"path": "/x", "recursive": true, "includeEntry": true}))
                 .unwrap();

@@ -42,7 +42,9 @@ pub mod plain {
     }
 
     /// Deserializes with the type's own `Deserialize` impl.
-    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+    pub fn deserialize<'de, T: Deserialize<'de>, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<T, D::Error> {
         T::deserialize(d)
     }
 }
@@ -79,7 +81,10 @@ where
         if v.fract() != 0.0 || !v.is_finite() || v.abs() > 1.0e30 {
             return Err(E::custom(format!("{v} is not an integer")));
         }
-        #[expect(clippy::cast_possible_truncation, reason = "checked to be integral and in range")]
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "checked to be integral and in range"
+        )]
         let as_int = v as i128;
         T::try_from(as_int).map_err(|_| E::custom(format!("integer {v} is out of range")))
     }
@@ -151,8 +156,8 @@ int_module!(
 
 /// Decodes proto3 JSON `bytes`: standard or URL-safe alphabet, padded or not.
 pub fn decode_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
-    use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
     use base64::engine::DecodePaddingMode;
+    use base64::engine::general_purpose::{GeneralPurpose, GeneralPurposeConfig};
 
     const CONFIG: GeneralPurposeConfig = GeneralPurposeConfig::new()
         .with_decode_padding_mode(DecodePaddingMode::Indifferent)
@@ -177,8 +182,8 @@ pub mod bytes_b64 {
     use std::fmt;
 
     use bytes::Bytes;
-    use serde::de::{self, Deserializer, Visitor};
     use serde::Serializer;
+    use serde::de::{self, Deserializer, Visitor};
 
     /// Serializes as standard padded base64.
     pub fn serialize<S: Serializer>(value: &Bytes, s: S) -> Result<S::Ok, S::Error> {
@@ -495,7 +500,15 @@ mod tests {
     #[test]
     fn integers_accept_numbers_and_strings() {
         let v: Ints = serde_json::from_str(r#"{"a":"7","b":12,"c":"-3","d":null}"#).unwrap();
-        assert_eq!(v, Ints { a: 7, b: 12, c: -3, d: bytes::Bytes::new() });
+        assert_eq!(
+            v,
+            Ints {
+                a: 7,
+                b: 12,
+                c: -3,
+                d: bytes::Bytes::new()
+            }
+        );
         let v: Ints = serde_json::from_str(r#"{"a":1e2,"b":"-9","c":null}"#).unwrap();
         assert_eq!((v.a, v.b, v.c), (100, -9, 0));
         assert!(serde_json::from_str::<Ints>(r#"{"a":-1}"#).is_err());
@@ -505,9 +518,17 @@ mod tests {
 
     #[test]
     fn int64_is_a_string_on_output() {
-        let v = Ints { a: 1, b: 1 << 40, c: -2, d: bytes::Bytes::from_static(b"hi") };
+        let v = Ints {
+            a: 1,
+            b: 1 << 40,
+            c: -2,
+            d: bytes::Bytes::from_static(b"hi"),
+        };
         let json = serde_json::to_value(&v).unwrap();
-        assert_eq!(json, serde_json::json!({"a":1,"b":"1099511627776","c":-2,"d":"aGk="}));
+        assert_eq!(
+            json,
+            serde_json::json!({"a":1,"b":"1099511627776","c":-2,"d":"aGk="})
+        );
     }
 
     #[test]
@@ -521,15 +542,27 @@ mod tests {
 
     #[test]
     fn timestamps_round_trip_in_canonical_form() {
-        let t = Timestamp { seconds: 1_700_000_000, nanos: 0 };
+        let t = Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 0,
+        };
         assert_eq!(t.to_rfc3339().unwrap(), "2023-11-14T22:13:20Z");
-        let t = Timestamp { seconds: 1_700_000_000, nanos: 120_000_000 };
+        let t = Timestamp {
+            seconds: 1_700_000_000,
+            nanos: 120_000_000,
+        };
         assert_eq!(t.to_rfc3339().unwrap(), "2023-11-14T22:13:20.120Z");
-        assert_eq!(Timestamp::parse_rfc3339("2023-11-14T23:13:20.12+01:00").unwrap(), t);
+        assert_eq!(
+            Timestamp::parse_rfc3339("2023-11-14T23:13:20.12+01:00").unwrap(),
+            t
+        );
         let before = std::time::UNIX_EPOCH - std::time::Duration::from_millis(1500);
         assert_eq!(
             Timestamp::from_system_time(before),
-            Timestamp { seconds: -2, nanos: 500_000_000 }
+            Timestamp {
+                seconds: -2,
+                nanos: 500_000_000
+            }
         );
     }
 }

@@ -238,7 +238,11 @@ crate::proto_oneof!(ProcessEvent.event: process_event::Event {
 impl ProcessEvent {
     /// A `start` event.
     pub fn start(pid: u32) -> Self {
-        Self { event: Some(process_event::Event::Start(process_event::StartEvent { pid })) }
+        Self {
+            event: Some(process_event::Event::Start(process_event::StartEvent {
+                pid,
+            })),
+        }
     }
 
     /// A `data` event.
@@ -252,12 +256,16 @@ impl ProcessEvent {
 
     /// An `end` event.
     pub fn end(end: process_event::EndEvent) -> Self {
-        Self { event: Some(process_event::Event::End(end)) }
+        Self {
+            event: Some(process_event::Event::End(end)),
+        }
     }
 
     /// A `keepalive` event.
     pub fn keepalive() -> Self {
-        Self { event: Some(process_event::Event::Keepalive(process_event::KeepAlive {})) }
+        Self {
+            event: Some(process_event::Event::Keepalive(process_event::KeepAlive {})),
+        }
     }
 }
 
@@ -324,12 +332,16 @@ crate::proto_oneof!(ProcessInput.input: process_input::Input {
 impl ProcessInput {
     /// Stdin input.
     pub fn stdin(data: impl Into<Bytes>) -> Self {
-        Self { input: Some(process_input::Input::Stdin(data.into())) }
+        Self {
+            input: Some(process_input::Input::Stdin(data.into())),
+        }
     }
 
     /// PTY input.
     pub fn pty(data: impl Into<Bytes>) -> Self {
-        Self { input: Some(process_input::Input::Pty(data.into())) }
+        Self {
+            input: Some(process_input::Input::Pty(data.into())),
+        }
     }
 }
 
@@ -464,12 +476,16 @@ crate::proto_oneof!(ProcessSelector.selector: process_selector::Selector {
 impl ProcessSelector {
     /// Selects by pid.
     pub fn pid(pid: u32) -> Self {
-        Self { selector: Some(process_selector::Selector::Pid(pid)) }
+        Self {
+            selector: Some(process_selector::Selector::Pid(pid)),
+        }
     }
 
     /// Selects by tag.
     pub fn tag(tag: impl Into<String>) -> Self {
-        Self { selector: Some(process_selector::Selector::Tag(tag.into())) }
+        Self {
+            selector: Some(process_selector::Selector::Tag(tag.into())),
+        }
     }
 }
 
@@ -502,14 +518,19 @@ mod tests {
             "tag": "t"
         }))
         .unwrap();
-        assert_eq!(req.pty.unwrap().size.unwrap(), pty::Size { cols: 80, rows: 24 });
+        assert_eq!(
+            req.pty.unwrap().size.unwrap(),
+            pty::Size { cols: 80, rows: 24 }
+        );
         assert_eq!(req.stdin, None);
     }
 
     #[test]
     fn events_serialize_with_oneof_member_names() {
         let ev = StartResponse {
-            event: Some(ProcessEvent::data(Output::Stdout(Bytes::from_static(b"hi\n")))),
+            event: Some(ProcessEvent::data(Output::Stdout(Bytes::from_static(
+                b"hi\n",
+            )))),
         };
         assert_eq!(
             serde_json::to_value(&ev).unwrap(),
@@ -525,15 +546,24 @@ mod tests {
             serde_json::to_value(&end).unwrap(),
             json!({"end": {"exitCode": -1, "exited": false, "status": "signal: killed", "error": "signal: killed"}})
         );
-        assert_eq!(serde_json::to_value(ProcessEvent::keepalive()).unwrap(), json!({"keepalive": {}}));
-        assert_eq!(serde_json::to_value(ProcessEvent::default()).unwrap(), json!({}));
+        assert_eq!(
+            serde_json::to_value(ProcessEvent::keepalive()).unwrap(),
+            json!({"keepalive": {}})
+        );
+        assert_eq!(
+            serde_json::to_value(ProcessEvent::default()).unwrap(),
+            json!({})
+        );
     }
 
     #[test]
     fn oneof_parsing_is_lenient_but_rejects_two_members() {
         let ev: ProcessEvent =
             serde_json::from_value(json!({"end": {"exit_code": 2}, "other": 1})).unwrap();
-        assert!(matches!(ev.event, Some(Event::End(EndEvent { exit_code: 2, .. }))));
+        assert!(matches!(
+            ev.event,
+            Some(Event::End(EndEvent { exit_code: 2, .. }))
+        ));
         let ev: ProcessEvent = serde_json::from_value(json!({"start": null})).unwrap();
         assert_eq!(ev.event, None);
         assert!(serde_json::from_value::<ProcessSelector>(json!({"pid": 1, "tag": "x"})).is_err());

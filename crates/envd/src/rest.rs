@@ -147,7 +147,10 @@ pub fn file_signature(
         hasher.update(exp.to_string().as_bytes());
     }
     let digest = hasher.finalize();
-    format!("v1_{}", base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest))
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    )
 }
 
 #[cfg(test)]
@@ -162,12 +165,27 @@ mod tests {
         let sig = file_signature("/home/user/a.txt", FileOperation::Read, "", "tok", None);
         assert_eq!(sig, "v1_Zkbb3914oLJLvMBzCAHQhm2ydBLxbSx2eQUR/kLdvIY");
         assert_eq!(
-            file_signature("a.txt", FileOperation::Write, "root", "tok", Some(1_700_000_000)),
+            file_signature(
+                "a.txt",
+                FileOperation::Write,
+                "root",
+                "tok",
+                Some(1_700_000_000)
+            ),
             "v1_xb/mfSAOsY4YpZgv+XwNldKoTJiskHiYOF/Gz/ZxxU4"
         );
-        assert_ne!(sig, file_signature("/home/user/a.txt", FileOperation::Write, "", "tok", None));
-        assert_ne!(sig, file_signature("/home/user/a.txt", FileOperation::Read, "", "tok", Some(1)));
-        assert_ne!(sig, file_signature("/home/user/a.txt", FileOperation::Read, "root", "tok", None));
+        assert_ne!(
+            sig,
+            file_signature("/home/user/a.txt", FileOperation::Write, "", "tok", None)
+        );
+        assert_ne!(
+            sig,
+            file_signature("/home/user/a.txt", FileOperation::Read, "", "tok", Some(1))
+        );
+        assert_ne!(
+            sig,
+            file_signature("/home/user/a.txt", FileOperation::Read, "root", "tok", None)
+        );
     }
 
     #[test]

@@ -91,7 +91,9 @@ fn parse_proto(text: &str, schema: &mut Schema) {
             continue;
         }
         if line == "}" {
-            stack.pop().unwrap_or_else(|| panic!("unbalanced brace at {}", ctx()));
+            stack
+                .pop()
+                .unwrap_or_else(|| panic!("unbalanced brace at {}", ctx()));
             continue;
         }
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -124,7 +126,10 @@ fn parse_proto(text: &str, schema: &mut Schema) {
                     let e = e.clone();
                     schema.enums.get_mut(&e).unwrap().push((
                         name.trim().to_owned(),
-                        number.trim().parse().unwrap_or_else(|_| panic!("bad number at {}", ctx())),
+                        number
+                            .trim()
+                            .parse()
+                            .unwrap_or_else(|_| panic!("bad number at {}", ctx())),
                     ));
                 }
                 Some(Scope::Message(_) | Scope::Oneof(_)) => {
@@ -137,8 +142,10 @@ fn parse_proto(text: &str, schema: &mut Schema) {
                         .trim_end_matches(';')
                         .rsplit_once('=')
                         .unwrap_or_else(|| panic!("bad field at {}", ctx()));
-                    let number: u32 =
-                        number.trim().parse().unwrap_or_else(|_| panic!("bad number at {}", ctx()));
+                    let number: u32 = number
+                        .trim()
+                        .parse()
+                        .unwrap_or_else(|_| panic!("bad number at {}", ctx()));
                     let mut decl = decl.trim();
                     let mut repeated = false;
                     if let Some(rest) = decl.strip_prefix("repeated ") {
@@ -238,7 +245,10 @@ fn value_sample(schema: &Schema, message: &str, ty: &FieldType, depth: usize) ->
             if full == "google.protobuf.Timestamp" {
                 json!("2024-01-02T03:04:05.500Z")
             } else if let Some(values) = schema.enums.get(&full) {
-                let (name, _) = values.iter().find(|(_, n)| *n != 0).expect("enum has a non-zero value");
+                let (name, _) = values
+                    .iter()
+                    .find(|(_, n)| *n != 0)
+                    .expect("enum has a non-zero value");
                 json!(name)
             } else {
                 message_sample(schema, &full, depth + 1)
@@ -263,7 +273,10 @@ fn message_sample(schema: &Schema, message: &str, depth: usize) -> Value {
         {
             continue;
         }
-        obj.insert(lower_camel(&field.name), field_sample(schema, message, field, depth));
+        obj.insert(
+            lower_camel(&field.name),
+            field_sample(schema, message, field, depth),
+        );
     }
     Value::Object(obj)
 }
@@ -290,19 +303,40 @@ fn registry() -> BTreeMap<&'static str, RoundTrip> {
         ("process.UpdateRequest", rt::<pr::UpdateRequest>),
         ("process.UpdateResponse", rt::<pr::UpdateResponse>),
         ("process.ProcessEvent", rt::<pr::ProcessEvent>),
-        ("process.ProcessEvent.StartEvent", rt::<pr::process_event::StartEvent>),
-        ("process.ProcessEvent.DataEvent", rt::<pr::process_event::DataEvent>),
-        ("process.ProcessEvent.EndEvent", rt::<pr::process_event::EndEvent>),
-        ("process.ProcessEvent.KeepAlive", rt::<pr::process_event::KeepAlive>),
+        (
+            "process.ProcessEvent.StartEvent",
+            rt::<pr::process_event::StartEvent>,
+        ),
+        (
+            "process.ProcessEvent.DataEvent",
+            rt::<pr::process_event::DataEvent>,
+        ),
+        (
+            "process.ProcessEvent.EndEvent",
+            rt::<pr::process_event::EndEvent>,
+        ),
+        (
+            "process.ProcessEvent.KeepAlive",
+            rt::<pr::process_event::KeepAlive>,
+        ),
         ("process.StartResponse", rt::<pr::StartResponse>),
         ("process.ConnectResponse", rt::<pr::ConnectResponse>),
         ("process.SendInputRequest", rt::<pr::SendInputRequest>),
         ("process.SendInputResponse", rt::<pr::SendInputResponse>),
         ("process.ProcessInput", rt::<pr::ProcessInput>),
         ("process.StreamInputRequest", rt::<pr::StreamInputRequest>),
-        ("process.StreamInputRequest.StartEvent", rt::<pr::stream_input_request::StartEvent>),
-        ("process.StreamInputRequest.DataEvent", rt::<pr::stream_input_request::DataEvent>),
-        ("process.StreamInputRequest.KeepAlive", rt::<pr::stream_input_request::KeepAlive>),
+        (
+            "process.StreamInputRequest.StartEvent",
+            rt::<pr::stream_input_request::StartEvent>,
+        ),
+        (
+            "process.StreamInputRequest.DataEvent",
+            rt::<pr::stream_input_request::DataEvent>,
+        ),
+        (
+            "process.StreamInputRequest.KeepAlive",
+            rt::<pr::stream_input_request::KeepAlive>,
+        ),
         ("process.StreamInputResponse", rt::<pr::StreamInputResponse>),
         ("process.Signal", rt::<pr::Signal>),
         ("process.SendSignalRequest", rt::<pr::SendSignalRequest>),
@@ -327,14 +361,38 @@ fn registry() -> BTreeMap<&'static str, RoundTrip> {
         ("filesystem.FilesystemEvent", rt::<fs::FilesystemEvent>),
         ("filesystem.EventType", rt::<fs::EventType>),
         ("filesystem.WatchDirResponse", rt::<fs::WatchDirResponse>),
-        ("filesystem.WatchDirResponse.StartEvent", rt::<fs::watch_dir_response::StartEvent>),
-        ("filesystem.WatchDirResponse.KeepAlive", rt::<fs::watch_dir_response::KeepAlive>),
-        ("filesystem.CreateWatcherRequest", rt::<fs::CreateWatcherRequest>),
-        ("filesystem.CreateWatcherResponse", rt::<fs::CreateWatcherResponse>),
-        ("filesystem.GetWatcherEventsRequest", rt::<fs::GetWatcherEventsRequest>),
-        ("filesystem.GetWatcherEventsResponse", rt::<fs::GetWatcherEventsResponse>),
-        ("filesystem.RemoveWatcherRequest", rt::<fs::RemoveWatcherRequest>),
-        ("filesystem.RemoveWatcherResponse", rt::<fs::RemoveWatcherResponse>),
+        (
+            "filesystem.WatchDirResponse.StartEvent",
+            rt::<fs::watch_dir_response::StartEvent>,
+        ),
+        (
+            "filesystem.WatchDirResponse.KeepAlive",
+            rt::<fs::watch_dir_response::KeepAlive>,
+        ),
+        (
+            "filesystem.CreateWatcherRequest",
+            rt::<fs::CreateWatcherRequest>,
+        ),
+        (
+            "filesystem.CreateWatcherResponse",
+            rt::<fs::CreateWatcherResponse>,
+        ),
+        (
+            "filesystem.GetWatcherEventsRequest",
+            rt::<fs::GetWatcherEventsRequest>,
+        ),
+        (
+            "filesystem.GetWatcherEventsResponse",
+            rt::<fs::GetWatcherEventsResponse>,
+        ),
+        (
+            "filesystem.RemoveWatcherRequest",
+            rt::<fs::RemoveWatcherRequest>,
+        ),
+        (
+            "filesystem.RemoveWatcherResponse",
+            rt::<fs::RemoveWatcherResponse>,
+        ),
     ];
     let map: BTreeMap<_, _> = entries.iter().copied().collect();
     assert_eq!(map.len(), entries.len(), "duplicate registry entry");
@@ -349,37 +407,56 @@ fn parser_sees_the_whole_contract() {
     assert_eq!(schema.messages.len() + schema.enums.len(), registry().len());
     let end = &schema.messages["process.ProcessEvent.EndEvent"];
     let names: Vec<_> = end.iter().map(|f| (f.name.as_str(), f.number)).collect();
-    assert_eq!(names, [("exit_code", 1), ("exited", 2), ("status", 3), ("error", 4)]);
+    assert_eq!(
+        names,
+        [("exit_code", 1), ("exited", 2), ("status", 3), ("error", 4)]
+    );
     let entry = &schema.messages["filesystem.EntryInfo"];
     assert_eq!(entry.len(), 12);
-    assert_eq!(schema.enums["process.Signal"], [
-        ("SIGNAL_UNSPECIFIED".to_owned(), 0),
-        ("SIGNAL_SIGTERM".to_owned(), 15),
-        ("SIGNAL_SIGKILL".to_owned(), 9)
-    ]);
+    assert_eq!(
+        schema.enums["process.Signal"],
+        [
+            ("SIGNAL_UNSPECIFIED".to_owned(), 0),
+            ("SIGNAL_SIGTERM".to_owned(), 15),
+            ("SIGNAL_SIGKILL".to_owned(), 9)
+        ]
+    );
     let oneof: Vec<_> = schema.messages["process.ProcessEvent"]
         .iter()
         .map(|f| (f.name.as_str(), f.oneof.as_deref()))
         .collect();
-    assert_eq!(oneof, [
-        ("start", Some("event")),
-        ("data", Some("event")),
-        ("end", Some("event")),
-        ("keepalive", Some("event"))
-    ]);
+    assert_eq!(
+        oneof,
+        [
+            ("start", Some("event")),
+            ("data", Some("event")),
+            ("end", Some("event")),
+            ("keepalive", Some("event"))
+        ]
+    );
 }
 
 #[test]
 fn every_contract_type_has_a_rust_type_and_back() {
     let schema = load_schema();
     let registry = registry();
-    let contract: BTreeSet<&str> =
-        schema.messages.keys().chain(schema.enums.keys()).map(String::as_str).collect();
+    let contract: BTreeSet<&str> = schema
+        .messages
+        .keys()
+        .chain(schema.enums.keys())
+        .map(String::as_str)
+        .collect();
     let rust: BTreeSet<&str> = registry.keys().copied().collect();
     let missing: Vec<_> = contract.difference(&rust).collect();
     let extra: Vec<_> = rust.difference(&contract).collect();
-    assert!(missing.is_empty(), "contract types without a Rust type: {missing:?}");
-    assert!(extra.is_empty(), "Rust types not in the contract: {extra:?}");
+    assert!(
+        missing.is_empty(),
+        "contract types without a Rust type: {missing:?}"
+    );
+    assert!(
+        extra.is_empty(),
+        "Rust types not in the contract: {extra:?}"
+    );
 }
 
 #[test]
@@ -399,7 +476,10 @@ fn every_field_is_accepted_and_produced_under_its_json_name() {
             for input_name in names {
                 let input = json!({ input_name.clone(): sample.clone() });
                 let output = roundtrip(input.clone()).unwrap_or_else(|e| {
-                    panic!("{message}.{} (#{}) rejected as {input}: {e}", field.name, field.number)
+                    panic!(
+                        "{message}.{} (#{}) rejected as {input}: {e}",
+                        field.name, field.number
+                    )
                 });
                 assert_eq!(
                     output.get(&camel),
@@ -432,7 +512,8 @@ fn every_other_oneof_member_round_trips() {
     let registry = registry();
     for (message, fields) in &schema.messages {
         for field in fields.iter().filter(|f| f.oneof.is_some()) {
-            let input = json!({ lower_camel(&field.name): field_sample(&schema, message, field, 0) });
+            let input =
+                json!({ lower_camel(&field.name): field_sample(&schema, message, field, 0) });
             let output = registry[message.as_str()](input.clone()).unwrap();
             assert_eq!(output, input, "{message}.{}", field.name);
         }
@@ -446,8 +527,16 @@ fn enum_values_accept_names_and_numbers() {
     for (name, values) in &schema.enums {
         let roundtrip = registry[name.as_str()];
         for (value, number) in values {
-            assert_eq!(roundtrip(json!(value)).unwrap(), json!(value), "{name}.{value}");
-            assert_eq!(roundtrip(json!(number)).unwrap(), json!(value), "{name} = {number}");
+            assert_eq!(
+                roundtrip(json!(value)).unwrap(),
+                json!(value),
+                "{name}.{value}"
+            );
+            assert_eq!(
+                roundtrip(json!(number)).unwrap(),
+                json!(value),
+                "{name} = {number}"
+            );
         }
     }
 }

@@ -121,6 +121,15 @@ fn setup_and_exec(
         return Err(os_err("close_range"));
     }
     reset_signals()?;
+    if let Some(n) = spec.nproc_limit {
+        let lim = libc::rlimit {
+            rlim_cur: n,
+            rlim_max: n,
+        };
+        // SAFETY: `lim` is a valid rlimit for the duration of the call.
+        let r = unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) };
+        check(r, "setrlimit(RLIMIT_NPROC)")?;
+    }
     // SAFETY: umask cannot fail.
     unsafe { libc::umask(0o022) };
 

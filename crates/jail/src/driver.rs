@@ -642,6 +642,12 @@ impl JailDriver {
             tmp_size_mb: spec.memory_mb.max(16),
             shm_size_mb: spec.memory_mb.clamp(1, 64),
             volatile_upper: true,
+            // Leave a reserve of tasks for the agent (see `StartSpec::nproc_limit`).
+            nproc_limit: Some(
+                spec.pids_max
+                    .saturating_sub((spec.pids_max / 8).clamp(8, 64))
+                    .max(1),
+            ),
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let (pid, start_time) = match self

@@ -434,6 +434,7 @@ mod tests {
             tmp_size_mb: 128,
             shm_size_mb: 32,
             volatile_upper: true,
+            nproc_limit: None,
         }
     }
 

@@ -42,6 +42,11 @@ pub struct StartSpec {
     /// price: after a host crash an upper dir is not trustworthy, which is moot for sandboxes
     /// whose processes died with the host anyway. Checkpointing must `syncfs` explicitly.
     pub volatile_upper: bool,
+    /// RLIMIT_NPROC for the agent and everything it starts. Counted per uid inside the user
+    /// namespace, it keeps a fork bomb by one user below the cgroup's pids limit so the agent
+    /// (root, its own count) can still start threads and a `kill` when the cgroup is full.
+    #[serde(default)]
+    pub nproc_limit: Option<u64>,
 }
 
 /// Create an idmapped, read-only view of `source` at `target` for one slot's uid range.
@@ -99,6 +104,7 @@ mod tests {
             tmp_size_mb: 256,
             shm_size_mb: 64,
             volatile_upper: true,
+            nproc_limit: None,
         }
     }
 

@@ -50,7 +50,11 @@ pub fn go_mode_string(st_mode: u32) -> String {
         out.push('-');
     }
     for (i, c) in "rwxrwxrwx".chars().enumerate() {
-        out.push(if st_mode & (1 << (8 - i)) != 0 { c } else { '-' });
+        out.push(if st_mode & (1 << (8 - i)) != 0 {
+            c
+        } else {
+            '-'
+        });
     }
     out
 }
@@ -69,7 +73,10 @@ fn file_type(meta: &std::fs::Metadata) -> FileType {
 }
 
 fn timestamp(meta: &std::fs::Metadata) -> Option<Timestamp> {
-    let t = Timestamp { seconds: meta.mtime(), nanos: i32::try_from(meta.mtime_nsec()).unwrap_or(0) };
+    let t = Timestamp {
+        seconds: meta.mtime(),
+        nanos: i32::try_from(meta.mtime_nsec()).unwrap_or(0),
+    };
     (t != Timestamp::default()).then_some(t)
 }
 
@@ -90,11 +97,18 @@ pub fn read_metadata(path: &Path) -> BTreeMap<String, String> {
         let Some(key) = name.strip_prefix(METADATA_XATTR_PREFIX.as_bytes()) else {
             continue;
         };
-        let Ok(c_name) = CString::new(name) else { continue };
+        let Ok(c_name) = CString::new(name) else {
+            continue;
+        };
         let mut value = vec![0_u8; 4096];
         // SAFETY: buffers are valid for their lengths; strings are NUL-terminated.
         let n = unsafe {
-            libc::lgetxattr(c_path.as_ptr(), c_name.as_ptr(), value.as_mut_ptr().cast(), value.len())
+            libc::lgetxattr(
+                c_path.as_ptr(),
+                c_name.as_ptr(),
+                value.as_mut_ptr().cast(),
+                value.len(),
+            )
         };
         if let Ok(n) = usize::try_from(n) {
             out.insert(
@@ -124,13 +138,19 @@ pub fn entry_from_metadata(path: &Path, meta: &std::fs::Metadata, users: &UserDb
                 target_meta.mode() & 0o777,
                 Some(target.to_string_lossy().into_owned()),
             ),
-            Err(_) => (FileType::Unspecified, 0, Some(target.to_string_lossy().into_owned())),
+            Err(_) => (
+                FileType::Unspecified,
+                0,
+                Some(target.to_string_lossy().into_owned()),
+            ),
         }
     } else {
         (file_type(meta), meta.mode() & 0o777, None)
     };
     EntryInfo {
-        name: path.file_name().map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned()),
+        name: path
+            .file_name()
+            .map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned()),
         r#type,
         path: path.to_string_lossy().into_owned(),
         size: i64::try_from(meta.size()).unwrap_or(i64::MAX),
@@ -140,7 +160,11 @@ pub fn entry_from_metadata(path: &Path, meta: &std::fs::Metadata, users: &UserDb
         group: users.group_name(meta.gid()),
         modified_time: timestamp(meta),
         symlink_target,
-        metadata: if is_symlink || meta.file_type().is_fifo() { BTreeMap::new() } else { read_metadata(path) },
+        metadata: if is_symlink || meta.file_type().is_fifo() {
+            BTreeMap::new()
+        } else {
+            read_metadata(path)
+        },
         is_symlink,
     }
 }
@@ -153,9 +177,15 @@ mod tests {
     fn mode_strings_match_go() {
         assert_eq!(go_mode_string(libc::S_IFREG | 0o644), "-rw-r--r--");
         assert_eq!(go_mode_string(libc::S_IFDIR | 0o755), "drwxr-xr-x");
-        assert_eq!(go_mode_string(libc::S_IFDIR | libc::S_ISVTX | 0o777), "dtrwxrwxrwx");
+        assert_eq!(
+            go_mode_string(libc::S_IFDIR | libc::S_ISVTX | 0o777),
+            "dtrwxrwxrwx"
+        );
         assert_eq!(go_mode_string(libc::S_IFLNK | 0o777), "Lrwxrwxrwx");
-        assert_eq!(go_mode_string(libc::S_IFREG | libc::S_ISUID | 0o755), "urwxr-xr-x");
+        assert_eq!(
+            go_mode_string(libc::S_IFREG | libc::S_ISUID | 0o755),
+            "urwxr-xr-x"
+        );
         assert_eq!(go_mode_string(libc::S_IFCHR | 0o666), "Dcrw-rw-rw-");
         assert_eq!(go_mode_string(libc::S_IFIFO | 0o600), "prw-------");
         assert_eq!(go_mode_string(libc::S_IFSOCK | 0o755), "Srwxr-xr-x");
@@ -177,7 +207,10 @@ mod tests {
         assert_eq!(entry.r#type, FileType::Directory);
         assert_eq!(entry.permissions, "Lrwxrwxrwx");
         let canonical = std::fs::canonicalize(&target).unwrap();
-        assert_eq!(entry.symlink_target.as_deref(), Some(canonical.to_str().unwrap()));
+        assert_eq!(
+            entry.symlink_target.as_deref(),
+            Some(canonical.to_str().unwrap())
+        );
 
         let entry = entry_info(&dangling, &users).unwrap();
         assert!(entry.is_symlink);
@@ -186,7 +219,10 @@ mod tests {
         let file = dir.path().join("f");
         std::fs::write(&file, "abc").unwrap();
         let entry = entry_info(&file, &users).unwrap();
-        assert_eq!((entry.r#type, entry.size, entry.is_symlink), (FileType::File, 3, false));
+        assert_eq!(
+            (entry.r#type, entry.size, entry.is_symlink),
+            (FileType::File, 3, false)
+        );
         assert_eq!(entry.name, "f");
         assert!(entry.modified_time.is_some());
     }

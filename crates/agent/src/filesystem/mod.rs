@@ -87,14 +87,17 @@ impl FsError {
     pub fn to_connect(&self) -> ConnectError {
         let code = match self {
             FsError::NotFound(_) | FsError::Watch(WatchError::NotFound(_)) => Code::NotFound,
-            FsError::NotADirectory(_) | FsError::ExistsNotDirectory(_) | FsError::NetworkMount(_) | FsError::Path(_) => {
-                Code::InvalidArgument
-            }
+            FsError::NotADirectory(_)
+            | FsError::ExistsNotDirectory(_)
+            | FsError::NetworkMount(_)
+            | FsError::Path(_) => Code::InvalidArgument,
             FsError::AlreadyExists(_) => Code::AlreadyExists,
             FsError::SymlinkLoop(_) => Code::FailedPrecondition,
             FsError::PermissionDenied { .. } => Code::PermissionDenied,
             FsError::Watch(WatchError::TooMany) => Code::ResourceExhausted,
-            FsError::Creds(_) | FsError::Watch(WatchError::Notify { .. }) | FsError::Io { .. } => Code::Internal,
+            FsError::Creds(_) | FsError::Watch(WatchError::Notify { .. }) | FsError::Io { .. } => {
+                Code::Internal
+            }
         };
         ConnectError::new(code, crate::error_chain(self))
     }
@@ -111,10 +114,16 @@ pub fn classify(user: &str, operation: &'static str, path: &Path, error: io::Err
     match error.raw_os_error() {
         Some(libc::ENOENT | libc::ENOTDIR) => FsError::NotFound(path.to_owned()),
         Some(libc::ELOOP) => FsError::SymlinkLoop(path.to_owned()),
-        Some(libc::EACCES | libc::EPERM) => {
-            FsError::PermissionDenied { user: user.to_owned(), operation, path: path.to_owned() }
-        }
-        _ => FsError::Io { operation, path: path.to_owned(), source: error },
+        Some(libc::EACCES | libc::EPERM) => FsError::PermissionDenied {
+            user: user.to_owned(),
+            operation,
+            path: path.to_owned(),
+        },
+        _ => FsError::Io {
+            operation,
+            path: path.to_owned(),
+            source: error,
+        },
     }
 }
 
@@ -136,11 +145,19 @@ struct Request {
 impl Request {
     fn new(state: &SharedState, ctx: &CallContext) -> Result<Self, ConnectError> {
         let (user, users) = state.rpc_user(&ctx.headers)?;
-        Ok(Self { user, users, workdir: state.settings().default_workdir })
+        Ok(Self {
+            user,
+            users,
+            workdir: state.settings().default_workdir,
+        })
     }
 
     fn path(&self, path: &str) -> Result<PathBuf, FsError> {
-        Ok(paths::resolve(path, &self.user.home, self.workdir.as_deref())?)
+        Ok(paths::resolve(
+            path,
+            &self.user.home,
+            self.workdir.as_deref(),
+        )?)
     }
 }
 
@@ -161,30 +178,37 @@ pub async fn stat(state: SharedState, headers: HeaderMap, body: Body) -> Respons
 
 /// `MakeDir`: creates the directory and its missing parents.
 pub async fn make_dir(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::MakeDirRequest, ctx| async move {
-        let r = Request::new(&state, &ctx)?;
-        let path = r.path(&req.path)?;
-        let name = r.user.name.clone();
-        let entry = as_user(&r.user, move || {
-            match std::fs::metadata(&path) {
-                Ok(meta) if meta.is_dir() => return Err(FsError::AlreadyExists(path)),
-                Ok(_) => return Err(FsError::ExistsNotDirectory(path)),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(classify(&name, "inspect", &path, e)),
-            }
-            create_dirs(&path).map_err(|e| classify(&name, "create directory", &path, e))?;
-            entry::entry_info(&path, &r.users).map_err(|e| classify(&name, "stat", &path, e))
-        })
-        .await?;
-        Ok(proto::MakeDirResponse { entry: Some(entry) })
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::MakeDirRequest, ctx| async move {
+            let r = Request::new(&state, &ctx)?;
+            let path = r.path(&req.path)?;
+            let name = r.user.name.clone();
+            let entry = as_user(&r.user, move || {
+                match std::fs::metadata(&path) {
+                    Ok(meta) if meta.is_dir() => return Err(FsError::AlreadyExists(path)),
+                    Ok(_) => return Err(FsError::ExistsNotDirectory(path)),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(classify(&name, "inspect", &path, e)),
+                }
+                create_dirs(&path).map_err(|e| classify(&name, "create directory", &path, e))?;
+                entry::entry_info(&path, &r.users).map_err(|e| classify(&name, "stat", &path, e))
+            })
+            .await?;
+            Ok(proto::MakeDirResponse { entry: Some(entry) })
+        },
+    )
     .await
 }
 
 /// Creates `path` and missing parents with mode 0755 (before umask).
 pub fn create_dirs(path: &Path) -> io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o755).create(path)
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(path)
 }
 
 /// `Move`: renames, creating the destination's parents; falls back to copy-and-delete across
@@ -209,7 +233,8 @@ pub async fn move_entry(state: SharedState, headers: HeaderMap, body: Body) -> R
                 }
                 Err(e) => return Err(classify(&name, "move", &source, e)),
             }
-            entry::entry_info(&destination, &r.users).map_err(|e| classify(&name, "stat", &destination, e))
+            entry::entry_info(&destination, &r.users)
+                .map_err(|e| classify(&name, "stat", &destination, e))
         })
         .await?;
         Ok(proto::MoveResponse { entry: Some(entry) })
@@ -245,24 +270,29 @@ fn remove_path(path: &Path) -> io::Result<()> {
 /// `ListDir`: entries up to `depth` levels (0 means 1), parents before children, sorted by
 /// name; symlinked directories are listed but not descended into.
 pub async fn list_dir(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::ListDirRequest, ctx| async move {
-        let r = Request::new(&state, &ctx)?;
-        let path = r.path(&req.path)?;
-        let depth = req.depth.max(1);
-        let name = r.user.name.clone();
-        let entries = as_user(&r.user, move || {
-            let meta = std::fs::metadata(&path).map_err(|e| classify(&name, "list", &path, e))?;
-            if !meta.is_dir() {
-                return Err(FsError::NotADirectory(path));
-            }
-            let mut entries = Vec::new();
-            let children = read_sorted(&path).map_err(|e| classify(&name, "list", &path, e))?;
-            walk(&path, children, depth, &r.users, &mut entries);
-            Ok(entries)
-        })
-        .await?;
-        Ok(proto::ListDirResponse { entries })
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::ListDirRequest, ctx| async move {
+            let r = Request::new(&state, &ctx)?;
+            let path = r.path(&req.path)?;
+            let depth = req.depth.max(1);
+            let name = r.user.name.clone();
+            let entries = as_user(&r.user, move || {
+                let meta =
+                    std::fs::metadata(&path).map_err(|e| classify(&name, "list", &path, e))?;
+                if !meta.is_dir() {
+                    return Err(FsError::NotADirectory(path));
+                }
+                let mut entries = Vec::new();
+                let children = read_sorted(&path).map_err(|e| classify(&name, "list", &path, e))?;
+                walk(&path, children, depth, &r.users, &mut entries);
+                Ok(entries)
+            })
+            .await?;
+            Ok(proto::ListDirResponse { entries })
+        },
+    )
     .await
 }
 
@@ -272,7 +302,13 @@ fn read_sorted(dir: &Path) -> io::Result<Vec<std::fs::DirEntry>> {
     Ok(children)
 }
 
-fn walk(dir: &Path, children: Vec<std::fs::DirEntry>, depth: u32, users: &UserDb, out: &mut Vec<EntryInfo>) {
+fn walk(
+    dir: &Path,
+    children: Vec<std::fs::DirEntry>,
+    depth: u32,
+    users: &UserDb,
+    out: &mut Vec<EntryInfo>,
+) {
     for child in children {
         let path = dir.join(child.file_name());
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
@@ -291,23 +327,33 @@ fn walk(dir: &Path, children: Vec<std::fs::DirEntry>, depth: u32, users: &UserDb
 /// `Remove`: removes a file, symlink or directory tree; a missing path is not an error (as
 /// with envd, whose removal is Go's `os.RemoveAll`).
 pub async fn remove(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::RemoveRequest, ctx| async move {
-        let r = Request::new(&state, &ctx)?;
-        let path = r.path(&req.path)?;
-        let name = r.user.name.clone();
-        as_user(&r.user, move || match remove_path(&path) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(classify(&name, "remove", &path, e)),
-        })
-        .await?;
-        Ok(proto::RemoveResponse {})
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::RemoveRequest, ctx| async move {
+            let r = Request::new(&state, &ctx)?;
+            let path = r.path(&req.path)?;
+            let name = r.user.name.clone();
+            as_user(&r.user, move || match remove_path(&path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(classify(&name, "remove", &path, e)),
+            })
+            .await?;
+            Ok(proto::RemoveResponse {})
+        },
+    )
     .await
 }
 
 /// Checks that the user may watch `path` and returns the watch specification.
-async fn watch_spec(r: &Request, path: &str, recursive: bool, include_entry: bool, allow_network: bool) -> Result<WatchSpec, FsError> {
+async fn watch_spec(
+    r: &Request,
+    path: &str,
+    recursive: bool,
+    include_entry: bool,
+    allow_network: bool,
+) -> Result<WatchSpec, FsError> {
     let path = r.path(path)?;
     let name = r.user.name.clone();
     let root = as_user(&r.user, move || {
@@ -323,7 +369,11 @@ async fn watch_spec(r: &Request, path: &str, recursive: bool, include_entry: boo
     if !allow_network && watch::is_network_mount(&root).unwrap_or(false) {
         return Err(FsError::NetworkMount(root));
     }
-    Ok(WatchSpec { root, recursive, include_entry })
+    Ok(WatchSpec {
+        root,
+        recursive,
+        include_entry,
+    })
 }
 
 /// `WatchDir`: a stream of `start`, then filesystem events, with keepalives.
@@ -335,7 +385,14 @@ pub async fn watch_dir(state: SharedState, headers: HeaderMap, body: Body) -> Re
     let result = async {
         let ctx = CallContext::from_headers(&headers)?;
         let r = Request::new(&state, &ctx)?;
-        let spec = watch_spec(&r, &req.path, req.recursive, req.include_entry, req.allow_network_mounts).await?;
+        let spec = watch_spec(
+            &r,
+            &req.path,
+            req.recursive,
+            req.include_entry,
+            req.allow_network_mounts,
+        )
+        .await?;
         let (tx, rx) = mpsc::channel(WATCH_QUEUE);
         let watcher = watch::watch(spec, move |event| {
             if tx.try_send(event).is_err() {
@@ -354,40 +411,72 @@ pub async fn watch_dir(state: SharedState, headers: HeaderMap, body: Body) -> Re
     }
     .await;
     match result {
-        Ok((ctx, events)) => {
-            connect::server_stream(&ctx, vec![WatchDirResponse::start()], events.boxed(), WatchDirResponse::keepalive)
-        }
+        Ok((ctx, events)) => connect::server_stream(
+            &ctx,
+            vec![WatchDirResponse::start()],
+            events.boxed(),
+            WatchDirResponse::keepalive,
+        ),
         Err(e) => connect::stream_error_response(&e),
     }
 }
 
 /// `CreateWatcher`.
 pub async fn create_watcher(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::CreateWatcherRequest, ctx| async move {
-        let r = Request::new(&state, &ctx)?;
-        let spec = watch_spec(&r, &req.path, req.recursive, req.include_entry, req.allow_network_mounts).await?;
-        let watcher_id = state.watchers.create(spec).map_err(FsError::from)?;
-        Ok(proto::CreateWatcherResponse { watcher_id })
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::CreateWatcherRequest, ctx| async move {
+            let r = Request::new(&state, &ctx)?;
+            let spec = watch_spec(
+                &r,
+                &req.path,
+                req.recursive,
+                req.include_entry,
+                req.allow_network_mounts,
+            )
+            .await?;
+            let watcher_id = state.watchers.create(spec).map_err(FsError::from)?;
+            Ok(proto::CreateWatcherResponse { watcher_id })
+        },
+    )
     .await
 }
 
 /// `GetWatcherEvents`: drains the events buffered since the last call.
 pub async fn get_watcher_events(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::GetWatcherEventsRequest, _| async move {
-        match state.watchers.drain(&req.watcher_id).map_err(FsError::from)? {
-            Ok(events) => Ok(proto::GetWatcherEventsResponse { events }),
-            Err(e) => Err(ConnectError::internal(format!("Watcher {} failed: {e}", req.watcher_id))),
-        }
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::GetWatcherEventsRequest, _| async move {
+            match state
+                .watchers
+                .drain(&req.watcher_id)
+                .map_err(FsError::from)?
+            {
+                Ok(events) => Ok(proto::GetWatcherEventsResponse { events }),
+                Err(e) => Err(ConnectError::internal(format!(
+                    "Watcher {} failed: {e}",
+                    req.watcher_id
+                ))),
+            }
+        },
+    )
     .await
 }
 
 /// `RemoveWatcher`.
 pub async fn remove_watcher(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::RemoveWatcherRequest, _| async move {
-        state.watchers.remove(&req.watcher_id).map_err(FsError::from)?;
-        Ok(proto::RemoveWatcherResponse {})
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::RemoveWatcherRequest, _| async move {
+            state
+                .watchers
+                .remove(&req.watcher_id)
+                .map_err(FsError::from)?;
+            Ok(proto::RemoveWatcherResponse {})
+        },
+    )
     .await
 }

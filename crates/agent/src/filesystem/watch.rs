@@ -4,8 +4,9 @@
 //! inotify events are mapped as Go's fsnotify (which envd uses) maps them: create and
 //! moved-into → `CREATE`, modify → `WRITE`, attribute change → `CHMOD`, delete → `REMOVE`,
 //! moved-away → `RENAME`. Recursive watches add a watch per directory, including directories
-//! created later; files created in a brand-new directory before its watch is in place can be
-//! missed, as with fsnotify.
+//! created later; what a new directory already contains when it is noticed is reported as
+//! `CREATE` events, so `mkdir -p a/b && touch a/b/f` is seen in full (a file created in the short
+//! window between that scan and the new watch can still be missed).
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -21,6 +22,8 @@ use crate::users::UserDb;
 
 /// Most polling watchers alive at once.
 pub const MAX_WATCHERS: usize = 256;
+/// Most entries reported for the contents of a directory that appears in a recursive watch.
+const MAX_SYNTHETIC_EVENTS: usize = 10_000;
 /// Most events a polling watcher buffers between polls (oldest are dropped).
 pub const MAX_BUFFERED_EVENTS: usize = 10_000;
 
@@ -37,7 +40,9 @@ pub enum WatchError {
         source: notify::Error,
     },
     /// Too many polling watchers.
-    #[error("Too many watchers exist (limit {MAX_WATCHERS}): remove unused ones with `watcher.stop()` / RemoveWatcher")]
+    #[error(
+        "Too many watchers exist (limit {MAX_WATCHERS}): remove unused ones with `watcher.stop()` / RemoveWatcher"
+    )]
     TooMany,
     /// Unknown watcher id.
     #[error("Watcher {0:?} not found (it may have been removed)")]
@@ -65,7 +70,9 @@ struct Converter {
 impl Converter {
     fn convert(&mut self, event: notify::Event) -> Vec<FilesystemEvent> {
         let r#type = match event.kind {
-            EventKind::Create(_) | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => EventType::Create,
+            EventKind::Create(_) | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
+                EventType::Create
+            }
             EventKind::Modify(ModifyKind::Name(RenameMode::From)) => EventType::Rename,
             // `Both` repeats a From/To pair already reported; `Any` has no direction.
             EventKind::Modify(ModifyKind::Name(_)) => return Vec::new(),
@@ -80,16 +87,60 @@ impl Converter {
             // A watched subdirectory that is deleted or moved is reported both by its parent and
             // by itself; report it once.
             let key = (name.clone(), r#type);
-            if matches!(r#type, EventType::Remove | EventType::Rename) && self.last.as_ref() == Some(&key) {
+            if matches!(r#type, EventType::Remove | EventType::Rename)
+                && self.last.as_ref() == Some(&key)
+            {
                 continue;
             }
             self.last = Some(key);
-            let entry = (self.spec.include_entry && !matches!(r#type, EventType::Remove | EventType::Rename))
-                .then(|| entry::entry_info(&path, &self.users).ok())
-                .flatten();
-            out.push(FilesystemEvent { name, r#type, entry });
+            let entry = (self.spec.include_entry
+                && !matches!(r#type, EventType::Remove | EventType::Rename))
+            .then(|| entry::entry_info(&path, &self.users).ok())
+            .flatten();
+            out.push(FilesystemEvent {
+                name,
+                r#type,
+                entry,
+            });
+            if r#type == EventType::Create && self.spec.recursive {
+                self.report_contents(&path, &mut out);
+            }
         }
         out
+    }
+
+    /// Reports what a directory that just appeared already contains. notify adds the watch for a
+    /// new directory only after this handler returns, so anything created in it before then (a
+    /// `mkdir -p a/b && touch a/b/f`, or an upload creating its parents) would otherwise go
+    /// unreported.
+    fn report_contents(&self, dir: &Path, out: &mut Vec<FilesystemEvent>) {
+        let mut pending = vec![dir.to_path_buf()];
+        let mut reported = 0;
+        while let Some(current) = pending.pop() {
+            let Ok(children) = std::fs::read_dir(&current) else {
+                continue;
+            };
+            for child in children.filter_map(Result::ok) {
+                if reported >= MAX_SYNTHETIC_EVENTS {
+                    return;
+                }
+                let path = child.path();
+                if child.file_type().is_ok_and(|t| t.is_dir()) {
+                    pending.push(path.clone());
+                }
+                let entry = self
+                    .spec
+                    .include_entry
+                    .then(|| entry::entry_info(&path, &self.users).ok())
+                    .flatten();
+                out.push(FilesystemEvent {
+                    name: relative_name(&self.spec.root, &path),
+                    r#type: EventType::Create,
+                    entry,
+                });
+                reported += 1;
+            }
+        }
     }
 }
 
@@ -100,8 +151,16 @@ where
     F: FnMut(Result<FilesystemEvent, String>) + Send + 'static,
 {
     let root = spec.root.clone();
-    let mode = if spec.recursive { RecursiveMode::Recursive } else { RecursiveMode::NonRecursive };
-    let mut converter = Converter { spec, users: UserDb::load().unwrap_or_default(), last: None };
+    let mode = if spec.recursive {
+        RecursiveMode::Recursive
+    } else {
+        RecursiveMode::NonRecursive
+    };
+    let mut converter = Converter {
+        spec,
+        users: UserDb::load().unwrap_or_default(),
+        last: None,
+    };
     let handler = move |event: notify::Result<notify::Event>| match event {
         Ok(event) => {
             for fs_event in converter.convert(event) {
@@ -111,9 +170,17 @@ where
         Err(e) => sink(Err(e.to_string())),
     };
     let config = notify::Config::default().with_follow_symlinks(false);
-    let mut watcher = RecommendedWatcher::new(handler, config)
-        .map_err(|source| WatchError::Notify { path: root.clone(), source })?;
-    watcher.watch(&root, mode).map_err(|source| WatchError::Notify { path: root.clone(), source })?;
+    let mut watcher =
+        RecommendedWatcher::new(handler, config).map_err(|source| WatchError::Notify {
+            path: root.clone(),
+            source,
+        })?;
+    watcher
+        .watch(&root, mode)
+        .map_err(|source| WatchError::Notify {
+            path: root.clone(),
+            source,
+        })?;
     Ok(watcher)
 }
 
@@ -157,7 +224,9 @@ impl WatcherRegistry {
         let buffer = Arc::new(Mutex::new(Buffer::default()));
         let sink_buffer = Arc::clone(&buffer);
         let watcher = watch(spec, move |event| {
-            let mut buf = sink_buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut buf = sink_buffer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             match event {
                 Ok(event) => {
                     if buf.events.len() >= MAX_BUFFERED_EVENTS {
@@ -169,15 +238,26 @@ impl WatcherRegistry {
             }
         })?;
         let id = random_id();
-        self.lock().insert(id.clone(), PollingWatcher { _watcher: watcher, buffer });
+        self.lock().insert(
+            id.clone(),
+            PollingWatcher {
+                _watcher: watcher,
+                buffer,
+            },
+        );
         Ok(id)
     }
 
     /// Drains the buffered events of a watcher; a watcher error is returned once.
     pub fn drain(&self, id: &str) -> Result<Result<Vec<FilesystemEvent>, String>, WatchError> {
         let watchers = self.lock();
-        let watcher = watchers.get(id).ok_or_else(|| WatchError::NotFound(id.to_owned()))?;
-        let mut buf = watcher.buffer.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let watcher = watchers
+            .get(id)
+            .ok_or_else(|| WatchError::NotFound(id.to_owned()))?;
+        let mut buf = watcher
+            .buffer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(error) = buf.error.take() {
             return Ok(Err(error));
         }
@@ -186,11 +266,16 @@ impl WatcherRegistry {
 
     /// Removes a watcher.
     pub fn remove(&self, id: &str) -> Result<(), WatchError> {
-        self.lock().remove(id).map(drop).ok_or_else(|| WatchError::NotFound(id.to_owned()))
+        self.lock()
+            .remove(id)
+            .map(drop)
+            .ok_or_else(|| WatchError::NotFound(id.to_owned()))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, PollingWatcher>> {
-        self.watchers.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.watchers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -218,18 +303,33 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = std::fs::canonicalize(dir.path()).unwrap();
         let registry = WatcherRegistry::default();
-        let id = registry.create(WatchSpec { root: root.clone(), recursive: false, include_entry: true }).unwrap();
+        let id = registry
+            .create(WatchSpec {
+                root: root.clone(),
+                recursive: false,
+                include_entry: true,
+            })
+            .unwrap();
         std::fs::write(root.join("a.txt"), "x").unwrap();
         let mut events = Vec::new();
         for _ in 0..100 {
             events.extend(registry.drain(&id).unwrap().unwrap());
-            if events.iter().any(|e| e.name == "a.txt" && e.r#type == EventType::Create) {
+            if events
+                .iter()
+                .any(|e| e.name == "a.txt" && e.r#type == EventType::Create)
+            {
                 break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let create = events.iter().find(|e| e.r#type == EventType::Create).expect("create event");
-        assert_eq!(create.entry.as_ref().unwrap().r#type, bulkhead_envd::filesystem::FileType::File);
+        let create = events
+            .iter()
+            .find(|e| e.r#type == EventType::Create)
+            .expect("create event");
+        assert_eq!(
+            create.entry.as_ref().unwrap().r#type,
+            bulkhead_envd::filesystem::FileType::File
+        );
         registry.remove(&id).unwrap();
         assert!(matches!(registry.drain(&id), Err(WatchError::NotFound(_))));
         assert!(matches!(registry.remove(&id), Err(WatchError::NotFound(_))));

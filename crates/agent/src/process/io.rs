@@ -12,16 +12,24 @@ use tokio::process::ChildStdin;
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     /// The process has a PTY; stdin input must go to the PTY.
-    #[error("Process {0} runs in a PTY: send input as `pty` (e.g. `sandbox.pty.send_stdin`), not as `stdin`")]
+    #[error(
+        "Process {0} runs in a PTY: send input as `pty` (e.g. `sandbox.pty.send_stdin`), not as `stdin`"
+    )]
     IsPty(u32),
     /// The process has no PTY.
-    #[error("Process {0} was not started with a PTY: send input as `stdin`, and only PTY processes can be resized")]
+    #[error(
+        "Process {0} was not started with a PTY: send input as `stdin`, and only PTY processes can be resized"
+    )]
     NotPty(u32),
     /// Stdin was not enabled at start or has been closed.
-    #[error("Stdin of process {0} is not open: start the command with `stdin=True` to send input, and do not close it before you are done")]
+    #[error(
+        "Stdin of process {0} is not open: start the command with `stdin=True` to send input, and do not close it before you are done"
+    )]
     StdinClosed(u32),
     /// A PTY process's stdin cannot be closed.
-    #[error("Cannot close stdin of process {0} because it runs in a PTY: send Ctrl-D (\\x04) instead")]
+    #[error(
+        "Cannot close stdin of process {0} because it runs in a PTY: send Ctrl-D (\\x04) instead"
+    )]
     CloseOnPty(u32),
     /// Writing failed (the process probably exited or closed its input).
     #[error("Writing input to process {pid} failed")]
@@ -62,8 +70,14 @@ impl ProcessInput {
             ProcessInput::Pipe(pipe) => {
                 let mut guard = pipe.lock().await;
                 let stdin = guard.as_mut().ok_or(InputError::StdinClosed(pid))?;
-                stdin.write_all(data).await.map_err(|source| InputError::Write { pid, source })?;
-                stdin.flush().await.map_err(|source| InputError::Write { pid, source })
+                stdin
+                    .write_all(data)
+                    .await
+                    .map_err(|source| InputError::Write { pid, source })?;
+                stdin
+                    .flush()
+                    .await
+                    .map_err(|source| InputError::Write { pid, source })
             }
         }
     }
@@ -71,9 +85,10 @@ impl ProcessInput {
     /// Writes bytes to the PTY.
     pub async fn write_pty(&self, pid: u32, data: &[u8]) -> Result<(), InputError> {
         match self {
-            ProcessInput::Pty(pty) => {
-                pty.write_all(data).await.map_err(|source| InputError::Write { pid, source })
-            }
+            ProcessInput::Pty(pty) => pty
+                .write_all(data)
+                .await
+                .map_err(|source| InputError::Write { pid, source }),
             _ => Err(InputError::NotPty(pid)),
         }
     }
@@ -95,7 +110,9 @@ impl ProcessInput {
     /// Resizes the PTY.
     pub fn resize(&self, pid: u32, cols: u16, rows: u16) -> Result<(), InputError> {
         match self {
-            ProcessInput::Pty(pty) => pty.resize(cols, rows).map_err(|source| InputError::Resize { pid, source }),
+            ProcessInput::Pty(pty) => pty
+                .resize(cols, rows)
+                .map_err(|source| InputError::Resize { pid, source }),
             _ => Err(InputError::NotPty(pid)),
         }
     }
@@ -141,7 +158,11 @@ impl PtyMaster {
             let result = guard.try_io(|fd| {
                 // SAFETY: `buf` is valid for writes of `buf.len()` bytes; the fd is open.
                 let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
-                if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n.cast_unsigned()) }
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n.cast_unsigned())
+                }
             });
             match result {
                 Ok(Ok(n)) => return Ok(n),
@@ -160,7 +181,11 @@ impl PtyMaster {
             let result = guard.try_io(|fd| {
                 // SAFETY: `data` is valid for reads of `data.len()` bytes; the fd is open.
                 let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
-                if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n.cast_unsigned()) }
+                if n < 0 {
+                    Err(io::Error::last_os_error())
+                } else {
+                    Ok(n.cast_unsigned())
+                }
             });
             match result {
                 Ok(Ok(n)) => data = &data[n..],
@@ -179,7 +204,12 @@ impl PtyMaster {
 }
 
 fn set_window_size(fd: i32, cols: u16, rows: u16) -> io::Result<()> {
-    let size = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
     // SAFETY: TIOCSWINSZ reads a `winsize` from the valid pointer; fd is a PTY master.
     if unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &raw const size) } < 0 {
         return Err(io::Error::last_os_error());

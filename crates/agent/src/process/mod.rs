@@ -66,10 +66,14 @@ pub enum ProcessError {
     #[error("The request must select a process by `pid` or `tag`")]
     MissingSelector,
     /// No process with that pid.
-    #[error("Process with pid {0} not found (it may have exited; list running ones with `sandbox.commands.list()`)")]
+    #[error(
+        "Process with pid {0} not found (it may have exited; list running ones with `sandbox.commands.list()`)"
+    )]
     PidNotFound(u32),
     /// No process with that tag.
-    #[error("Process with tag {0:?} not found (it may have exited; list running ones with `sandbox.commands.list()`)")]
+    #[error(
+        "Process with tag {0:?} not found (it may have exited; list running ones with `sandbox.commands.list()`)"
+    )]
     TagNotFound(String),
     /// The process exited, so it takes no more input or signals.
     #[error("Process {0} has already exited")]
@@ -120,13 +124,18 @@ impl ProcessError {
             | ProcessError::BadSignal
             | ProcessError::MissingSize
             | ProcessError::StreamNotStarted => Code::InvalidArgument,
-            ProcessError::PidNotFound(_) | ProcessError::TagNotFound(_) | ProcessError::Exited(_) => Code::NotFound,
+            ProcessError::PidNotFound(_)
+            | ProcessError::TagNotFound(_)
+            | ProcessError::Exited(_) => Code::NotFound,
             ProcessError::Full(_) => Code::ResourceExhausted,
             ProcessError::Spawn(SpawnError::PermissionDenied { .. }) => Code::PermissionDenied,
             ProcessError::Spawn(SpawnError::Pty(_) | SpawnError::Other { .. }) => Code::Internal,
             ProcessError::Spawn(_) => Code::InvalidArgument,
             ProcessError::Input(
-                InputError::IsPty(_) | InputError::NotPty(_) | InputError::CloseOnPty(_) | InputError::StdinClosed(_),
+                InputError::IsPty(_)
+                | InputError::NotPty(_)
+                | InputError::CloseOnPty(_)
+                | InputError::StdinClosed(_),
             ) => Code::FailedPrecondition,
             ProcessError::Input(_) | ProcessError::Signal { .. } => Code::Internal,
         };
@@ -142,17 +151,22 @@ impl From<ProcessError> for ConnectError {
 
 fn find(state: &SharedState, selector: Option<&ProcessSelector>) -> Result<Found, ProcessError> {
     match selector.and_then(|s| s.selector.as_ref()) {
-        Some(process_selector::Selector::Pid(pid)) => {
-            state.processes.by_pid(*pid).ok_or(ProcessError::PidNotFound(*pid))
-        }
-        Some(process_selector::Selector::Tag(tag)) => {
-            state.processes.by_tag(tag).ok_or_else(|| ProcessError::TagNotFound(tag.clone()))
-        }
+        Some(process_selector::Selector::Pid(pid)) => state
+            .processes
+            .by_pid(*pid)
+            .ok_or(ProcessError::PidNotFound(*pid)),
+        Some(process_selector::Selector::Tag(tag)) => state
+            .processes
+            .by_tag(tag)
+            .ok_or_else(|| ProcessError::TagNotFound(tag.clone())),
         None => Err(ProcessError::MissingSelector),
     }
 }
 
-fn find_running(state: &SharedState, selector: Option<&ProcessSelector>) -> Result<Arc<ProcessHandle>, ProcessError> {
+fn find_running(
+    state: &SharedState,
+    selector: Option<&ProcessSelector>,
+) -> Result<Arc<ProcessHandle>, ProcessError> {
     match find(state, selector)? {
         Found::Running(h) => Ok(h),
         Found::Exited(rec) => Err(ProcessError::Exited(rec.pid)),
@@ -160,7 +174,10 @@ fn find_running(state: &SharedState, selector: Option<&ProcessSelector>) -> Resu
 }
 
 fn agent_path() -> String {
-    std::env::var("PATH").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| DEFAULT_PATH.to_owned())
+    std::env::var("PATH")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| DEFAULT_PATH.to_owned())
 }
 
 /// The environment of a new process: a clean base, then the sandbox-wide variables, then the
@@ -182,7 +199,8 @@ pub fn build_env(
     env.extend(global.iter().map(|(k, v)| (k.clone(), v.clone())));
     env.extend(request.iter().map(|(k, v)| (k.clone(), v.clone())));
     if pty {
-        env.entry("TERM".to_owned()).or_insert_with(|| "xterm-256color".to_owned());
+        env.entry("TERM".to_owned())
+            .or_insert_with(|| "xterm-256color".to_owned());
     }
     env.into_iter().collect()
 }
@@ -196,7 +214,9 @@ fn to_connect_response(event: ProcessEvent) -> proto::ConnectResponse {
 }
 
 /// Events of a subscription until (and including) `end`.
-fn subscription_stream(sub: Subscription) -> futures::stream::BoxStream<'static, Result<ProcessEvent, ConnectError>> {
+fn subscription_stream(
+    sub: Subscription,
+) -> futures::stream::BoxStream<'static, Result<ProcessEvent, ConnectError>> {
     futures::stream::unfold((sub, false), |(mut sub, done)| async move {
         if done {
             return None;
@@ -207,7 +227,9 @@ fn subscription_stream(sub: Subscription) -> futures::stream::BoxStream<'static,
                 Some((Ok(event), (sub, is_end)))
             }
             None => Some((
-                Err(ConnectError::internal("The process's event stream closed before the process ended")),
+                Err(ConnectError::internal(
+                    "The process's event stream closed before the process ended",
+                )),
                 (sub, true),
             )),
         }
@@ -231,10 +253,15 @@ pub async fn start(state: SharedState, headers: HeaderMap, body: Body) -> Respon
     };
     match start_process(&state, &user, request, &ctx) {
         Ok((pid, sub)) => {
-            let events = subscription_stream(sub).map(|r| r.map(to_start_response)).boxed();
-            connect::server_stream(&ctx, vec![to_start_response(ProcessEvent::start(pid))], events, || {
-                to_start_response(ProcessEvent::keepalive())
-            })
+            let events = subscription_stream(sub)
+                .map(|r| r.map(to_start_response))
+                .boxed();
+            connect::server_stream(
+                &ctx,
+                vec![to_start_response(ProcessEvent::start(pid))],
+                events,
+                || to_start_response(ProcessEvent::keepalive()),
+            )
         }
         Err(e) => {
             tracing::info!(error = %crate::error_chain(&e), "start failed");
@@ -249,18 +276,31 @@ fn start_process(
     request: StartRequest,
     ctx: &CallContext,
 ) -> Result<(u32, Subscription), ProcessError> {
-    let config = request.process.filter(|p| !p.cmd.is_empty()).ok_or(ProcessError::MissingCommand)?;
+    let config = request
+        .process
+        .filter(|p| !p.cmd.is_empty())
+        .ok_or(ProcessError::MissingCommand)?;
     let reservation = state.processes.reserve()?;
     let settings = state.settings();
-    let cwd = paths::resolve(config.cwd.as_deref().unwrap_or(""), &user.home, settings.default_workdir.as_deref())?;
+    let cwd = paths::resolve(
+        config.cwd.as_deref().unwrap_or(""),
+        &user.home,
+        settings.default_workdir.as_deref(),
+    )?;
     if !cwd.is_dir() {
         return Err(ProcessError::CwdMissing(cwd));
     }
     let pty = request.pty.map(|p| {
         p.size.map_or(DEFAULT_PTY_SIZE, |s| {
             (
-                u16::try_from(s.cols).ok().filter(|c| *c > 0).unwrap_or(DEFAULT_PTY_SIZE.0),
-                u16::try_from(s.rows).ok().filter(|r| *r > 0).unwrap_or(DEFAULT_PTY_SIZE.1),
+                u16::try_from(s.cols)
+                    .ok()
+                    .filter(|c| *c > 0)
+                    .unwrap_or(DEFAULT_PTY_SIZE.0),
+                u16::try_from(s.rows)
+                    .ok()
+                    .filter(|r| *r > 0)
+                    .unwrap_or(DEFAULT_PTY_SIZE.1),
             )
         })
     });
@@ -275,7 +315,13 @@ fn start_process(
         pty,
     })?;
     let pid = spawned.pid;
-    let handle = Arc::new(ProcessHandle::new(pid, state.processes.next_seq(), config, request.tag, spawned.input));
+    let handle = Arc::new(ProcessHandle::new(
+        pid,
+        state.processes.next_seq(),
+        config,
+        request.tag,
+        spawned.input,
+    ));
     let Subscribe::Live(subscription) = handle.subscribe() else {
         unreachable!("a process that was just spawned has not ended");
     };
@@ -296,7 +342,12 @@ fn start_process(
             }
         });
     }
-    tokio::spawn(supervise(Arc::clone(&state.processes), handle, spawned.child, spawned.output));
+    tokio::spawn(supervise(
+        Arc::clone(&state.processes),
+        handle,
+        spawned.child,
+        spawned.output,
+    ));
     Ok((pid, subscription))
 }
 
@@ -309,15 +360,32 @@ async fn supervise(
     let (stop_tx, stop_rx) = watch::channel(false);
     let pumps = match output {
         Output::Pipes(stdout, stderr) => vec![
-            tokio::spawn(pump_pipe(stdout, OutputEvent::Stdout, Arc::clone(&handle), stop_rx.clone())),
-            tokio::spawn(pump_pipe(stderr, OutputEvent::Stderr, Arc::clone(&handle), stop_rx.clone())),
+            tokio::spawn(pump_pipe(
+                stdout,
+                OutputEvent::Stdout,
+                Arc::clone(&handle),
+                stop_rx.clone(),
+            )),
+            tokio::spawn(pump_pipe(
+                stderr,
+                OutputEvent::Stderr,
+                Arc::clone(&handle),
+                stop_rx.clone(),
+            )),
         ],
-        Output::Pty(master) => vec![tokio::spawn(pump_pty(master, Arc::clone(&handle), stop_rx.clone()))],
+        Output::Pty(master) => vec![tokio::spawn(pump_pty(
+            master,
+            Arc::clone(&handle),
+            stop_rx.clone(),
+        ))],
     };
     let status = child.wait().await;
     handle.mark_reaped();
     let mut pumps = std::pin::pin!(futures::future::join_all(pumps));
-    if tokio::time::timeout(DRAIN_GRACE, pumps.as_mut()).await.is_err() {
+    if tokio::time::timeout(DRAIN_GRACE, pumps.as_mut())
+        .await
+        .is_err()
+    {
         stop_tx.send_replace(true);
         pumps.await;
     }
@@ -349,11 +417,17 @@ async fn pump_pipe<R>(
             },
             _ = stop.wait_for(|s| *s) => break,
         };
-        handle.publish(ProcessEvent::data(kind(Bytes::copy_from_slice(&buf[..n])))).await;
+        handle
+            .publish(ProcessEvent::data(kind(Bytes::copy_from_slice(&buf[..n]))))
+            .await;
     }
 }
 
-async fn pump_pty(master: Arc<io::PtyMaster>, handle: Arc<ProcessHandle>, mut stop: watch::Receiver<bool>) {
+async fn pump_pty(
+    master: Arc<io::PtyMaster>,
+    handle: Arc<ProcessHandle>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut buf = vec![0_u8; 16 << 10];
     loop {
         let n = tokio::select! {
@@ -364,7 +438,11 @@ async fn pump_pty(master: Arc<io::PtyMaster>, handle: Arc<ProcessHandle>, mut st
             },
             _ = stop.wait_for(|s| *s) => break,
         };
-        handle.publish(ProcessEvent::data(OutputEvent::Pty(Bytes::copy_from_slice(&buf[..n])))).await;
+        handle
+            .publish(ProcessEvent::data(OutputEvent::Pty(
+                Bytes::copy_from_slice(&buf[..n]),
+            )))
+            .await;
     }
 }
 
@@ -380,12 +458,17 @@ pub async fn connect_process(state: SharedState, headers: HeaderMap, body: Body)
     };
     let keepalive = || to_connect_response(ProcessEvent::keepalive());
     let ended = |pid: u32, end| {
-        vec![to_connect_response(ProcessEvent::start(pid)), to_connect_response(ProcessEvent::end(end))]
+        vec![
+            to_connect_response(ProcessEvent::start(pid)),
+            to_connect_response(ProcessEvent::end(end)),
+        ]
     };
     match find(&state, request.process.as_ref()) {
         Ok(Found::Running(handle)) => match handle.subscribe() {
             Subscribe::Live(sub) => {
-                let events = subscription_stream(sub).map(|r| r.map(to_connect_response)).boxed();
+                let events = subscription_stream(sub)
+                    .map(|r| r.map(to_connect_response))
+                    .boxed();
                 connect::server_stream(
                     &ctx,
                     vec![to_connect_response(ProcessEvent::start(handle.pid))],
@@ -393,13 +476,19 @@ pub async fn connect_process(state: SharedState, headers: HeaderMap, body: Body)
                     keepalive,
                 )
             }
-            Subscribe::Ended(end) => {
-                connect::server_stream(&ctx, ended(handle.pid, end), futures::stream::empty().boxed(), keepalive)
-            }
+            Subscribe::Ended(end) => connect::server_stream(
+                &ctx,
+                ended(handle.pid, end),
+                futures::stream::empty().boxed(),
+                keepalive,
+            ),
         },
-        Ok(Found::Exited(record)) => {
-            connect::server_stream(&ctx, ended(record.pid, record.end), futures::stream::empty().boxed(), keepalive)
-        }
+        Ok(Found::Exited(record)) => connect::server_stream(
+            &ctx,
+            ended(record.pid, record.end),
+            futures::stream::empty().boxed(),
+            keepalive,
+        ),
         Err(e) => connect::stream_error_response(&e.to_connect()),
     }
 }
@@ -407,14 +496,21 @@ pub async fn connect_process(state: SharedState, headers: HeaderMap, body: Body)
 /// `List`.
 pub async fn list(state: SharedState, headers: HeaderMap, body: Body) -> Response {
     connect::unary(&headers, body, |_: proto::ListRequest, _| async move {
-        Ok(proto::ListResponse { processes: state.processes.running().iter().map(|h| h.info()).collect() })
+        Ok(proto::ListResponse {
+            processes: state.processes.running().iter().map(|h| h.info()).collect(),
+        })
     })
     .await
 }
 
-async fn deliver_input(handle: &ProcessHandle, input: Option<proto::ProcessInput>) -> Result<(), ProcessError> {
+async fn deliver_input(
+    handle: &ProcessHandle,
+    input: Option<proto::ProcessInput>,
+) -> Result<(), ProcessError> {
     match input.and_then(|i| i.input) {
-        Some(process_input::Input::Stdin(data)) => handle.input.write_stdin(handle.pid, &data).await?,
+        Some(process_input::Input::Stdin(data)) => {
+            handle.input.write_stdin(handle.pid, &data).await?
+        }
         Some(process_input::Input::Pty(data)) => handle.input.write_pty(handle.pid, &data).await?,
         None => {}
     }
@@ -423,11 +519,15 @@ async fn deliver_input(handle: &ProcessHandle, input: Option<proto::ProcessInput
 
 /// `SendInput`.
 pub async fn send_input(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::SendInputRequest, _| async move {
-        let handle = find_running(&state, req.process.as_ref())?;
-        deliver_input(&handle, req.input).await?;
-        Ok(proto::SendInputResponse {})
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::SendInputRequest, _| async move {
+            let handle = find_running(&state, req.process.as_ref())?;
+            deliver_input(&handle, req.input).await?;
+            Ok(proto::SendInputResponse {})
+        },
+    )
     .await
 }
 
@@ -462,16 +562,25 @@ pub async fn stream_input(state: SharedState, headers: HeaderMap, body: Body) ->
 
 /// `SendSignal`: SIGTERM or SIGKILL to the process group.
 pub async fn send_signal(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::SendSignalRequest, _| async move {
-        let signal = match req.signal {
-            proto::Signal::Sigkill => libc::SIGKILL,
-            proto::Signal::Sigterm => libc::SIGTERM,
-            proto::Signal::Unspecified => return Err(ProcessError::BadSignal.into()),
-        };
-        let handle = find_running(&state, req.process.as_ref())?;
-        handle.signal_group(signal).map_err(|source| ProcessError::Signal { pid: handle.pid, source })?;
-        Ok(proto::SendSignalResponse {})
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::SendSignalRequest, _| async move {
+            let signal = match req.signal {
+                proto::Signal::Sigkill => libc::SIGKILL,
+                proto::Signal::Sigterm => libc::SIGTERM,
+                proto::Signal::Unspecified => return Err(ProcessError::BadSignal.into()),
+            };
+            let handle = find_running(&state, req.process.as_ref())?;
+            handle
+                .signal_group(signal)
+                .map_err(|source| ProcessError::Signal {
+                    pid: handle.pid,
+                    source,
+                })?;
+            Ok(proto::SendSignalResponse {})
+        },
+    )
     .await
 }
 
@@ -479,10 +588,16 @@ pub async fn send_signal(state: SharedState, headers: HeaderMap, body: Body) -> 
 pub async fn update(state: SharedState, headers: HeaderMap, body: Body) -> Response {
     connect::unary(&headers, body, |req: proto::UpdateRequest, _| async move {
         let handle = find_running(&state, req.process.as_ref())?;
-        let size = req.pty.and_then(|p| p.size).ok_or(ProcessError::MissingSize)?;
+        let size = req
+            .pty
+            .and_then(|p| p.size)
+            .ok_or(ProcessError::MissingSize)?;
         let cols = u16::try_from(size.cols).unwrap_or(u16::MAX);
         let rows = u16::try_from(size.rows).unwrap_or(u16::MAX);
-        handle.input.resize(handle.pid, cols, rows).map_err(ProcessError::from)?;
+        handle
+            .input
+            .resize(handle.pid, cols, rows)
+            .map_err(ProcessError::from)?;
         Ok(proto::UpdateResponse {})
     })
     .await
@@ -490,11 +605,19 @@ pub async fn update(state: SharedState, headers: HeaderMap, body: Body) -> Respo
 
 /// `CloseStdin`.
 pub async fn close_stdin(state: SharedState, headers: HeaderMap, body: Body) -> Response {
-    connect::unary(&headers, body, |req: proto::CloseStdinRequest, _| async move {
-        let handle = find_running(&state, req.process.as_ref())?;
-        handle.input.close_stdin(handle.pid).await.map_err(ProcessError::from)?;
-        Ok(proto::CloseStdinResponse {})
-    })
+    connect::unary(
+        &headers,
+        body,
+        |req: proto::CloseStdinRequest, _| async move {
+            let handle = find_running(&state, req.process.as_ref())?;
+            handle
+                .input
+                .close_stdin(handle.pid)
+                .await
+                .map_err(ProcessError::from)?;
+            Ok(proto::CloseStdinResponse {})
+        },
+    )
     .await
 }
 
@@ -512,11 +635,18 @@ mod tests {
             shell: "/bin/bash".into(),
             groups: vec![1000],
         };
-        let global = BTreeMap::from([("A".to_owned(), "global".to_owned()), ("B".to_owned(), "g".to_owned())]);
-        let request = BTreeMap::from([("A".to_owned(), "request".to_owned()), ("HOME".to_owned(), "/x".to_owned())]);
-        let env: BTreeMap<_, _> = build_env(&user, std::path::Path::new("/tmp"), &global, &request, true)
-            .into_iter()
-            .collect();
+        let global = BTreeMap::from([
+            ("A".to_owned(), "global".to_owned()),
+            ("B".to_owned(), "g".to_owned()),
+        ]);
+        let request = BTreeMap::from([
+            ("A".to_owned(), "request".to_owned()),
+            ("HOME".to_owned(), "/x".to_owned()),
+        ]);
+        let env: BTreeMap<_, _> =
+            build_env(&user, std::path::Path::new("/tmp"), &global, &request, true)
+                .into_iter()
+                .collect();
         assert_eq!(env["A"], "request");
         assert_eq!(env["B"], "g");
         assert_eq!(env["HOME"], "/x");
@@ -526,10 +656,15 @@ mod tests {
         assert_eq!(env["PWD"], "/tmp");
         assert_eq!(env["TERM"], "xterm-256color");
         assert!(env.contains_key("PATH"));
-        let plain: BTreeMap<_, _> =
-            build_env(&user, std::path::Path::new("/"), &BTreeMap::new(), &BTreeMap::new(), false)
-                .into_iter()
-                .collect();
+        let plain: BTreeMap<_, _> = build_env(
+            &user,
+            std::path::Path::new("/"),
+            &BTreeMap::new(),
+            &BTreeMap::new(),
+            false,
+        )
+        .into_iter()
+        .collect();
         assert!(!plain.contains_key("TERM"));
     }
 }

@@ -55,13 +55,17 @@ pub struct Spawned {
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
     /// An argument, variable or path contains a NUL byte.
-    #[error("The command, its arguments, environment or working directory contain a NUL byte (or a variable name contains `=`)")]
+    #[error(
+        "The command, its arguments, environment or working directory contain a NUL byte (or a variable name contains `=`)"
+    )]
     Nul,
     /// Opening the PTY failed.
     #[error("Could not open a pseudo-terminal")]
     Pty(#[source] io::Error),
     /// The program does not exist.
-    #[error("Could not start {program:?}: no such file or directory (check the command and the working directory {cwd:?})")]
+    #[error(
+        "Could not start {program:?}: no such file or directory (check the command and the working directory {cwd:?})"
+    )]
     NotFound {
         /// Program.
         program: String,
@@ -69,7 +73,9 @@ pub enum SpawnError {
         cwd: PathBuf,
     },
     /// The user may not run the program or enter the directory.
-    #[error("Could not start {program:?} as uid {uid}: permission denied (the user needs execute permission on the program and access to {cwd:?})")]
+    #[error(
+        "Could not start {program:?} as uid {uid}: permission denied (the user needs execute permission on the program and access to {cwd:?})"
+    )]
     PermissionDenied {
         /// Program.
         program: String,
@@ -94,13 +100,19 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     let cwd_c = CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| SpawnError::Nul)?;
     if spec.program.contains('\0')
         || spec.args.iter().any(|a| a.contains('\0'))
-        || spec.env.iter().any(|(k, v)| k.contains('\0') || v.contains('\0') || k.contains('='))
+        || spec
+            .env
+            .iter()
+            .any(|(k, v)| k.contains('\0') || v.contains('\0') || k.contains('='))
     {
         return Err(SpawnError::Nul);
     }
 
     let mut cmd = Command::new(&spec.program);
-    cmd.args(&spec.args).env_clear().envs(spec.env.iter().map(|(k, v)| (k, v))).kill_on_drop(false);
+    cmd.args(&spec.args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .kill_on_drop(false);
 
     let mut pty_master = None;
     if let Some((cols, rows)) = spec.pty {
@@ -108,12 +120,18 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
         let stdio = |fd: &std::os::fd::OwnedFd| -> Result<Stdio, SpawnError> {
             Ok(Stdio::from(fd.try_clone().map_err(SpawnError::Pty)?))
         };
-        cmd.stdin(stdio(&slave)?).stdout(stdio(&slave)?).stderr(stdio(&slave)?);
+        cmd.stdin(stdio(&slave)?)
+            .stdout(stdio(&slave)?)
+            .stderr(stdio(&slave)?);
         pty_master = Some(Arc::new(master));
     } else {
-        cmd.stdin(if spec.stdin_pipe { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        cmd.stdin(if spec.stdin_pipe {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     }
 
     let is_pty = pty_master.is_some();
@@ -151,18 +169,34 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
             if libc::chdir(cwd_c.as_ptr()) < 0 {
                 return Err(io::Error::last_os_error());
             }
+            // Make user processes, not the agent, the OOM killer's first choice (as envd does).
+            // Raising the score needs no privilege; failure is harmless.
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                let _ = libc::write(fd, b"100".as_ptr().cast(), 3);
+                libc::close(fd);
+            }
             Ok(())
         });
     }
 
     let mut child = cmd.spawn().map_err(|source| match source.kind() {
-        io::ErrorKind::NotFound => SpawnError::NotFound { program: spec.program.clone(), cwd: spec.cwd.clone() },
+        io::ErrorKind::NotFound => SpawnError::NotFound {
+            program: spec.program.clone(),
+            cwd: spec.cwd.clone(),
+        },
         io::ErrorKind::PermissionDenied => SpawnError::PermissionDenied {
             program: spec.program.clone(),
             cwd: spec.cwd.clone(),
             uid,
         },
-        _ => SpawnError::Other { program: spec.program.clone(), source },
+        _ => SpawnError::Other {
+            program: spec.program.clone(),
+            source,
+        },
     })?;
     // Drop our copies of the PTY slave now: the master reports end-of-file only once every
     // slave descriptor is closed.
@@ -190,5 +224,10 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
             (input, Output::Pipes(stdout, stderr))
         }
     };
-    Ok(Spawned { child, pid, input, output })
+    Ok(Spawned {
+        child,
+        pid,
+        input,
+        output,
+    })
 }

@@ -99,13 +99,19 @@ mod tests {
         assert_eq!(status_string(exited(1)), "exit status 1");
         assert_eq!(status_string(signaled(libc::SIGKILL)), "signal: killed");
         assert_eq!(status_string(signaled(libc::SIGTERM)), "signal: terminated");
-        assert_eq!(status_string(signaled(libc::SIGSEGV | 0x80)), "signal: segmentation fault (core dumped)");
+        assert_eq!(
+            status_string(signaled(libc::SIGSEGV | 0x80)),
+            "signal: segmentation fault (core dumped)"
+        );
         assert_eq!(status_string(signaled(40)), "signal: signal 40");
 
         let ok = end_event(exited(0));
         assert_eq!((ok.exit_code, ok.exited, ok.error), (0, true, None));
         let failed = end_event(exited(3));
-        assert_eq!((failed.exit_code, failed.error.as_deref()), (3, Some("exit status 3")));
+        assert_eq!(
+            (failed.exit_code, failed.error.as_deref()),
+            (3, Some("exit status 3"))
+        );
         let killed = end_event(signaled(libc::SIGKILL));
         assert_eq!((killed.exit_code, killed.exited), (-1, false));
         assert_eq!(killed.status, "signal: killed");

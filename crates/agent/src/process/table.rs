@@ -71,25 +71,41 @@ impl Drop for Subscription {
 
 impl ProcessHandle {
     /// A handle for a freshly spawned process.
-    pub fn new(pid: u32, seq: u64, config: ProcessConfig, tag: Option<String>, input: ProcessInput) -> Self {
+    pub fn new(
+        pid: u32,
+        seq: u64,
+        config: ProcessConfig,
+        tag: Option<String>,
+        input: ProcessInput,
+    ) -> Self {
         Self {
             pid,
             seq,
             config,
             tag,
             input,
-            inner: Mutex::new(Inner { subscribers: Vec::new(), next_subscriber: 0, ended: None }),
+            inner: Mutex::new(Inner {
+                subscribers: Vec::new(),
+                next_subscriber: 0,
+                ended: None,
+            }),
             reaped: watch::channel(false).0,
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// `ProcessInfo` for `List`.
     pub fn info(&self) -> ProcessInfo {
-        ProcessInfo { config: Some(self.config.clone()), pid: self.pid, tag: self.tag.clone() }
+        ProcessInfo {
+            config: Some(self.config.clone()),
+            pid: self.pid,
+            tag: self.tag.clone(),
+        }
     }
 
     /// Subscribes to future events (output is not replayed).
@@ -102,7 +118,11 @@ impl ProcessHandle {
         let id = inner.next_subscriber;
         inner.next_subscriber += 1;
         inner.subscribers.push((id, tx));
-        Subscribe::Live(Subscription { events: rx, id, handle: Arc::clone(self) })
+        Subscribe::Live(Subscription {
+            events: rx,
+            id,
+            handle: Arc::clone(self),
+        })
     }
 
     fn unsubscribe(&self, id: u64) {
@@ -159,7 +179,8 @@ impl ProcessHandle {
         if self.is_reaped() {
             return Ok(());
         }
-        let pid = libc::pid_t::try_from(self.pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+        let pid = libc::pid_t::try_from(self.pid)
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
         // SAFETY: killpg has no memory-safety preconditions.
         if unsafe { libc::killpg(pid, signal) } == 0 {
             return Ok(());
@@ -169,7 +190,11 @@ impl ProcessHandle {
             return Ok(());
         }
         let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::ESRCH) { Ok(()) } else { Err(err) }
+        if err.raw_os_error() == Some(libc::ESRCH) {
+            Ok(())
+        } else {
+            Err(err)
+        }
     }
 }
 
@@ -249,14 +274,20 @@ impl ProcessTable {
     /// A table allowing `limit` concurrently running processes.
     pub fn new(limit: usize) -> Self {
         Self {
-            inner: Mutex::new(TableInner { running: HashMap::new(), starting: 0, exited: VecDeque::new() }),
+            inner: Mutex::new(TableInner {
+                running: HashMap::new(),
+                starting: 0,
+                exited: VecDeque::new(),
+            }),
             limit: limit.max(1),
             seq: AtomicU64::new(0),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, TableInner> {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The next start sequence number.
@@ -271,16 +302,28 @@ impl ProcessTable {
             return Err(TableError::Full { limit: self.limit });
         }
         inner.starting += 1;
-        Ok(Reservation { table: self, active: true })
+        Ok(Reservation {
+            table: self,
+            active: true,
+        })
     }
 
     /// Moves a finished process to the exit history.
     pub fn record_exit(&self, handle: &ProcessHandle, end: EndEvent) {
         let mut inner = self.lock();
-        if inner.running.get(&handle.pid).is_some_and(|h| h.seq == handle.seq) {
+        if inner
+            .running
+            .get(&handle.pid)
+            .is_some_and(|h| h.seq == handle.seq)
+        {
             inner.running.remove(&handle.pid);
         }
-        inner.exited.push_back(ExitRecord { pid: handle.pid, tag: handle.tag.clone(), end, at: Instant::now() });
+        inner.exited.push_back(ExitRecord {
+            pid: handle.pid,
+            tag: handle.tag.clone(),
+            end,
+            at: Instant::now(),
+        });
         Self::prune(&mut inner);
     }
 
@@ -288,7 +331,11 @@ impl ProcessTable {
         while inner.exited.len() > EXIT_HISTORY_LEN {
             inner.exited.pop_front();
         }
-        while inner.exited.front().is_some_and(|r| r.at.elapsed() > EXIT_HISTORY_TTL) {
+        while inner
+            .exited
+            .front()
+            .is_some_and(|r| r.at.elapsed() > EXIT_HISTORY_TTL)
+        {
             inner.exited.pop_front();
         }
     }
@@ -300,17 +347,34 @@ impl ProcessTable {
         if let Some(h) = inner.running.get(&pid) {
             return Some(Found::Running(Arc::clone(h)));
         }
-        inner.exited.iter().rev().find(|r| r.pid == pid).cloned().map(Found::Exited)
+        inner
+            .exited
+            .iter()
+            .rev()
+            .find(|r| r.pid == pid)
+            .cloned()
+            .map(Found::Exited)
     }
 
     /// Finds a process by tag: the newest running one, then the most recent exit.
     pub fn by_tag(&self, tag: &str) -> Option<Found> {
         let mut inner = self.lock();
         Self::prune(&mut inner);
-        if let Some(h) = inner.running.values().filter(|h| h.tag.as_deref() == Some(tag)).max_by_key(|h| h.seq) {
+        if let Some(h) = inner
+            .running
+            .values()
+            .filter(|h| h.tag.as_deref() == Some(tag))
+            .max_by_key(|h| h.seq)
+        {
             return Some(Found::Running(Arc::clone(h)));
         }
-        inner.exited.iter().rev().find(|r| r.tag.as_deref() == Some(tag)).cloned().map(Found::Exited)
+        inner
+            .exited
+            .iter()
+            .rev()
+            .find(|r| r.tag.as_deref() == Some(tag))
+            .cloned()
+            .map(Found::Exited)
     }
 
     /// Running processes, oldest first.
@@ -336,7 +400,12 @@ mod tests {
     }
 
     fn end(code: i32) -> EndEvent {
-        EndEvent { exit_code: code, exited: true, status: format!("exit status {code}"), error: None }
+        EndEvent {
+            exit_code: code,
+            exited: true,
+            status: format!("exit status {code}"),
+            error: None,
+        }
     }
 
     #[test]
@@ -344,7 +413,10 @@ mod tests {
         let table = ProcessTable::new(2);
         let a = table.reserve().unwrap();
         let b = table.reserve().unwrap();
-        assert!(matches!(table.reserve(), Err(TableError::Full { limit: 2 })));
+        assert!(matches!(
+            table.reserve(),
+            Err(TableError::Full { limit: 2 })
+        ));
         drop(b);
         let h = handle(&table, 10, None);
         a.commit(Arc::clone(&h));
@@ -375,7 +447,9 @@ mod tests {
     async fn subscribers_get_output_then_end_and_late_ones_get_end() {
         let table = ProcessTable::new(10);
         let h = handle(&table, 9, None);
-        let Subscribe::Live(mut sub) = h.subscribe() else { panic!("should be live") };
+        let Subscribe::Live(mut sub) = h.subscribe() else {
+            panic!("should be live")
+        };
         h.publish(ProcessEvent::keepalive()).await;
         h.finish(end(0)).await;
         assert_eq!(sub.events.recv().await, Some(ProcessEvent::keepalive()));

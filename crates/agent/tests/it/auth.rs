@@ -13,7 +13,14 @@ async fn init(agent: &Agent, body: Value, token: Option<&str>) -> StatusCode {
     if let Some(t) = token {
         request = request.header("x-access-token", t);
     }
-    agent.call(request.body(full(serde_json::to_vec(&body).unwrap())).unwrap()).await.0
+    agent
+        .call(
+            request
+                .body(full(serde_json::to_vec(&body).unwrap()))
+                .unwrap(),
+        )
+        .await
+        .0
 }
 
 async fn get(agent: &Agent, path: &str, token: Option<&str>) -> (StatusCode, Bytes) {
@@ -29,18 +36,40 @@ async fn get(agent: &Agent, path: &str, token: Option<&str>) -> (StatusCode, Byt
 async fn access_token_is_required_once_set() {
     let agent = Agent::start(&[]).await;
     // Before /init, no token is needed.
-    let (status, _) = agent.unary_raw("/filesystem.Filesystem/Stat", &json!({"path": "/"}), &[]).await;
+    let (status, _) = agent
+        .unary_raw("/filesystem.Filesystem/Stat", &json!({"path": "/"}), &[])
+        .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(init(&agent, json!({"accessToken": "s3cret", "defaultUser": "root"}), None).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        init(
+            &agent,
+            json!({"accessToken": "s3cret", "defaultUser": "root"}),
+            None
+        )
+        .await,
+        StatusCode::NO_CONTENT
+    );
 
-    let (status, body) = agent.unary_raw("/filesystem.Filesystem/Stat", &json!({"path": "/"}), &[]).await;
+    let (status, body) = agent
+        .unary_raw("/filesystem.Filesystem/Stat", &json!({"path": "/"}), &[])
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(body["code"], "unauthenticated");
-    let (status, _) =
-        agent.unary_raw("/filesystem.Filesystem/Stat", &json!({"path": "/"}), &[("x-access-token", "wrong")]).await;
+    let (status, _) = agent
+        .unary_raw(
+            "/filesystem.Filesystem/Stat",
+            &json!({"path": "/"}),
+            &[("x-access-token", "wrong")],
+        )
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
-    let (status, _) =
-        agent.unary_raw("/filesystem.Filesystem/Stat", &json!({"path": "/"}), &[("x-access-token", "s3cret")]).await;
+    let (status, _) = agent
+        .unary_raw(
+            "/filesystem.Filesystem/Stat",
+            &json!({"path": "/"}),
+            &[("x-access-token", "s3cret")],
+        )
+        .await;
     assert_eq!(status, StatusCode::OK);
 
     assert_eq!(get(&agent, "/health", None).await.0, StatusCode::NO_CONTENT);
@@ -48,17 +77,34 @@ async fn access_token_is_required_once_set() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["code"], 401);
     assert_eq!(get(&agent, "/envs", Some("s3cret")).await.0, StatusCode::OK);
-    assert_eq!(get(&agent, "/metrics", None).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        get(&agent, "/metrics", None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
 
     // /init itself needs the current token from now on; with it, the token can be rotated.
-    assert_eq!(init(&agent, json!({"accessToken": "other"}), None).await, StatusCode::UNAUTHORIZED);
-    assert_eq!(init(&agent, json!({"accessToken": "next"}), Some("s3cret")).await, StatusCode::NO_CONTENT);
-    assert_eq!(get(&agent, "/envs", Some("s3cret")).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        init(&agent, json!({"accessToken": "other"}), None).await,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        init(&agent, json!({"accessToken": "next"}), Some("s3cret")).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        get(&agent, "/envs", Some("s3cret")).await.0,
+        StatusCode::UNAUTHORIZED
+    );
     assert_eq!(get(&agent, "/envs", Some("next")).await.0, StatusCode::OK);
 
     // Streams are refused before they start.
-    let (status, body) = agent.unary_raw("/process.Process/List", &json!({}), &[]).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthenticated")));
+    let (status, body) = agent
+        .unary_raw("/process.Process/List", &json!({}), &[])
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unauthenticated"))
+    );
 }
 
 #[tokio::test]
@@ -66,21 +112,51 @@ async fn files_accept_the_header_or_a_valid_signature() {
     let agent = Agent::start(&[]).await;
     let file = agent.path().join("signed.txt");
     std::fs::write(&file, "signed content").unwrap();
-    assert_eq!(init(&agent, json!({"accessToken": "tok"}), None).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        init(&agent, json!({"accessToken": "tok"}), None).await,
+        StatusCode::NO_CONTENT
+    );
     let path = file.display().to_string();
     let enc = |s: &str| urlencoding::encode(s).into_owned();
 
-    assert_eq!(get(&agent, &format!("/files?path={}", enc(&path)), None).await.0, StatusCode::UNAUTHORIZED);
-    assert_eq!(get(&agent, &format!("/files?path={}", enc(&path)), Some("tok")).await.0, StatusCode::OK);
-    assert_eq!(get(&agent, &format!("/files?path={}", enc(&path)), Some("bad")).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        get(&agent, &format!("/files?path={}", enc(&path)), None)
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        get(&agent, &format!("/files?path={}", enc(&path)), Some("tok"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&agent, &format!("/files?path={}", enc(&path)), Some("bad"))
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
 
     let read = file_signature(&path, FileOperation::Read, "", "tok", None);
-    let (status, body) = get(&agent, &format!("/files?path={}&signature={}", enc(&path), enc(&read)), None).await;
-    assert_eq!((status, body.as_ref()), (StatusCode::OK, b"signed content".as_ref()));
+    let (status, body) = get(
+        &agent,
+        &format!("/files?path={}&signature={}", enc(&path), enc(&read)),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_ref()),
+        (StatusCode::OK, b"signed content".as_ref())
+    );
 
     // With a username the signature covers it.
     let as_root = file_signature(&path, FileOperation::Read, "root", "tok", None);
-    let url = format!("/files?path={}&username=root&signature={}", enc(&path), enc(&as_root));
+    let url = format!(
+        "/files?path={}&username=root&signature={}",
+        enc(&path),
+        enc(&as_root)
+    );
     assert_eq!(get(&agent, &url, None).await.0, StatusCode::OK);
     let url = format!("/files?path={}&signature={}", enc(&path), enc(&as_root));
     assert_eq!(get(&agent, &url, None).await.0, StatusCode::UNAUTHORIZED);
@@ -93,12 +169,27 @@ async fn files_accept_the_header_or_a_valid_signature() {
     // Expiration is part of the signature and is enforced.
     let now = chrono::Utc::now().timestamp();
     let future = file_signature(&path, FileOperation::Read, "", "tok", Some(now + 60));
-    let url = format!("/files?path={}&signature={}&signature_expiration={}", enc(&path), enc(&future), now + 60);
+    let url = format!(
+        "/files?path={}&signature={}&signature_expiration={}",
+        enc(&path),
+        enc(&future),
+        now + 60
+    );
     assert_eq!(get(&agent, &url, None).await.0, StatusCode::OK);
-    let url = format!("/files?path={}&signature={}&signature_expiration={}", enc(&path), enc(&future), now + 61);
+    let url = format!(
+        "/files?path={}&signature={}&signature_expiration={}",
+        enc(&path),
+        enc(&future),
+        now + 61
+    );
     assert_eq!(get(&agent, &url, None).await.0, StatusCode::UNAUTHORIZED);
     let past = file_signature(&path, FileOperation::Read, "", "tok", Some(now - 5));
-    let url = format!("/files?path={}&signature={}&signature_expiration={}", enc(&path), enc(&past), now - 5);
+    let url = format!(
+        "/files?path={}&signature={}&signature_expiration={}",
+        enc(&path),
+        enc(&past),
+        now - 5
+    );
     let (status, body) = get(&agent, &url, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     assert!(String::from_utf8_lossy(&body).contains("expired"));
@@ -108,10 +199,14 @@ async fn files_accept_the_header_or_a_valid_signature() {
     let sig = file_signature(&target, FileOperation::Write, "", "tok", None);
     let (status, _, _) = agent
         .call(
-            Request::post(format!("/files?path={}&signature={}", enc(&target), enc(&sig)))
-                .header("content-type", "application/octet-stream")
-                .body(full("via signed url"))
-                .unwrap(),
+            Request::post(format!(
+                "/files?path={}&signature={}",
+                enc(&target),
+                enc(&sig)
+            ))
+            .header("content-type", "application/octet-stream")
+            .body(full("via signed url"))
+            .unwrap(),
         )
         .await;
     assert_eq!(status, StatusCode::OK);
@@ -136,14 +231,29 @@ async fn routing_by_port_and_protocol_errors() {
         json!({"sandboxId": "sbx123", "message": "The sandbox is running but port is not open", "code": 502})
     );
     let (status, _, _) = agent
-        .call(Request::get("/health").header("e2b-sandbox-port", "49983").body(full(Bytes::new())).unwrap())
+        .call(
+            Request::get("/health")
+                .header("e2b-sandbox-port", "49983")
+                .body(full(Bytes::new()))
+                .unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
 
-    let (status, body) = agent.unary_raw("/process.Process/Nope", &json!({}), &[]).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("unimplemented")));
-    let (status, body) = agent.unary_raw("/filesystem.Filesystem/Nope", &json!({}), &[]).await;
-    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("unimplemented")));
+    let (status, body) = agent
+        .unary_raw("/process.Process/Nope", &json!({}), &[])
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unimplemented"))
+    );
+    let (status, body) = agent
+        .unary_raw("/filesystem.Filesystem/Nope", &json!({}), &[])
+        .await;
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (StatusCode::NOT_FOUND, Some("unimplemented"))
+    );
 
     let (status, _, _) = agent
         .call(
@@ -163,7 +273,10 @@ async fn routing_by_port_and_protocol_errors() {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["code"], "invalid_argument");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["code"],
+        "invalid_argument"
+    );
 
     // A garbled stream request ends with an error in the end-of-stream message.
     let (status, _, body) = agent

@@ -34,7 +34,9 @@ fn gzip(data: &[u8]) -> Vec<u8> {
 
 fn gunzip(data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    flate2::read::GzDecoder::new(data).read_to_end(&mut out).unwrap();
+    flate2::read::GzDecoder::new(data)
+        .read_to_end(&mut out)
+        .unwrap();
     out
 }
 
@@ -42,7 +44,11 @@ fn q(path: &std::path::Path) -> String {
     urlencoding::encode(&path.display().to_string()).into_owned()
 }
 
-async fn download(agent: &Agent, query: &str, headers: &[(&str, &str)]) -> (StatusCode, http::HeaderMap, Bytes) {
+async fn download(
+    agent: &Agent,
+    query: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, http::HeaderMap, Bytes) {
     let mut request = Request::get(format!("/files?{query}"));
     for (k, v) in headers {
         request = request.header(*k, *v);
@@ -63,15 +69,33 @@ async fn multipart_upload_of_several_files_keeps_directories() {
         ("file", &b.display().to_string(), &binary),
     ]);
     let (status, _, response) = agent
-        .call(Request::post("/files").header("content-type", content_type).body(full(body)).unwrap())
+        .call(
+            Request::post("/files")
+                .header("content-type", content_type)
+                .body(full(body))
+                .unwrap(),
+        )
         .await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&response));
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
     let entries: Vec<UploadedEntry> = serde_json::from_slice(&response).unwrap();
     assert_eq!(
         entries,
         [
-            UploadedEntry { path: a.display().to_string(), name: "a.txt".into(), r#type: "file".into() },
-            UploadedEntry { path: b.display().to_string(), name: "b.bin".into(), r#type: "file".into() },
+            UploadedEntry {
+                path: a.display().to_string(),
+                name: "a.txt".into(),
+                r#type: "file".into()
+            },
+            UploadedEntry {
+                path: b.display().to_string(),
+                name: "b.bin".into(),
+                r#type: "file".into()
+            },
         ]
     );
     assert_eq!(std::fs::read(&a).unwrap(), b"alpha");
@@ -132,14 +156,26 @@ async fn octet_stream_upload_with_gzip_and_metadata() {
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), content);
     let stat: StatResponse = agent
-        .unary("/filesystem.Filesystem/Stat", &json!({ "path": target }), &[])
+        .unary(
+            "/filesystem.Filesystem/Stat",
+            &json!({ "path": target }),
+            &[],
+        )
         .await
         .unwrap();
     let metadata = stat.entry.unwrap().metadata;
     assert_eq!(metadata.get("author").map(String::as_str), Some("alice"));
-    assert_eq!(metadata.get("purpose").map(String::as_str), Some("test run"));
+    assert_eq!(
+        metadata.get("purpose").map(String::as_str),
+        Some("test run")
+    );
 
-    let (status, headers, body) = download(&agent, &format!("path={}", q(&target)), &[("accept-encoding", "gzip")]).await;
+    let (status, headers, body) = download(
+        &agent,
+        &format!("path={}", q(&target)),
+        &[("accept-encoding", "gzip")],
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(headers["content-encoding"], "gzip");
     assert!(body.len() < content.len() / 10, "compressed");
@@ -165,7 +201,12 @@ async fn octet_stream_upload_with_gzip_and_metadata() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _, _) = agent
-        .call(Request::post(format!("/files?path={}", q(&target))).header("content-type", "text/plain").body(full("x")).unwrap())
+        .call(
+            Request::post(format!("/files?path={}", q(&target)))
+                .header("content-type", "text/plain")
+                .body(full("x"))
+                .unwrap(),
+        )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
@@ -174,7 +215,9 @@ async fn octet_stream_upload_with_gzip_and_metadata() {
 async fn large_files_stream_both_ways() {
     let agent = Agent::start(&[]).await;
     let target = agent.path().join("big.bin");
-    let chunk: Vec<u8> = (0..1_048_576_u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let chunk: Vec<u8> = (0..1_048_576_u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
     let chunks = 24;
     let (tx, body) = Agent::streamed_body();
     let request = Request::post(format!("/files?path={}", q(&target)))
@@ -192,9 +235,18 @@ async fn large_files_stream_both_ways() {
     let (status, _, body) = agent.call(request).await;
     sender.await.unwrap();
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    assert_eq!(std::fs::metadata(&target).unwrap().len(), (chunk.len() * chunks) as u64);
+    assert_eq!(
+        std::fs::metadata(&target).unwrap().len(),
+        (chunk.len() * chunks) as u64
+    );
 
-    let response = agent.send(Request::get(format!("/files?path={}", q(&target))).body(full(Bytes::new())).unwrap()).await;
+    let response = agent
+        .send(
+            Request::get(format!("/files?path={}", q(&target)))
+                .body(full(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
     assert_eq!(response.status(), StatusCode::OK);
     let mut body = response.into_body();
     let mut received = 0_usize;
@@ -208,7 +260,10 @@ async fn large_files_stream_both_ways() {
         frames += 1;
     }
     assert_eq!(received, chunk.len() * chunks);
-    assert!(frames > 10, "the download arrives in pieces, not one buffer");
+    assert!(
+        frames > 10,
+        "the download arrives in pieces, not one buffer"
+    );
 }
 
 #[tokio::test]
@@ -216,17 +271,40 @@ async fn download_errors() {
     let agent = Agent::start(&[]).await;
     let file = agent.path().join("f.txt");
     std::fs::write(&file, "content").unwrap();
-    let (status, _, body) = download(&agent, &format!("path={}", q(&agent.path().join("missing"))), &[]).await;
+    let (status, _, body) = download(
+        &agent,
+        &format!("path={}", q(&agent.path().join("missing"))),
+        &[],
+    )
+    .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["code"], 404);
     let (status, _, _) = download(&agent, &format!("path={}", q(agent.path())), &[]).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, _, _) = download(&agent, &format!("path={}", q(&file)), &[("accept-encoding", "br, identity;q=0")]).await;
+    let (status, _, _) = download(
+        &agent,
+        &format!("path={}", q(&file)),
+        &[("accept-encoding", "br, identity;q=0")],
+    )
+    .await;
     assert_eq!(status, StatusCode::NOT_ACCEPTABLE);
-    let (status, headers, body) = download(&agent, &format!("path={}", q(&file)), &[("accept-encoding", "br")]).await;
-    assert_eq!((status, body.as_ref()), (StatusCode::OK, b"content".as_ref()));
+    let (status, headers, body) = download(
+        &agent,
+        &format!("path={}", q(&file)),
+        &[("accept-encoding", "br")],
+    )
+    .await;
+    assert_eq!(
+        (status, body.as_ref()),
+        (StatusCode::OK, b"content".as_ref())
+    );
     assert!(!headers.contains_key("content-encoding"));
-    let (status, _, _) = download(&agent, &format!("path={}&username=no-such-user-x", q(&file)), &[]).await;
+    let (status, _, _) = download(
+        &agent,
+        &format!("path={}&username=no-such-user-x", q(&file)),
+        &[],
+    )
+    .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -244,19 +322,48 @@ async fn transfers_use_the_users_identity() {
     std::fs::write(&secret, "root only").unwrap();
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
 
-    let (status, _, body) = download(&agent, &format!("path={}&username=nobody", q(&secret)), &[]).await;
-    assert_eq!(status, StatusCode::FORBIDDEN, "{}", String::from_utf8_lossy(&body));
-    let (status, _, body) = download(&agent, &format!("path={}&username=root", q(&secret)), &[]).await;
-    assert_eq!((status, body.as_ref()), (StatusCode::OK, b"root only".as_ref()));
+    let (status, _, body) =
+        download(&agent, &format!("path={}&username=nobody", q(&secret)), &[]).await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let (status, _, body) =
+        download(&agent, &format!("path={}&username=root", q(&secret)), &[]).await;
+    assert_eq!(
+        (status, body.as_ref()),
+        (StatusCode::OK, b"root only".as_ref())
+    );
 
     let target = shared.join("new/dir/by-nobody.txt");
     let (content_type, body) = multipart(&[("file", &target.display().to_string(), b"hi")]);
     let (status, _, response) = agent
-        .call(Request::post("/files?username=nobody").header("content-type", content_type).body(full(body)).unwrap())
+        .call(
+            Request::post("/files?username=nobody")
+                .header("content-type", content_type)
+                .body(full(body))
+                .unwrap(),
+        )
         .await;
-    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&response));
-    for path in [target.as_path(), target.parent().unwrap(), shared.join("new").as_path()] {
-        assert_eq!(std::fs::metadata(path).unwrap().uid(), 65534, "{} owned by nobody", path.display());
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&response)
+    );
+    for path in [
+        target.as_path(),
+        target.parent().unwrap(),
+        shared.join("new").as_path(),
+    ] {
+        assert_eq!(
+            std::fs::metadata(path).unwrap().uid(),
+            65534,
+            "{} owned by nobody",
+            path.display()
+        );
     }
     // nobody cannot overwrite root's file.
     let (status, _, _) = agent

@@ -3,12 +3,13 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
+use bulkhead_envd::ConnectError;
 use bulkhead_envd::connect::{Code, StreamFrame};
 use bulkhead_envd::filesystem::{
-    CreateWatcherResponse, EntryInfo, EventType, FileType, FilesystemEvent, GetWatcherEventsResponse,
-    ListDirResponse, MakeDirResponse, MoveResponse, StatResponse, WatchDirResponse, watch_dir_response,
+    CreateWatcherResponse, EntryInfo, EventType, FileType, FilesystemEvent,
+    GetWatcherEventsResponse, ListDirResponse, MakeDirResponse, MoveResponse, StatResponse,
+    WatchDirResponse, watch_dir_response,
 };
-use bulkhead_envd::ConnectError;
 use http::StatusCode;
 use serde_json::{Value, json};
 
@@ -19,7 +20,9 @@ async fn rpc<T: serde::de::DeserializeOwned>(
     method: &str,
     body: Value,
 ) -> Result<T, (StatusCode, ConnectError)> {
-    agent.unary(&format!("/filesystem.Filesystem/{method}"), &body, &[]).await
+    agent
+        .unary(&format!("/filesystem.Filesystem/{method}"), &body, &[])
+        .await
 }
 
 async fn rpc_as<T: serde::de::DeserializeOwned>(
@@ -29,11 +32,19 @@ async fn rpc_as<T: serde::de::DeserializeOwned>(
     body: Value,
 ) -> Result<T, (StatusCode, ConnectError)> {
     let auth = basic_auth(user);
-    agent.unary(&format!("/filesystem.Filesystem/{method}"), &body, &[("authorization", &auth)]).await
+    agent
+        .unary(
+            &format!("/filesystem.Filesystem/{method}"),
+            &body,
+            &[("authorization", &auth)],
+        )
+        .await
 }
 
 async fn stat(agent: &Agent, path: &str) -> Result<EntryInfo, (StatusCode, ConnectError)> {
-    rpc::<StatResponse>(agent, "Stat", json!({ "path": path })).await.map(|r| r.entry.unwrap())
+    rpc::<StatResponse>(agent, "Stat", json!({ "path": path }))
+        .await
+        .map(|r| r.entry.unwrap())
 }
 
 fn code<T: std::fmt::Debug>(result: Result<T, (StatusCode, ConnectError)>) -> (StatusCode, Code) {
@@ -47,47 +58,124 @@ async fn stat_make_list_move_remove() {
     let root = agent.path().join("work");
     let root_s = root.display().to_string();
 
-    let made: MakeDirResponse = rpc(&agent, "MakeDir", json!({ "path": format!("{root_s}/a/b/c") })).await.unwrap();
+    let made: MakeDirResponse = rpc(
+        &agent,
+        "MakeDir",
+        json!({ "path": format!("{root_s}/a/b/c") }),
+    )
+    .await
+    .unwrap();
     let entry = made.entry.unwrap();
-    assert_eq!((entry.name.as_str(), entry.r#type), ("c", FileType::Directory));
+    assert_eq!(
+        (entry.name.as_str(), entry.r#type),
+        ("c", FileType::Directory)
+    );
     assert_eq!(entry.path, format!("{root_s}/a/b/c"));
     assert_eq!(
-        code(rpc::<MakeDirResponse>(&agent, "MakeDir", json!({ "path": format!("{root_s}/a/b/c") })).await),
+        code(
+            rpc::<MakeDirResponse>(
+                &agent,
+                "MakeDir",
+                json!({ "path": format!("{root_s}/a/b/c") })
+            )
+            .await
+        ),
         (StatusCode::CONFLICT, Code::AlreadyExists)
     );
 
     std::fs::write(root.join("a/file.txt"), "hello").unwrap();
-    std::fs::set_permissions(root.join("a/file.txt"), std::fs::Permissions::from_mode(0o640)).unwrap();
+    std::fs::set_permissions(
+        root.join("a/file.txt"),
+        std::fs::Permissions::from_mode(0o640),
+    )
+    .unwrap();
     std::fs::write(root.join("a/b/deep.txt"), "x").unwrap();
     assert_eq!(
-        code(rpc::<MakeDirResponse>(&agent, "MakeDir", json!({ "path": format!("{root_s}/a/file.txt") })).await),
+        code(
+            rpc::<MakeDirResponse>(
+                &agent,
+                "MakeDir",
+                json!({ "path": format!("{root_s}/a/file.txt") })
+            )
+            .await
+        ),
         (StatusCode::BAD_REQUEST, Code::InvalidArgument)
     );
 
     let entry = stat(&agent, &format!("{root_s}/a/file.txt")).await.unwrap();
-    assert_eq!((entry.r#type, entry.size, entry.mode), (FileType::File, 5, 0o640));
+    assert_eq!(
+        (entry.r#type, entry.size, entry.mode),
+        (FileType::File, 5, 0o640)
+    );
     assert_eq!(entry.permissions, "-rw-r-----");
-    assert_eq!((entry.owner.as_str(), entry.group.as_str()), ("root", "root"));
+    assert_eq!(
+        (entry.owner.as_str(), entry.group.as_str()),
+        ("root", "root")
+    );
     assert!(!entry.is_symlink && entry.symlink_target.is_none());
     assert!(entry.modified_time.is_some());
 
-    let names = |r: ListDirResponse| r.entries.into_iter().map(|e| e.path.replace(&root_s, "")).collect::<Vec<_>>();
-    let one: ListDirResponse = rpc(&agent, "ListDir", json!({ "path": format!("{root_s}/a") })).await.unwrap();
+    let names = |r: ListDirResponse| {
+        r.entries
+            .into_iter()
+            .map(|e| e.path.replace(&root_s, ""))
+            .collect::<Vec<_>>()
+    };
+    let one: ListDirResponse = rpc(&agent, "ListDir", json!({ "path": format!("{root_s}/a") }))
+        .await
+        .unwrap();
     assert_eq!(names(one), ["/a/b", "/a/file.txt"]);
-    let zero: ListDirResponse = rpc(&agent, "ListDir", json!({ "path": format!("{root_s}/a"), "depth": 0 })).await.unwrap();
+    let zero: ListDirResponse = rpc(
+        &agent,
+        "ListDir",
+        json!({ "path": format!("{root_s}/a"), "depth": 0 }),
+    )
+    .await
+    .unwrap();
     assert_eq!(names(zero), ["/a/b", "/a/file.txt"]);
-    let three: ListDirResponse = rpc(&agent, "ListDir", json!({ "path": format!("{root_s}/a"), "depth": 3 })).await.unwrap();
-    assert_eq!(names(three), ["/a/b", "/a/b/c", "/a/b/deep.txt", "/a/file.txt"]);
+    let three: ListDirResponse = rpc(
+        &agent,
+        "ListDir",
+        json!({ "path": format!("{root_s}/a"), "depth": 3 }),
+    )
+    .await
+    .unwrap();
     assert_eq!(
-        code(rpc::<ListDirResponse>(&agent, "ListDir", json!({ "path": format!("{root_s}/a/file.txt") })).await),
+        names(three),
+        ["/a/b", "/a/b/c", "/a/b/deep.txt", "/a/file.txt"]
+    );
+    assert_eq!(
+        code(
+            rpc::<ListDirResponse>(
+                &agent,
+                "ListDir",
+                json!({ "path": format!("{root_s}/a/file.txt") })
+            )
+            .await
+        ),
         (StatusCode::BAD_REQUEST, Code::InvalidArgument)
     );
-    let (_, err) = rpc::<ListDirResponse>(&agent, "ListDir", json!({ "path": format!("{root_s}/a/file.txt") }))
-        .await
-        .unwrap_err();
-    assert!(err.message.contains("path is not a directory"), "{}", err.message);
+    let (_, err) = rpc::<ListDirResponse>(
+        &agent,
+        "ListDir",
+        json!({ "path": format!("{root_s}/a/file.txt") }),
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        err.message.contains("path is not a directory"),
+        "{}",
+        err.message
+    );
     assert_eq!(
-        code(rpc::<ListDirResponse>(&agent, "ListDir", json!({ "path": format!("{root_s}/missing") })).await),
+        code(
+            rpc::<ListDirResponse>(
+                &agent,
+                "ListDir",
+                json!({ "path": format!("{root_s}/missing") })
+            )
+            .await
+        ),
         (StatusCode::NOT_FOUND, Code::NotFound)
     );
 
@@ -98,18 +186,38 @@ async fn stat_make_list_move_remove() {
     )
     .await
     .unwrap();
-    assert_eq!(moved.entry.unwrap().path, format!("{root_s}/new/dir/renamed.txt"));
-    assert_eq!(std::fs::read_to_string(root.join("new/dir/renamed.txt")).unwrap(), "hello");
-    assert_eq!(code(stat(&agent, &format!("{root_s}/a/file.txt")).await), (StatusCode::NOT_FOUND, Code::NotFound));
     assert_eq!(
-        code(rpc::<MoveResponse>(&agent, "Move", json!({ "source": format!("{root_s}/nope"), "destination": format!("{root_s}/x") })).await),
+        moved.entry.unwrap().path,
+        format!("{root_s}/new/dir/renamed.txt")
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("new/dir/renamed.txt")).unwrap(),
+        "hello"
+    );
+    assert_eq!(
+        code(stat(&agent, &format!("{root_s}/a/file.txt")).await),
+        (StatusCode::NOT_FOUND, Code::NotFound)
+    );
+    assert_eq!(
+        code(
+            rpc::<MoveResponse>(
+                &agent,
+                "Move",
+                json!({ "source": format!("{root_s}/nope"), "destination": format!("{root_s}/x") })
+            )
+            .await
+        ),
         (StatusCode::NOT_FOUND, Code::NotFound)
     );
 
-    rpc::<Value>(&agent, "Remove", json!({ "path": format!("{root_s}/a") })).await.unwrap();
+    rpc::<Value>(&agent, "Remove", json!({ "path": format!("{root_s}/a") }))
+        .await
+        .unwrap();
     assert!(!root.join("a").exists());
     // Removing what does not exist succeeds, as in envd.
-    rpc::<Value>(&agent, "Remove", json!({ "path": format!("{root_s}/a") })).await.unwrap();
+    rpc::<Value>(&agent, "Remove", json!({ "path": format!("{root_s}/a") }))
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -121,17 +229,26 @@ async fn symlinks_and_loops() {
     std::os::unix::fs::symlink(dir.join("loop-b"), dir.join("loop-a")).unwrap();
     std::os::unix::fs::symlink(dir.join("loop-a"), dir.join("loop-b")).unwrap();
 
-    let entry = stat(&agent, &dir.join("link").display().to_string()).await.unwrap();
+    let entry = stat(&agent, &dir.join("link").display().to_string())
+        .await
+        .unwrap();
     assert!(entry.is_symlink);
     assert_eq!(entry.r#type, FileType::File);
     let canonical = std::fs::canonicalize(dir.join("target.txt")).unwrap();
-    assert_eq!(entry.symlink_target.as_deref(), Some(canonical.to_str().unwrap()));
+    assert_eq!(
+        entry.symlink_target.as_deref(),
+        Some(canonical.to_str().unwrap())
+    );
 
     assert_eq!(
-        code(rpc::<ListDirResponse>(&agent, "ListDir", json!({ "path": dir.join("loop-a") })).await),
+        code(
+            rpc::<ListDirResponse>(&agent, "ListDir", json!({ "path": dir.join("loop-a") })).await
+        ),
         (StatusCode::BAD_REQUEST, Code::FailedPrecondition)
     );
-    let entry = stat(&agent, &dir.join("loop-a").display().to_string()).await.unwrap();
+    let entry = stat(&agent, &dir.join("loop-a").display().to_string())
+        .await
+        .unwrap();
     assert!(entry.is_symlink);
     assert_eq!(entry.r#type, FileType::Unspecified);
 }
@@ -146,7 +263,11 @@ async fn next_fs_event(stream: &mut EventStream<WatchDirResponse>) -> Filesystem
     }
 }
 
-async fn wait_for_event(stream: &mut EventStream<WatchDirResponse>, name: &str, r#type: EventType) -> FilesystemEvent {
+async fn wait_for_event(
+    stream: &mut EventStream<WatchDirResponse>,
+    name: &str,
+    r#type: EventType,
+) -> FilesystemEvent {
     loop {
         let event = next_fs_event(stream).await;
         if event.name == name && event.r#type == r#type {
@@ -181,6 +302,11 @@ async fn watch_dir_reports_recursive_events() {
     std::fs::write(dir.join("sub/b.txt"), "2").unwrap();
     wait_for_event(&mut stream, "sub/b.txt", EventType::Create).await;
 
+    // What a new directory tree already holds when it is noticed is reported too.
+    std::fs::create_dir_all(dir.join("new/deeper")).unwrap();
+    std::fs::write(dir.join("new/deeper/f.txt"), "3").unwrap();
+    wait_for_event(&mut stream, "new/deeper/f.txt", EventType::Create).await;
+
     std::fs::set_permissions(dir.join("a.txt"), std::fs::Permissions::from_mode(0o600)).unwrap();
     wait_for_event(&mut stream, "a.txt", EventType::Chmod).await;
     std::fs::rename(dir.join("a.txt"), dir.join("c.txt")).unwrap();
@@ -192,13 +318,21 @@ async fn watch_dir_reports_recursive_events() {
     drop(stream);
 
     // Without `recursive`, changes in subdirectories are not reported.
-    let mut flat: EventStream<WatchDirResponse> =
-        agent.stream("/filesystem.Filesystem/WatchDir", &json!({ "path": dir }), &[]).await;
+    let mut flat: EventStream<WatchDirResponse> = agent
+        .stream(
+            "/filesystem.Filesystem/WatchDir",
+            &json!({ "path": dir }),
+            &[],
+        )
+        .await;
     assert_eq!(flat.message().await, WatchDirResponse::start());
     std::fs::write(dir.join("sub/ignored.txt"), "x").unwrap();
     std::fs::write(dir.join("top.txt"), "x").unwrap();
     let event = next_fs_event(&mut flat).await;
-    assert_eq!((event.name.as_str(), event.r#type), ("top.txt", EventType::Create));
+    assert_eq!(
+        (event.name.as_str(), event.r#type),
+        ("top.txt", EventType::Create)
+    );
     assert!(event.entry.is_none(), "no entry unless includeEntry");
 }
 
@@ -207,14 +341,22 @@ async fn watch_errors_and_keepalive() {
     let agent = Agent::start(&[]).await;
     let missing = agent.path().join("missing");
     let (_, end) = agent
-        .stream::<_, WatchDirResponse>("/filesystem.Filesystem/WatchDir", &json!({ "path": missing }), &[])
+        .stream::<_, WatchDirResponse>(
+            "/filesystem.Filesystem/WatchDir",
+            &json!({ "path": missing }),
+            &[],
+        )
         .await
         .finish()
         .await;
     assert_eq!(end.error.unwrap().code, Code::NotFound);
     std::fs::write(agent.path().join("file"), "").unwrap();
     let (_, end) = agent
-        .stream::<_, WatchDirResponse>("/filesystem.Filesystem/WatchDir", &json!({ "path": agent.path().join("file") }), &[])
+        .stream::<_, WatchDirResponse>(
+            "/filesystem.Filesystem/WatchDir",
+            &json!({ "path": agent.path().join("file") }),
+            &[],
+        )
         .await
         .finish()
         .await;
@@ -224,7 +366,10 @@ async fn watch_errors_and_keepalive() {
         .stream(
             "/filesystem.Filesystem/WatchDir",
             &json!({ "path": agent.path() }),
-            &[("keepalive-ping-interval", "1"), ("connect-timeout-ms", "1500")],
+            &[
+                ("keepalive-ping-interval", "1"),
+                ("connect-timeout-ms", "1500"),
+            ],
         )
         .await;
     assert_eq!(stream.message().await, WatchDirResponse::start());
@@ -240,33 +385,63 @@ async fn polling_watchers() {
     let agent = Agent::start(&[]).await;
     let dir = agent.path().join("polled");
     std::fs::create_dir(&dir).unwrap();
-    let created: CreateWatcherResponse =
-        rpc(&agent, "CreateWatcher", json!({ "path": dir, "recursive": true })).await.unwrap();
+    let created: CreateWatcherResponse = rpc(
+        &agent,
+        "CreateWatcher",
+        json!({ "path": dir, "recursive": true }),
+    )
+    .await
+    .unwrap();
     let id = created.watcher_id;
     assert!(!id.is_empty());
     std::fs::create_dir(dir.join("d")).unwrap();
     std::fs::write(dir.join("one.txt"), "1").unwrap();
     let mut seen = Vec::new();
     let deadline = tokio::time::Instant::now() + crate::harness::WAIT;
-    while !(seen.iter().any(|e: &FilesystemEvent| e.name == "one.txt" && e.r#type == EventType::Create)
-        && seen.iter().any(|e| e.name == "d" && e.r#type == EventType::Create))
+    while !(seen
+        .iter()
+        .any(|e: &FilesystemEvent| e.name == "one.txt" && e.r#type == EventType::Create)
+        && seen
+            .iter()
+            .any(|e| e.name == "d" && e.r#type == EventType::Create))
     {
-        assert!(tokio::time::Instant::now() < deadline, "polled events never arrived: {seen:?}");
-        let got: GetWatcherEventsResponse = rpc(&agent, "GetWatcherEvents", json!({ "watcherId": id })).await.unwrap();
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "polled events never arrived: {seen:?}"
+        );
+        let got: GetWatcherEventsResponse =
+            rpc(&agent, "GetWatcherEvents", json!({ "watcherId": id }))
+                .await
+                .unwrap();
         seen.extend(got.events);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Events are drained: the next poll is empty until something happens.
-    let again: GetWatcherEventsResponse = rpc(&agent, "GetWatcherEvents", json!({ "watcherId": id })).await.unwrap();
+    let again: GetWatcherEventsResponse =
+        rpc(&agent, "GetWatcherEvents", json!({ "watcherId": id }))
+            .await
+            .unwrap();
     assert!(again.events.iter().all(|e| e.name != "d"), "{again:?}");
 
-    rpc::<Value>(&agent, "RemoveWatcher", json!({ "watcherId": id })).await.unwrap();
+    rpc::<Value>(&agent, "RemoveWatcher", json!({ "watcherId": id }))
+        .await
+        .unwrap();
     assert_eq!(
-        code(rpc::<GetWatcherEventsResponse>(&agent, "GetWatcherEvents", json!({ "watcherId": id })).await),
+        code(
+            rpc::<GetWatcherEventsResponse>(&agent, "GetWatcherEvents", json!({ "watcherId": id }))
+                .await
+        ),
         (StatusCode::NOT_FOUND, Code::NotFound)
     );
     assert_eq!(
-        code(rpc::<CreateWatcherResponse>(&agent, "CreateWatcher", json!({ "path": dir.join("nope") })).await),
+        code(
+            rpc::<CreateWatcherResponse>(
+                &agent,
+                "CreateWatcher",
+                json!({ "path": dir.join("nope") })
+            )
+            .await
+        ),
         (StatusCode::NOT_FOUND, Code::NotFound)
     );
 }
@@ -285,23 +460,53 @@ async fn operations_use_the_requesting_users_permissions() {
     std::fs::create_dir(&private).unwrap();
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
 
-    let made: MakeDirResponse =
-        rpc_as(&agent, "nobody", "MakeDir", json!({ "path": shared.join("mine/deeper") })).await.unwrap();
+    let made: MakeDirResponse = rpc_as(
+        &agent,
+        "nobody",
+        "MakeDir",
+        json!({ "path": shared.join("mine/deeper") }),
+    )
+    .await
+    .unwrap();
     assert_eq!(made.entry.unwrap().owner, "nobody");
-    let parent = stat(&agent, &shared.join("mine").display().to_string()).await.unwrap();
-    assert_eq!(parent.owner, "nobody", "parents are created as the user too");
+    let parent = stat(&agent, &shared.join("mine").display().to_string())
+        .await
+        .unwrap();
+    assert_eq!(
+        parent.owner, "nobody",
+        "parents are created as the user too"
+    );
 
     assert_eq!(
-        code(rpc_as::<MakeDirResponse>(&agent, "nobody", "MakeDir", json!({ "path": private.join("x") })).await),
+        code(
+            rpc_as::<MakeDirResponse>(
+                &agent,
+                "nobody",
+                "MakeDir",
+                json!({ "path": private.join("x") })
+            )
+            .await
+        ),
         (StatusCode::FORBIDDEN, Code::PermissionDenied)
     );
     assert_eq!(
-        code(rpc_as::<ListDirResponse>(&agent, "nobody", "ListDir", json!({ "path": private })).await),
+        code(
+            rpc_as::<ListDirResponse>(&agent, "nobody", "ListDir", json!({ "path": private }))
+                .await
+        ),
         (StatusCode::FORBIDDEN, Code::PermissionDenied)
     );
     std::fs::write(private.join("keep"), "").unwrap();
     assert_eq!(
-        code(rpc_as::<Value>(&agent, "nobody", "Remove", json!({ "path": private.join("keep") })).await),
+        code(
+            rpc_as::<Value>(
+                &agent,
+                "nobody",
+                "Remove",
+                json!({ "path": private.join("keep") })
+            )
+            .await
+        ),
         (StatusCode::FORBIDDEN, Code::PermissionDenied)
     );
     assert!(private.join("keep").exists());
@@ -312,7 +517,11 @@ async fn operations_use_the_requesting_users_permissions() {
     // Watching needs read access as the user.
     let auth = basic_auth("nobody");
     let (_, end) = agent
-        .stream::<_, WatchDirResponse>("/filesystem.Filesystem/WatchDir", &json!({ "path": private }), &[("authorization", &auth)])
+        .stream::<_, WatchDirResponse>(
+            "/filesystem.Filesystem/WatchDir",
+            &json!({ "path": private }),
+            &[("authorization", &auth)],
+        )
         .await
         .finish()
         .await;

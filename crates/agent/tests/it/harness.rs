@@ -6,7 +6,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bulkhead_envd::connect::{
-    CONTENT_TYPE_CONNECT_JSON, ConnectError, EndStream, EnvelopeDecoder, StreamFrame, encode_message,
+    CONTENT_TYPE_CONNECT_JSON, ConnectError, EndStream, EnvelopeDecoder, StreamFrame,
+    encode_message,
 };
 use bytes::Bytes;
 use futures::StreamExt;
@@ -53,7 +54,11 @@ impl Agent {
     /// Starts the agent, optionally through a wrapper command (e.g. `unshare`).
     pub async fn start_with(wrapper: Option<&[&str]>, extra: &[&str]) -> Agent {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let socket = dir.path().join("agent.sock");
         let agent = env!("CARGO_BIN_EXE_bulkhead-agent");
         let listen = format!("unix:{}", socket.display());
@@ -66,11 +71,19 @@ impl Agent {
             }
             None => agent.to_owned(),
         };
-        args.extend(["--listen".to_owned(), listen, "--default-user".to_owned(), "root".to_owned()]);
+        args.extend([
+            "--listen".to_owned(),
+            listen,
+            "--default-user".to_owned(),
+            "root".to_owned(),
+        ]);
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let child = Command::new(program)
             .args(&args)
-            .env("RUST_LOG", std::env::var("BULKHEAD_TEST_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()))
+            .env(
+                "RUST_LOG",
+                std::env::var("BULKHEAD_TEST_AGENT_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .expect("agent binary starts");
@@ -83,7 +96,10 @@ impl Agent {
                     break;
                 }
             }
-            assert!(tokio::time::Instant::now() < deadline, "agent did not become healthy");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "agent did not become healthy"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         agent
@@ -96,12 +112,19 @@ impl Agent {
 
     /// Sends a request on a fresh connection.
     pub async fn send(&self, request: Request<BoxBody>) -> Response<Incoming> {
-        let stream = UnixStream::connect(&self.socket).await.expect("connect to agent");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
+        let stream = UnixStream::connect(&self.socket)
+            .await
+            .expect("connect to agent");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        tokio::time::timeout(WAIT, sender.send_request(request)).await.expect("response in time").expect("response")
+        tokio::time::timeout(WAIT, sender.send_request(request))
+            .await
+            .expect("response in time")
+            .expect("response")
     }
 
     /// Sends a request and reads the whole response.
@@ -118,11 +141,17 @@ impl Agent {
     }
 
     pub async fn get(&self, path: &str) -> (StatusCode, HeaderMap, Bytes) {
-        self.call(Request::get(path).body(full(Bytes::new())).unwrap()).await
+        self.call(Request::get(path).body(full(Bytes::new())).unwrap())
+            .await
     }
 
     /// A unary Connect call with extra headers; returns the status and JSON body.
-    pub async fn unary_raw(&self, path: &str, body: &Value, headers: &[(&str, &str)]) -> (StatusCode, Value) {
+    pub async fn unary_raw(
+        &self,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value) {
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(path)
@@ -131,8 +160,18 @@ impl Agent {
         for (k, v) in headers {
             request = request.header(*k, *v);
         }
-        let (status, _, body) = self.call(request.body(full(serde_json::to_vec(body).unwrap())).unwrap()).await;
-        let json = if body.is_empty() { Value::Null } else { serde_json::from_slice(&body).expect("JSON body") };
+        let (status, _, body) = self
+            .call(
+                request
+                    .body(full(serde_json::to_vec(body).unwrap()))
+                    .unwrap(),
+            )
+            .await;
+        let json = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).expect("JSON body")
+        };
         (status, json)
     }
 
@@ -143,11 +182,16 @@ impl Agent {
         request: &Req,
         headers: &[(&str, &str)],
     ) -> Result<Resp, (StatusCode, ConnectError)> {
-        let (status, json) = self.unary_raw(path, &serde_json::to_value(request).unwrap(), headers).await;
+        let (status, json) = self
+            .unary_raw(path, &serde_json::to_value(request).unwrap(), headers)
+            .await;
         if status == StatusCode::OK {
             Ok(serde_json::from_value(json).expect("response message"))
         } else {
-            Err((status, serde_json::from_value(json).expect("Connect error body")))
+            Err((
+                status,
+                serde_json::from_value(json).expect("Connect error body"),
+            ))
         }
     }
 
@@ -169,8 +213,15 @@ impl Agent {
         let body = encode_message(request).unwrap();
         let response = self.send(builder.body(full(body)).unwrap()).await;
         assert_eq!(response.status(), StatusCode::OK, "streams answer 200");
-        assert_eq!(response.headers()["content-type"], CONTENT_TYPE_CONNECT_JSON);
-        EventStream { body: response.into_body(), decoder: EnvelopeDecoder::new(), _marker: std::marker::PhantomData }
+        assert_eq!(
+            response.headers()["content-type"],
+            CONTENT_TYPE_CONNECT_JSON
+        );
+        EventStream {
+            body: response.into_body(),
+            decoder: EnvelopeDecoder::new(),
+            _marker: std::marker::PhantomData,
+        }
     }
 
     /// Sends a streamed (chunked) request body made of the given chunks, fed over time by the
@@ -231,7 +282,10 @@ impl<T: DeserializeOwned> EventStream<T> {
 /// `Authorization` header value selecting `user`.
 pub fn basic_auth(user: &str) -> String {
     use base64::Engine as _;
-    format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:")))
+    format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:"))
+    )
 }
 
 /// Polls `check` every 20 ms until it returns `Some`, failing after [`WAIT`].
@@ -245,7 +299,10 @@ where
         if let Some(v) = check().await {
             return v;
         }
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

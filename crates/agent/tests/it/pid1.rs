@@ -19,8 +19,11 @@ async fn as_pid_1_it_reaps_orphans() {
         eprintln!("skipped: needs root and `unshare --pid` to run the agent as pid 1");
         return;
     }
-    let agent =
-        Agent::start_with(Some(&["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]), &[]).await;
+    let agent = Agent::start_with(
+        Some(&["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]),
+        &[],
+    )
+    .await;
     // `sh` exits at once, orphaning `sleep`, which is re-parented to pid 1 and must be reaped
     // when it exits rather than linger as a zombie.
     let script = "sh -c 'sleep 0.2 & sleep 0.2 &'; sleep 1.2; ps -eo pid=,stat=,comm=";
@@ -35,10 +38,21 @@ async fn as_pid_1_it_reaps_orphans() {
     };
     let c = collect(agent.stream("/process.Process/Start", &request, &[]).await).await;
     assert_eq!(c.end.as_ref().unwrap().exit_code, 0, "stderr: {}", c.stderr);
-    let table: Vec<Vec<&str>> = c.stdout.lines().map(|l| l.split_whitespace().collect()).collect();
-    let init = table.iter().find(|row| row[0] == "1").expect("pid 1 is listed");
+    let table: Vec<Vec<&str>> = c
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let init = table
+        .iter()
+        .find(|row| row[0] == "1")
+        .expect("pid 1 is listed");
     assert_eq!(init[2], "bulkhead-agent");
     let zombies: Vec<_> = table.iter().filter(|row| row[1].starts_with('Z')).collect();
-    assert!(zombies.is_empty(), "zombies were left: {zombies:?}\n{}", c.stdout);
+    assert!(
+        zombies.is_empty(),
+        "zombies were left: {zombies:?}\n{}",
+        c.stdout
+    );
     assert!(!table.iter().any(|row| row[2] == "sleep"), "{}", c.stdout);
 }
