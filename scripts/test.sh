@@ -142,6 +142,7 @@ fi
 js_suite() {
     local tmp port key pid rc=0
     tmp="$(mktemp -d /var/tmp/bulkhead-js-XXXXXX)"
+    chmod 711 "$tmp"   # sandbox uids must traverse to their slot dirs
     port="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
     key="e2b_$("$PY" -c 'import secrets; print(secrets.token_hex(20))')"
     BULKHEAD_API_KEY="$key" "$BULKHEAD_BIN" serve --listen "127.0.0.1:$port" --data-dir "$tmp/data" \

@@ -169,6 +169,8 @@ class BulkheadServer:
         # On disk (not tmpfs) and with a short, neutral path: it shows up in sandboxes' mountinfo.
         base_tmp = os.environ.get("BULKHEAD_TEST_TMPDIR", "/var/tmp")
         tmp_root = Path(tempfile.mkdtemp(prefix="bulkhead-test-", dir=base_tmp))
+        # Sandbox uids must traverse to their slot dirs (the jail refuses a 0700 ancestor).
+        tmp_root.chmod(0o711)
         data_dir = tmp_root / "data"
         data_dir.mkdir()
         log_path = tmp_root / "server.log"

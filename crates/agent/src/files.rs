@@ -730,6 +730,10 @@ fn unquote(value: &str) -> String {
     out
 }
 
+/// How much of an abandoned upload body is read (and discarded) before answering; beyond
+/// this the connection is closed instead.
+const MAX_DRAIN: usize = 64 << 20;
+
 /// `POST /files`.
 pub async fn upload(
     State(state): State<SharedState>,
@@ -737,7 +741,37 @@ pub async fn upload(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match upload_inner(&state, &query, &headers, body).await {
+    // The body is read through a feeder task that, once the upload logic is done with it (at
+    // the multipart epilogue, or early on an error), keeps reading to the end before we answer:
+    // closing a Unix socket with unread request bytes makes the host proxy's write fail and
+    // the client would see a 502 instead of this response.
+    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(8);
+    let feeder = tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        let mut drained: usize = 0;
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(c) if !tx.is_closed() => {
+                    if tx.send(Ok(c)).await.is_err() {
+                        continue;
+                    }
+                }
+                Ok(c) => {
+                    drained += c.len();
+                    if drained > MAX_DRAIN {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(io::Error::other(e))).await;
+                    break;
+                }
+            }
+        }
+    });
+    let result = upload_inner(&state, &query, &headers, ReceiverStream::new(rx).boxed()).await;
+    let _ = feeder.await;
+    match result {
         Ok(entries) => {
             let mut response =
                 Response::new(Body::from(serde_json::to_vec(&entries).unwrap_or_default()));
@@ -765,7 +799,7 @@ async fn upload_inner(
     state: &SharedState,
     query: &FilesQuery,
     headers: &HeaderMap,
-    body: Body,
+    raw: BoxStream<'static, io::Result<Bytes>>,
 ) -> Result<Vec<UploadedEntry>, FilesError> {
     authorize(
         state.access_token().as_deref(),
@@ -790,10 +824,6 @@ async fn upload_inner(
             )));
         }
     };
-    let raw: BoxStream<'static, io::Result<Bytes>> = body
-        .into_data_stream()
-        .map(|r| r.map_err(io::Error::other))
-        .boxed();
     let data = if gzip { gunzip_stream(raw) } else { raw };
 
     let content_type = headers

@@ -43,6 +43,10 @@ pub struct ServeArgs {
     /// Memory limit of `base` sandboxes in MiB.
     #[arg(long, default_value_t = 512)]
     pub memory_mb: u64,
+    /// First host uid of the sandboxes' uid ranges (65536 per slot). Servers sharing a host
+    /// need disjoint ranges.
+    #[arg(long, env = "BULKHEAD_UID_BASE", default_value_t = 1_000_000)]
+    pub uid_base: u32,
     /// CPUs of `base` sandboxes.
     #[arg(long, default_value_t = 2)]
     pub cpu_count: u32,
@@ -98,16 +102,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "--max-background-processes".into(),
             args.max_background_processes.to_string(),
         ],
-        uid_base: 1_000_000,
+        uid_base: args.uid_base,
         max_slots: (args.max_sandboxes + args.pool_size * 4 + 8) as u32,
-        cgroup_parent: "bulkhead".into(),
+        cgroup_parent: cgroup_parent(&args.data.data_dir),
         start_timeout: Duration::from_secs(10),
     })
     .context("cannot initialise the jail driver")?;
 
+    let driver = Arc::new(driver);
     let engine = Engine::new(
         store,
-        Arc::new(driver),
+        driver.clone(),
         EngineConfig {
             default_timeout: Duration::from_secs(args.default_timeout),
             max_timeout: Duration::from_secs(args.max_timeout),
@@ -133,6 +138,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         eprintln!("Re-adopted {adopted} running sandbox(es) from the previous run.");
     }
     engine.start_background();
+    // Idmapped template views are kept per slot for fast starts; drop the unused ones now and
+    // then so replaced templates do not stay mounted.
+    let pruner = driver.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1800));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if let Err(e) = pruner.prune_lowers() {
+                tracing::warn!(error = %e, "pruning idmapped template views failed");
+            }
+        }
+    });
 
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -152,7 +170,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         "Shutting down; running sandboxes keep running and are re-adopted on the next start."
     );
     engine.shutdown().await;
+    if let Err(e) = driver.prune_lowers() {
+        tracing::warn!(error = %e, "pruning idmapped template views failed");
+    }
+    driver.release_cgroup_parent();
     Ok(ExitCode::SUCCESS)
+}
+
+/// `bulkhead/<instance>`: each data dir gets its own cgroup subtree, so a server reclaiming
+/// leftovers never touches another server's sandboxes on the same host.
+fn cgroup_parent(data_dir: &std::path::Path) -> String {
+    use sha2::Digest;
+    let canonical = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    format!("bulkhead/{}", &hex::encode(digest)[..8])
 }
 
 fn nix_is_root() -> bool {

@@ -79,6 +79,8 @@ pub trait CgroupBackend: Send + Sync + std::fmt::Debug {
     fn usage(&self, name: &str) -> io::Result<CgroupUsage>;
     /// Names of existing sandbox cgroups under the parent (for cleaning up after a crash).
     fn list(&self) -> io::Result<Vec<String>>;
+    /// The parent directories themselves (removed when the server stops with none left).
+    fn parent_dirs(&self) -> Vec<PathBuf>;
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {
@@ -298,6 +300,10 @@ impl CgroupBackend for V1 {
         })
     }
 
+    fn parent_dirs(&self) -> Vec<PathBuf> {
+        self.mounts.values().map(|m| m.join(&self.parent)).collect()
+    }
+
     fn list(&self) -> io::Result<Vec<String>> {
         let mut all = Vec::new();
         for d in self.mounts.values() {
@@ -429,6 +435,10 @@ impl CgroupBackend for V2 {
 
     fn list(&self) -> io::Result<Vec<String>> {
         list_children(&self.root.join(&self.parent))
+    }
+
+    fn parent_dirs(&self) -> Vec<PathBuf> {
+        vec![self.root.join(&self.parent)]
     }
 }
 

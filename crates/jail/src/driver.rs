@@ -368,6 +368,15 @@ impl JailDriver {
         &self.inner.cfg
     }
 
+    /// Remove this driver's cgroup parent directories if no sandbox cgroup is left in them
+    /// (called when the server stops; busy parents stay for the sandboxes that keep running).
+    pub fn release_cgroup_parent(&self) {
+        for d in self.inner.cgroups.parent_dirs() {
+            // Only our own leaf: the shared top (`bulkhead`) may hold other servers' parents.
+            let _ = fs::remove_dir(&d);
+        }
+    }
+
     /// Unmount the idmapped template views no running sandbox uses (they are otherwise kept
     /// for reuse). Returns how many were removed.
     pub fn prune_lowers(&self) -> Result<usize, JailError> {

@@ -7,7 +7,7 @@
 
 import { spawn, spawnSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, existsSync } from 'node:fs'
+import { chmodSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, existsSync } from 'node:fs'
 import net from 'node:net'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -91,6 +91,8 @@ export async function startServer() {
   const imageCache = process.env.BULKHEAD_IMAGE_CACHE ?? '/var/cache/bulkhead/images'
   mkdirSync(imageCache, { recursive: true })
   const tmpRoot = mkdtempSync(path.join(process.env.BULKHEAD_TEST_TMPDIR ?? '/var/tmp', 'bulkhead-jstest-'))
+  // Sandbox uids must traverse to their slot dirs (the jail refuses a 0700 ancestor).
+  chmodSync(tmpRoot, 0o711)
   const dataDir = path.join(tmpRoot, 'data')
   mkdirSync(dataDir)
   const logPath = path.join(tmpRoot, 'server.log')
