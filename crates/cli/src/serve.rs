@@ -162,10 +162,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         })?;
     let app = bulkhead_api::router(engine.clone());
     eprintln!("Listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("server failed")?;
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopping = stop.clone();
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown_signal().await;
+        stopping.notify_waiters();
+    });
+    // Long-lived streams (a background command's output, a watch) would hold a graceful
+    // shutdown open forever: give in-flight requests a moment, then close the rest. Processes
+    // inside sandboxes keep running; clients reconnect after the restart.
+    tokio::select! {
+        r = server => r.context("server failed")?,
+        _ = async {
+            stop.notified().await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        } => tracing::info!("closing the remaining client streams"),
+    }
     eprintln!(
         "Shutting down; running sandboxes keep running and are re-adopted on the next start."
     );
@@ -181,7 +193,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 /// leftovers never touches another server's sandboxes on the same host.
 fn cgroup_parent(data_dir: &std::path::Path) -> String {
     use sha2::Digest;
-    let canonical = data_dir.canonicalize().unwrap_or_else(|_| data_dir.to_path_buf());
+    let canonical = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
     let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
     format!("bulkhead/{}", &hex::encode(digest)[..8])
 }
