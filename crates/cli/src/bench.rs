@@ -39,6 +39,8 @@ pub struct BenchArgs {
     template: String,
 }
 
+const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 struct Stats {
     name: String,
     samples: Vec<Duration>,
@@ -106,7 +108,7 @@ fn time_process(mut c: std::process::Command) -> anyhow::Result<Duration> {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let client = Arc::new(Client::new(&args.client.api_url, &args.client.api_key)?);
+    let client = Arc::new(args.client.client()?);
     let rootfs = args.rootfs.clone().unwrap_or_else(|| {
         ImageCache::new(args.image_cache.clone()).rootfs_path(&TemplateRecipe::base())
     });
@@ -122,7 +124,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     };
     for _ in 0..args.n {
         let mut c = std::process::Command::new(&args.cmd[0]);
-        c.args(&args.cmd[1..]);
+        // Same PATH as inside the sandbox, so a bare name runs the distribution's binary (not,
+        // say, a version-manager shim).
+        c.args(&args.cmd[1..]).env("PATH", SANDBOX_PATH);
         host.samples.push(time_process(c)?);
     }
     let mut bwrap = Stats {

@@ -28,13 +28,13 @@ struct Cli {
 #[derive(clap::Args, Clone, Debug)]
 pub struct DataArgs {
     /// Data directory (database, sandboxes, images).
-    #[arg(long, env = "BULKHEAD_DATA_DIR", default_value = "/var/lib/bulkhead")]
+    #[arg(long, global = true, env = "BULKHEAD_DATA_DIR", default_value = "/var/lib/bulkhead")]
     pub data_dir: PathBuf,
     /// Database URL (`sqlite:///path/db` or `postgres://…`); default: SQLite in the data dir.
-    #[arg(long, env = "BULKHEAD_DATABASE_URL")]
+    #[arg(long, global = true, env = "BULKHEAD_DATABASE_URL")]
     pub database_url: Option<String>,
     /// Template image cache (content-addressed root filesystems); default: <data-dir>/images.
-    #[arg(long, env = "BULKHEAD_IMAGE_CACHE")]
+    #[arg(long, global = true, env = "BULKHEAD_IMAGE_CACHE")]
     pub image_cache: Option<PathBuf>,
 }
 
@@ -56,10 +56,19 @@ impl DataArgs {
 /// How to reach a running server (for `sandbox` and `bench`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ClientArgs {
-    #[arg(long, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
+    #[arg(long, global = true, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
     pub api_url: String,
-    #[arg(long, env = "E2B_API_KEY", hide_env_values = true)]
-    pub api_key: String,
+    #[arg(long, global = true, env = "E2B_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+impl ClientArgs {
+    pub fn client(&self) -> anyhow::Result<client::Client> {
+        let key = self.api_key.as_deref().ok_or_else(|| {
+            anyhow::anyhow!("no API key: set E2B_API_KEY or pass --api-key (see `bulkhead keys create`)")
+        })?;
+        client::Client::new(&self.api_url, key)
+    }
 }
 
 #[derive(Subcommand)]

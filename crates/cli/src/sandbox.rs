@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use clap::Subcommand;
 
 use crate::ClientArgs;
-use crate::client::{Client, SandboxRef, run_command};
+use crate::client::{SandboxRef, run_command};
 
 #[derive(Subcommand)]
 pub enum SandboxCmd {
@@ -30,7 +30,7 @@ pub enum SandboxCmd {
 }
 
 pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
-    let client = Client::new(&args.api_url, &args.api_key)?;
+    let client = args.client()?;
     match cmd {
         SandboxCmd::Create { template, timeout } => {
             let body = serde_json::json!({ "templateID": template, "timeout": timeout });
