@@ -431,6 +431,7 @@ class Proc:
     comm: str
     cmdline: str
     cgroup: str = ""
+    state: str = ""
 
     def describe(self) -> str:
         return f"pid={self.pid} ppid={self.ppid} uid={self.uid} comm={self.comm!r} cmd={self.cmdline[:120]!r}"
@@ -445,12 +446,14 @@ def processes() -> List[Proc]:
         try:
             status = Path(f"/proc/{pid}/status").read_text()
             uid = ppid = -1
-            comm = ""
+            comm = state = ""
             for line in status.splitlines():
                 if line.startswith("Uid:"):
                     uid = int(line.split()[1])
                 elif line.startswith("PPid:"):
                     ppid = int(line.split()[1])
+                elif line.startswith("State:"):
+                    state = line.split()[1]
                 elif line.startswith("Name:"):
                     comm = line.split(None, 1)[1] if len(line.split(None, 1)) > 1 else ""
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -458,7 +461,7 @@ def processes() -> List[Proc]:
                 cgroup = Path(f"/proc/{pid}/cgroup").read_text()
             except OSError:
                 cgroup = ""
-            res.append(Proc(pid, ppid, uid, comm, cmdline, cgroup))
+            res.append(Proc(pid, ppid, uid, comm, cmdline, cgroup, state))
         except (OSError, ValueError, IndexError):
             continue
     return res
@@ -490,6 +493,11 @@ def sandbox_processes(own_server_pid: Optional[int] = None) -> List[Proc]:
     res = []
     for p in procs:
         if p.pid == os.getpid():
+            continue
+        # A dead sandbox init whose server has gone (re-adopted after a restart, or an earlier
+        # run) is reparented to the host's pid 1, and reaping it is that init's job: it holds
+        # no memory, mounts or cgroup. Zombies still parented by a server are leaks.
+        if p.state == "Z" and p.ppid == 1:
             continue
         is_sandbox = p.uid >= SLOT_UID_MIN or p.comm == AGENT_NAME or AGENT_NAME in p.cmdline.split(" ")[0]
         if is_sandbox and not under_foreign(p):

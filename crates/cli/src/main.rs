@@ -28,7 +28,12 @@ struct Cli {
 #[derive(clap::Args, Clone, Debug)]
 pub struct DataArgs {
     /// Data directory (database, sandboxes, images).
-    #[arg(long, global = true, env = "BULKHEAD_DATA_DIR", default_value = "/var/lib/bulkhead")]
+    #[arg(
+        long,
+        global = true,
+        env = "BULKHEAD_DATA_DIR",
+        default_value = "/var/lib/bulkhead"
+    )]
     pub data_dir: PathBuf,
     /// Database URL (`sqlite:///path/db` or `postgres://…`); default: SQLite in the data dir.
     #[arg(long, global = true, env = "BULKHEAD_DATABASE_URL")]
@@ -56,7 +61,12 @@ impl DataArgs {
 /// How to reach a running server (for `sandbox` and `bench`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ClientArgs {
-    #[arg(long, global = true, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
+    #[arg(
+        long,
+        global = true,
+        env = "E2B_API_URL",
+        default_value = "http://127.0.0.1:3000"
+    )]
     pub api_url: String,
     #[arg(long, global = true, env = "E2B_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
@@ -65,7 +75,9 @@ pub struct ClientArgs {
 impl ClientArgs {
     pub fn client(&self) -> anyhow::Result<client::Client> {
         let key = self.api_key.as_deref().ok_or_else(|| {
-            anyhow::anyhow!("no API key: set E2B_API_KEY or pass --api-key (see `bulkhead keys create`)")
+            anyhow::anyhow!(
+                "no API key: set E2B_API_KEY or pass --api-key (see `bulkhead keys create`)"
+            )
         })?;
         client::Client::new(&self.api_url, key)
     }

@@ -156,6 +156,8 @@ pub struct Engine {
     pools: Mutex<HashMap<String, VecDeque<DriverHandle>>>,
     pool_wakeup: Notify,
     shutdown: CancellationToken,
+    /// The warm-pool filler, awaited on shutdown so a start in flight is not orphaned.
+    filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 fn now_ms() -> i64 {
@@ -177,6 +179,7 @@ impl Engine {
             pools: Mutex::new(HashMap::new()),
             pool_wakeup: Notify::new(),
             shutdown: CancellationToken::new(),
+            filler: Mutex::new(None),
         })
     }
 
@@ -664,7 +667,8 @@ impl Engine {
         let engine = Arc::clone(self);
         tokio::spawn(async move { engine.reaper().await });
         let engine = Arc::clone(self);
-        tokio::spawn(async move { engine.pool_filler().await });
+        let filler = tokio::spawn(async move { engine.pool_filler().await });
+        *self.filler.lock().expect("filler lock") = Some(filler);
     }
 
     async fn reaper(self: Arc<Self>) {
@@ -715,6 +719,11 @@ impl Engine {
                         break;
                     }
                     match self.driver.start(&t.spec()).await {
+                        Ok(h) if self.shutdown.is_cancelled() => {
+                            // Started while shutting down: nobody will claim it.
+                            let _ = self.driver.stop(&h).await;
+                            return;
+                        }
                         Ok(h) => self
                             .pools
                             .lock()
@@ -742,6 +751,12 @@ impl Engine {
     /// server start re-adopts them.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
+        let filler = self.filler.lock().expect("filler lock").take();
+        if let Some(f) = filler {
+            // Lets a start in flight finish and stop its sandbox (bounded by the driver's own
+            // start timeout).
+            let _ = f.await;
+        }
         let pooled: Vec<DriverHandle> = self
             .pools
             .lock()

@@ -288,71 +288,86 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
     engine.shutdown().await;
 }
 
-#[tokio::test]
-async fn recover_readopts_live_and_buries_dead() {
-    let (dir, driver, engine, owner) = setup(0).await;
-    let a = engine
-        .create(
-            &owner,
-            CreateRequest {
-                template: "base".into(),
-                ..Default::default()
-            },
-        )
-        .await
+#[test]
+fn recover_readopts_live_and_buries_dead() {
+    // The first "server" runs on its own runtime, dropped before the restart like an exiting
+    // process: none of its tasks (watchers, reaper) survive into the second one.
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
         .unwrap();
-    let b = engine
-        .create(
-            &owner,
-            CreateRequest {
-                template: "base".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let hb: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
-        &engine
-            .store()
-            .get_sandbox(&b.id)
+    let (dir, driver, a, b, hb, orphan) = first.block_on(async {
+        let (dir, driver, engine, owner) = setup(0).await;
+        let a = engine
+            .create(
+                &owner,
+                CreateRequest {
+                    template: "base".into(),
+                    ..Default::default()
+                },
+            )
             .await
-            .unwrap()
-            .unwrap()
-            .driver_handle
-            .unwrap(),
-    )
-    .unwrap();
-    // An orphan the store does not know about (e.g. a pool member of the dead server).
-    let orphan = driver
-        .start(&SandboxSpec {
-            template_id: "base".into(),
-            rootfs: "/x".into(),
-            cpu_count: 1,
-            memory_mb: 1,
-            pids_max: 1,
-        })
-        .await
+            .unwrap();
+        let b = engine
+            .create(
+                &owner,
+                CreateRequest {
+                    template: "base".into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let hb: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
+            &engine
+                .store()
+                .get_sandbox(&b.id)
+                .await
+                .unwrap()
+                .unwrap()
+                .driver_handle
+                .unwrap(),
+        )
         .unwrap();
-    // "Restart": a new engine over the same store and host; b died meanwhile.
-    drop(engine);
-    driver.alive.lock().unwrap().remove(&hb.pid);
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let engine2 = Engine::new(
-        store,
-        driver.clone(),
-        EngineConfig {
-            pool_size: 0,
-            ..Default::default()
-        },
-    );
-    engine2.register_template(template()).await.unwrap();
-    assert_eq!(engine2.recover().await.unwrap(), 1);
-    assert!(engine2.get(&a.id).await.is_ok());
-    assert!(engine2.get(&b.id).await.is_err());
-    assert!(
-        !driver.alive.lock().unwrap().contains(&orphan.pid),
-        "orphan reclaimed"
-    );
-    let row = engine2.store().get_sandbox(&b.id).await.unwrap().unwrap();
-    assert_eq!(row.end_reason.as_deref(), Some("lost on restart"));
+        // An orphan the store does not know about (e.g. a pool member of the dead server).
+        let orphan = driver
+            .start(&SandboxSpec {
+                template_id: "base".into(),
+                rootfs: "/x".into(),
+                cpu_count: 1,
+                memory_mb: 1,
+                pids_max: 1,
+            })
+            .await
+            .unwrap();
+        (dir, driver, a, b, hb, orphan)
+    });
+    drop(first);
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async move {
+            // "Restart": a new engine over the same store and host; b died meanwhile.
+            driver.alive.lock().unwrap().remove(&hb.pid);
+            let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+            let engine2 = Engine::new(
+                store,
+                driver.clone(),
+                EngineConfig {
+                    pool_size: 0,
+                    ..Default::default()
+                },
+            );
+            engine2.register_template(template()).await.unwrap();
+            assert_eq!(engine2.recover().await.unwrap(), 1);
+            assert!(engine2.get(&a.id).await.is_ok());
+            assert!(engine2.get(&b.id).await.is_err());
+            assert!(
+                !driver.alive.lock().unwrap().contains(&orphan.pid),
+                "orphan reclaimed"
+            );
+            let row = engine2.store().get_sandbox(&b.id).await.unwrap().unwrap();
+            assert_eq!(row.end_reason.as_deref(), Some("lost on restart"));
+        });
 }
