@@ -8,9 +8,10 @@
 //! `CREATE` events, so `mkdir -p a/b && touch a/b/f` is seen in full (a file created in the short
 //! window between that scan and the new watch can still be missed).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use bulkhead_envd::filesystem::{EventType, FilesystemEvent};
 use notify::event::{EventKind, ModifyKind, RenameMode};
@@ -24,6 +25,13 @@ use crate::users::UserDb;
 pub const MAX_WATCHERS: usize = 256;
 /// Most entries reported for the contents of a directory that appears in a recursive watch.
 const MAX_SYNTHETIC_EVENTS: usize = 10_000;
+/// Most paths remembered as reported-created (beyond, the set is cleared and a rare duplicate
+/// `CREATE` is possible).
+const MAX_REMEMBERED: usize = 100_000;
+/// How long after a new directory is noticed it is scanned again (its inotify watch is added
+/// right after the event handler returns).
+const RESCAN_DELAY: Duration = Duration::from_millis(30);
+
 /// Most events a polling watcher buffers between polls (oldest are dropped).
 pub const MAX_BUFFERED_EVENTS: usize = 10_000;
 
@@ -61,14 +69,43 @@ pub struct WatchSpec {
 }
 
 /// Converts notify events to envd events.
+#[derive(Clone)]
 struct Converter {
     spec: WatchSpec,
     users: UserDb,
     last: Option<(String, EventType)>,
+    /// Paths reported as created, shared with the rescan thread.
+    created: Arc<Mutex<HashSet<PathBuf>>>,
 }
 
 impl Converter {
-    fn convert(&mut self, event: notify::Event) -> Vec<FilesystemEvent> {
+    /// Record `path` as reported-created; false if it already was.
+    fn mark_created(&self, path: &Path) -> bool {
+        let mut set = self
+            .created
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if set.len() >= MAX_REMEMBERED {
+            set.clear();
+        }
+        set.insert(path.to_path_buf())
+    }
+
+    fn forget(&self, path: &Path) {
+        let mut set = self
+            .created
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        set.retain(|p| !p.starts_with(path));
+    }
+
+    /// Converts one notify event; new directories of a recursive watch are pushed to `new_dirs`
+    /// for a follow-up scan.
+    fn convert(
+        &mut self,
+        event: notify::Event,
+        new_dirs: &mut Vec<PathBuf>,
+    ) -> Vec<FilesystemEvent> {
         let r#type = match event.kind {
             EventKind::Create(_) | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => {
                 EventType::Create
@@ -83,6 +120,11 @@ impl Converter {
         };
         let mut out = Vec::new();
         for path in event.paths {
+            match r#type {
+                EventType::Create if !self.mark_created(&path) => continue,
+                EventType::Remove | EventType::Rename => self.forget(&path),
+                _ => {}
+            }
             let name = relative_name(&self.spec.root, &path);
             // A watched subdirectory that is deleted or moved is reported both by its parent and
             // by itself; report it once.
@@ -102,8 +144,9 @@ impl Converter {
                 r#type,
                 entry,
             });
-            if r#type == EventType::Create && self.spec.recursive {
+            if r#type == EventType::Create && self.spec.recursive && path.is_dir() {
                 self.report_contents(&path, &mut out);
+                new_dirs.push(path);
             }
         }
         out
@@ -128,6 +171,9 @@ impl Converter {
                 if child.file_type().is_ok_and(|t| t.is_dir()) {
                     pending.push(path.clone());
                 }
+                if !self.mark_created(&path) {
+                    continue;
+                }
                 let entry = self
                     .spec
                     .include_entry
@@ -146,7 +192,7 @@ impl Converter {
 
 /// Starts watching; `sink` receives each event (or the watcher's error) on notify's thread.
 /// Watching stops when the returned watcher is dropped.
-pub fn watch<F>(spec: WatchSpec, mut sink: F) -> Result<RecommendedWatcher, WatchError>
+pub fn watch<F>(spec: WatchSpec, sink: F) -> Result<RecommendedWatcher, WatchError>
 where
     F: FnMut(Result<FilesystemEvent, String>) + Send + 'static,
 {
@@ -160,14 +206,51 @@ where
         spec,
         users: UserDb::load().unwrap_or_default(),
         last: None,
+        created: Arc::new(Mutex::new(HashSet::new())),
     };
-    let handler = move |event: notify::Result<notify::Event>| match event {
-        Ok(event) => {
-            for fs_event in converter.convert(event) {
-                sink(Ok(fs_event));
+    let sink = Arc::new(Mutex::new(sink));
+    // Follow-up scans of new directories run on their own thread, after the handler has
+    // returned and notify has added the new watch. It ends when the watcher (and so the
+    // handler holding the sender) is dropped.
+    let (rescan_tx, rescan_rx) = mpsc::channel::<(PathBuf, Instant)>();
+    {
+        let scanner = converter.clone();
+        let sink = Arc::clone(&sink);
+        std::thread::Builder::new()
+            .name("watch-rescan".into())
+            .spawn(move || {
+                while let Ok((dir, due)) = rescan_rx.recv() {
+                    std::thread::sleep(due.saturating_duration_since(Instant::now()));
+                    let mut out = Vec::new();
+                    scanner.report_contents(&dir, &mut out);
+                    let mut sink = sink
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    for ev in out {
+                        sink(Ok(ev));
+                    }
+                }
+            })
+            .map_err(|e| WatchError::Notify {
+                path: root.clone(),
+                source: notify::Error::io(e),
+            })?;
+    }
+    let handler = move |event: notify::Result<notify::Event>| {
+        let mut new_dirs = Vec::new();
+        let events = event.map(|e| converter.convert(e, &mut new_dirs));
+        {
+            let mut sink = sink
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match events {
+                Ok(events) => events.into_iter().for_each(|ev| sink(Ok(ev))),
+                Err(e) => sink(Err(e.to_string())),
             }
         }
-        Err(e) => sink(Err(e.to_string())),
+        for d in new_dirs {
+            let _ = rescan_tx.send((d, Instant::now() + RESCAN_DELAY));
+        }
     };
     let config = notify::Config::default().with_follow_symlinks(false);
     let mut watcher =
