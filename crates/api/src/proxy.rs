@@ -10,6 +10,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bulkhead_engine::EngineError;
+use bulkhead_envd::rest::FileOperation;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
@@ -81,17 +82,24 @@ fn target(st: &AppState, req: &Request) -> Result<Target, ApiError> {
         let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         if let Some(sig) = get("signature") {
             let op = if req.method() == axum::http::Method::GET {
-                "read"
+                FileOperation::Read
             } else {
-                "write"
+                FileOperation::Write
             };
-            let found = st.engine.find_by_file_signature(
-                get("path").unwrap_or(""),
-                op,
-                get("username").unwrap_or(""),
-                sig,
-                get("signature_expiration"),
-            );
+            // An expiration that is not a number can match no signature.
+            let expiration = match get("signature_expiration") {
+                Some(e) => e.parse().ok().map(Some),
+                None => Some(None),
+            };
+            let found = expiration.and_then(|exp| {
+                st.engine.find_by_file_signature(
+                    get("path").unwrap_or(""),
+                    op,
+                    get("username").unwrap_or(""),
+                    sig,
+                    exp,
+                )
+            });
             return match found {
                 Some(id) => Ok(Target::Sandbox {
                     id,

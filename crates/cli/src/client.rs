@@ -2,6 +2,10 @@
 //! `X-API-Key`, and a sandbox's agent through the routing headers.
 
 use anyhow::{Context, bail};
+use bulkhead_envd::connect::{EnvelopeDecoder, StreamFrame, encode_message};
+use bulkhead_envd::process::process_event::{DataEvent, Event, Output};
+use bulkhead_envd::process::{self, ProcessConfig, ProcessEvent, StartRequest, StartResponse};
+use bulkhead_envd::rest::ENVD_PORT;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -84,73 +88,34 @@ impl Client {
     }
 
     /// Open a Connect server-streaming call on a sandbox's envd and return the raw response.
-    pub async fn envd_stream(
+    pub async fn envd_stream<T: serde::Serialize>(
         &self,
         sb: &SandboxRef,
-        method: &str,
-        message: &serde_json::Value,
+        path: &str,
+        message: &T,
         timeout_ms: Option<u64>,
     ) -> anyhow::Result<http::Response<Incoming>> {
-        let json = message.to_string();
-        let mut env = Vec::with_capacity(json.len() + 5);
-        env.push(0u8);
-        env.extend_from_slice(&(json.len() as u32).to_be_bytes());
-        env.extend_from_slice(json.as_bytes());
         let mut b = self
-            .builder(http::Method::POST, method)
+            .builder(http::Method::POST, path)
             .header(http::header::CONTENT_TYPE, "application/connect+json")
             .header("Connect-Protocol-Version", "1")
             .header("E2b-Sandbox-Id", &sb.id)
-            .header("E2b-Sandbox-Port", "49983");
+            .header("E2b-Sandbox-Port", ENVD_PORT.to_string());
         if let Some(t) = &sb.access_token {
             b = b.header("X-Access-Token", t);
         }
         if let Some(ms) = timeout_ms {
             b = b.header("Connect-Timeout-Ms", ms.to_string());
         }
-        let resp = self.send(b.body(Full::new(Bytes::from(env)))?).await?;
+        let resp = self
+            .send(b.body(Full::new(encode_message(message)?))?)
+            .await?;
         if !resp.status().is_success() {
             let status = resp.status();
             let bytes = resp.into_body().collect().await?.to_bytes();
-            bail!("{method}: {status}: {}", String::from_utf8_lossy(&bytes));
+            bail!("{path}: {status}: {}", String::from_utf8_lossy(&bytes));
         }
         Ok(resp)
-    }
-}
-
-/// Incremental decoder for Connect streaming envelopes.
-#[derive(Default)]
-pub struct EnvelopeReader {
-    buf: Vec<u8>,
-}
-
-pub enum Frame {
-    Message(serde_json::Value),
-    End(serde_json::Value),
-}
-
-impl EnvelopeReader {
-    pub fn push(&mut self, data: &[u8]) {
-        self.buf.extend_from_slice(data);
-    }
-
-    pub fn next_frame(&mut self) -> anyhow::Result<Option<Frame>> {
-        if self.buf.len() < 5 {
-            return Ok(None);
-        }
-        let flags = self.buf[0];
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if self.buf.len() < 5 + len {
-            return Ok(None);
-        }
-        let v: serde_json::Value =
-            serde_json::from_slice(&self.buf[5..5 + len]).context("bad envelope JSON")?;
-        self.buf.drain(..5 + len);
-        Ok(Some(if flags & 0x02 != 0 {
-            Frame::End(v)
-        } else {
-            Frame::Message(v)
-        }))
     }
 }
 
@@ -164,40 +129,44 @@ pub async fn run_command(
     timeout_ms: Option<u64>,
     mut on_output: impl FnMut(bool, &[u8]),
 ) -> anyhow::Result<i32> {
-    use base64::Engine as _;
-    let msg =
-        serde_json::json!({ "process": { "cmd": cmd, "args": args, "envs": {} }, "stdin": false });
+    let req = StartRequest {
+        process: Some(ProcessConfig {
+            cmd: cmd.to_string(),
+            args: args.to_vec(),
+            ..Default::default()
+        }),
+        stdin: Some(false),
+        ..Default::default()
+    };
     let resp = client
-        .envd_stream(sb, "/process.Process/Start", &msg, timeout_ms)
+        .envd_stream(sb, &process::path(process::method::START), &req, timeout_ms)
         .await?;
     let mut body = resp.into_body();
-    let mut rd = EnvelopeReader::default();
+    let mut decoder = EnvelopeDecoder::new();
     let mut exit = None;
     while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        let Some(data) = frame.data_ref() else {
+        let Ok(data) = frame?.into_data() else {
             continue;
         };
-        rd.push(data);
-        while let Some(f) = rd.next_frame()? {
+        decoder.push(&data);
+        while let Some(f) = decoder.next_frame::<StartResponse>()? {
             match f {
-                Frame::Message(v) => {
-                    let ev = &v["event"];
-                    if let Some(d) = ev.get("data") {
-                        for (key, is_err) in [("stdout", false), ("stderr", true), ("pty", false)] {
-                            if let Some(s) = d.get(key).and_then(|s| s.as_str()) {
-                                let bytes = base64::engine::general_purpose::STANDARD.decode(s)?;
-                                on_output(is_err, &bytes);
-                            }
-                        }
-                    } else if let Some(end) = ev.get("end") {
-                        exit =
-                            Some(end.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0) as i32);
-                    }
-                }
-                Frame::End(v) => {
-                    if let Some(err) = v.get("error") {
-                        bail!("command failed: {}", err);
+                StreamFrame::Message(StartResponse {
+                    event: Some(ProcessEvent { event: Some(ev) }),
+                }) => match ev {
+                    Event::Data(DataEvent {
+                        output: Some(Output::Stderr(b)),
+                    }) => on_output(true, &b),
+                    Event::Data(DataEvent {
+                        output: Some(Output::Stdout(b) | Output::Pty(b)),
+                    }) => on_output(false, &b),
+                    Event::End(end) => exit = Some(end.exit_code),
+                    _ => {}
+                },
+                StreamFrame::Message(_) => {}
+                StreamFrame::End(end) => {
+                    if let Some(err) = end.error {
+                        bail!("command failed: {}: {}", err.code, err.message);
                     }
                 }
             }

@@ -17,16 +17,18 @@ pub enum AgentClientError {
     Request(#[source] hyper::Error),
     #[error("Invalid request to the agent")]
     Build(#[source] http::Error),
+    #[error("Request body could not be encoded")]
+    Encode(#[source] serde_json::Error),
     #[error("Agent answered {status}: {body}")]
     Status { status: u16, body: String },
 }
 
 /// Send one request and return the body of a 2xx answer.
-pub async fn request(
+pub async fn request<T: serde::Serialize + ?Sized>(
     stream: AgentStream,
     method: http::Method,
     path: &str,
-    json_body: Option<&serde_json::Value>,
+    json_body: Option<&T>,
     access_token: Option<&str>,
 ) -> Result<Bytes, AgentClientError> {
     let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
@@ -36,9 +38,10 @@ pub async fn request(
     let conn_task = tokio::spawn(async move {
         let _ = conn.await;
     });
-    let body = json_body
-        .map(|v| Bytes::from(v.to_string()))
-        .unwrap_or_default();
+    let body = match json_body {
+        Some(v) => Bytes::from(serde_json::to_vec(v).map_err(AgentClientError::Encode)?),
+        None => Bytes::new(),
+    };
     let mut builder = http::Request::builder()
         .method(method)
         .uri(path)

@@ -4,10 +4,10 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use base64::Engine as _;
+use bulkhead_envd::rest::{FileOperation, InitRequest, file_signature};
 use bulkhead_store::{ApiKeyRow, SandboxFilter, SandboxRow, SandboxState, Store};
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -43,7 +43,7 @@ impl Default for EngineConfig {
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             pool_size: 2,
-            envd_version: "0.6.4".into(),
+            envd_version: bulkhead_envd::ENVD_VERSION.into(),
             max_sandboxes: 1000,
             dead_retention: Duration::from_secs(3600),
             reap_interval: Duration::from_millis(250),
@@ -183,16 +183,8 @@ impl Engine {
         })
     }
 
-    pub fn config(&self) -> &EngineConfig {
-        &self.cfg
-    }
-
     pub fn store(&self) -> &Store {
         &self.store
-    }
-
-    pub fn driver_name(&self) -> &'static str {
-        self.driver.name()
     }
 
     // ----- templates -----
@@ -279,12 +271,12 @@ impl Engine {
 
         let id = ids::sandbox_id();
         let token = req.secure.then(|| ids::random_hex(20));
-        let init = serde_json::json!({
-            "envVars": req.env_vars,
-            "accessToken": token,
-            "defaultUser": "user",
-            "sandboxId": id,
-        });
+        let init = InitRequest {
+            env_vars: Some(req.env_vars.clone()),
+            access_token: token.clone(),
+            default_user: Some("user".into()),
+            ..Default::default()
+        };
         let handle = self.claim_and_init(&template, &init).await?;
 
         let started = now_ms();
@@ -317,11 +309,7 @@ impl Engine {
     }
 
     /// Take a warm sandbox (or start one) and give it its identity through `/init`.
-    async fn claim_and_init(
-        &self,
-        t: &TemplateInfo,
-        init: &serde_json::Value,
-    ) -> Result<DriverHandle> {
+    async fn claim_and_init(&self, t: &TemplateInfo, init: &InitRequest) -> Result<DriverHandle> {
         // A pooled sandbox may have died while waiting; try the pool a few times, then cold.
         for _ in 0..3 {
             let Some(handle) = self
@@ -349,7 +337,7 @@ impl Engine {
         Ok(handle)
     }
 
-    async fn init_agent(&self, handle: &DriverHandle, init: &serde_json::Value) -> Result<()> {
+    async fn init_agent(&self, handle: &DriverHandle, init: &InitRequest) -> Result<()> {
         let stream = self.driver.connect(handle).await?;
         agent_client::request(stream, http::Method::POST, "/init", Some(init), None)
             .await
@@ -576,10 +564,10 @@ impl Engine {
     pub fn find_by_file_signature(
         &self,
         path: &str,
-        operation: &str,
+        operation: FileOperation,
         username: &str,
         signature: &str,
-        expiration: Option<&str>,
+        expiration: Option<i64>,
     ) -> Option<String> {
         let live = self.live.lock().expect("live lock");
         live.iter().find_map(|(id, l)| {
@@ -769,20 +757,6 @@ impl Engine {
         }
     }
 
-    /// Kill every running sandbox (used by tests and `serve --kill-on-exit`).
-    pub async fn kill_all(&self) {
-        let ids: Vec<String> = self
-            .live
-            .lock()
-            .expect("live lock")
-            .keys()
-            .cloned()
-            .collect();
-        for id in ids {
-            self.finish(&id, "killed").await;
-        }
-    }
-
     pub fn pool_len(&self, template: &str) -> usize {
         self.pools
             .lock()
@@ -790,26 +764,6 @@ impl Engine {
             .get(template)
             .map_or(0, |q| q.len())
     }
-}
-
-/// `v1_` + base64(sha256("path:operation:username:token[:expiration]")), no padding (envd's
-/// signed-URL scheme).
-pub fn file_signature(
-    path: &str,
-    operation: &str,
-    username: &str,
-    token: &str,
-    expiration: Option<&str>,
-) -> String {
-    let mut s = format!("{path}:{operation}:{username}:{token}");
-    if let Some(e) = expiration {
-        s.push(':');
-        s.push_str(e);
-    }
-    format!(
-        "v1_{}",
-        base64::engine::general_purpose::STANDARD_NO_PAD.encode(Sha256::digest(s.as_bytes()))
-    )
 }
 
 fn encode_token(started_at: i64, id: &str) -> String {
@@ -858,21 +812,6 @@ fn validate_metadata(md: &BTreeMap<String, String>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn signature_matches_envd_scheme() {
-        // sha256("/home/user/a.txt:read::tok") computed independently with python hashlib.
-        let sig = file_signature("/home/user/a.txt", "read", "", "tok", None);
-        assert_eq!(sig, "v1_Zkbb3914oLJLvMBzCAHQhm2ydBLxbSx2eQUR/kLdvIY");
-        assert_ne!(
-            sig,
-            file_signature("/home/user/a.txt", "write", "", "tok", None)
-        );
-        assert_ne!(
-            sig,
-            file_signature("/home/user/a.txt", "read", "", "tok", Some("123"))
-        );
-    }
 
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {

@@ -14,6 +14,14 @@ use bulkhead_engine::{
 };
 use bulkhead_store::{SandboxState, Store};
 
+/// A request for the `base` template with defaults.
+fn base() -> CreateRequest {
+    CreateRequest {
+        template: "base".into(),
+        ..Default::default()
+    }
+}
+
 fn template() -> TemplateInfo {
     TemplateInfo {
         id: "base".into(),
@@ -80,16 +88,7 @@ async fn create_get_list_kill() {
     // Legacy `<id>-<clientID>` form.
     assert!(engine.get(&format!("{}-bulkhead", info.id)).await.is_ok());
 
-    let other = engine
-        .create(
-            &owner,
-            CreateRequest {
-                template: "base".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let other = engine.create(&owner, base()).await.unwrap();
     let page = engine
         .list(&ListRequest {
             metadata: md.clone(),
@@ -154,9 +153,8 @@ async fn unknown_template_and_bad_timeout_are_rejected() {
         .create(
             &owner,
             CreateRequest {
-                template: "base".into(),
                 timeout: Some(10 * 24 * 3600),
-                ..Default::default()
+                ..base()
             },
         )
         .await;
@@ -176,9 +174,8 @@ async fn ttl_reaper_kills_and_timeouts_move_end_at() {
         .create(
             &owner,
             CreateRequest {
-                template: "base".into(),
                 timeout: Some(1),
-                ..Default::default()
+                ..base()
             },
         )
         .await
@@ -203,16 +200,7 @@ async fn ttl_reaper_kills_and_timeouts_move_end_at() {
 #[tokio::test]
 async fn dead_sandbox_is_noticed() {
     let (_d, driver, engine, owner) = setup(0).await;
-    let sb = engine
-        .create(
-            &owner,
-            CreateRequest {
-                template: "base".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let sb = engine.create(&owner, base()).await.unwrap();
     let h: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
         &engine
             .store()
@@ -255,10 +243,9 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
         .create(
             &owner,
             CreateRequest {
-                template: "base".into(),
                 env_vars: env,
                 secure: true,
-                ..Default::default()
+                ..base()
             },
         )
         .await
@@ -269,15 +256,13 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
         "create claimed from the pool"
     );
     let inits = driver.inits.lock().unwrap().clone();
+    let token = sb.envd_access_token.clone().unwrap();
     let mine = inits
         .iter()
-        .find(|v| v["sandboxId"] == sb.id.as_str())
-        .expect("init sent");
+        .find(|v| v["accessToken"] == token.as_str())
+        .expect("init with the sandbox's token sent");
     assert_eq!(mine["envVars"]["FOO"], "bar");
-    assert_eq!(
-        mine["accessToken"],
-        sb.envd_access_token.clone().unwrap().as_str()
-    );
+    assert_eq!(mine["defaultUser"], "user");
     for _ in 0..100 {
         if engine.pool_len("base") == 2 {
             break;
@@ -298,26 +283,8 @@ fn recover_readopts_live_and_buries_dead() {
         .unwrap();
     let (dir, driver, a, b, hb, orphan) = first.block_on(async {
         let (dir, driver, engine, owner) = setup(0).await;
-        let a = engine
-            .create(
-                &owner,
-                CreateRequest {
-                    template: "base".into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-        let b = engine
-            .create(
-                &owner,
-                CreateRequest {
-                    template: "base".into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        let a = engine.create(&owner, base()).await.unwrap();
+        let b = engine.create(&owner, base()).await.unwrap();
         let hb: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
             &engine
                 .store()

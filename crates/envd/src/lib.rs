@@ -20,6 +20,7 @@ pub mod rest;
 
 pub use connect::{Code, ConnectError};
 
-/// envd version this implementation is compatible with; the SDKs gate features on it
-/// (≥ 0.6.4 enables everything the current SDKs use).
-pub const ENVD_VERSION: &str = "0.6.13";
+/// envd version reported to the SDKs, which gate features on it: 0.6.4 is the highest version
+/// whose gated features (recursive watch, stdin, CloseStdin, octet-stream uploads, metadata,
+/// `include_entry`, `allow_network_mounts`) all exist here; later ones may gate what does not.
+pub const ENVD_VERSION: &str = "0.6.4";
