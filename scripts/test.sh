@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bulkhead's test command (see README): lint, build and unit tests, then the conformance suites
 # with the official, unmodified E2B SDKs (PyPI `e2b`, an older 2.x `e2b`, npm `e2b`) against a
-# real `bulkhead serve`, the isolation tests and the 200-cycle leak test.
+# real `bulkhead serve`, the isolation tests and the 200-cycle leak test, and the code-interpreter
+# suites with PyPI `e2b-code-interpreter` and npm `@e2b/code-interpreter`.
 #
 # Debian 12, as root; idempotent. Installs what it needs (Debian packages, a PostgreSQL for the
 # store tests via .ci/postgres.sh, Python venvs under $BULKHEAD_CACHE_DIR, npm packages in
@@ -12,6 +13,7 @@
 #   BULKHEAD_IMAGE_CACHE   template images                      (default $BULKHEAD_CACHE_DIR/images)
 #   PYTEST_ADDOPTS         extra pytest options, e.g. -m "not slow" to skip the leak test locally
 #   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk js
+#                          interpreter-module interpreter-python interpreter-js
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -103,10 +105,14 @@ make_venv() { # make_venv REQUIREMENTS -> prints the venv dir
 section "Test environments"
 VENV="$(make_venv tests/sdk/python/requirements.txt)"
 OLD_VENV="$(make_venv tests/sdk/python_old/requirements-old.txt)"
+CI_VENV="$(make_venv tests/sdk/interpreter/requirements.txt)"
 echo "python SDK venv: $VENV (e2b $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "old SDK venv:    $OLD_VENV (e2b $("$OLD_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
+echo "interpreter venv: $CI_VENV (e2b-code-interpreter $("$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))'))"
 (cd tests/sdk/js && npm ci --no-audit --no-fund --loglevel=error)
 echo "js SDK: e2b $(node -p 'require("./tests/sdk/js/node_modules/e2b/package.json").version')"
+(cd tests/sdk/js-interpreter && npm ci --no-audit --no-fund --loglevel=error)
+echo "js interpreter SDK: @e2b/code-interpreter $(node -p 'require("./tests/sdk/js-interpreter/node_modules/@e2b/code-interpreter/package.json").version')"
 mkdir -p "$BULKHEAD_IMAGE_CACHE"
 
 # ---- Rust -----------------------------------------------------------------------------------
@@ -139,7 +145,7 @@ if ! skipped old-sdk; then
     pytest_step "Older Python SDK, POST /sandboxes generation (tests/sdk/python_old)" "$OLD_VENV" 900 tests/sdk/python_old
 fi
 
-js_suite() {
+js_suite() { # js_suite TEST_FILES...
     local tmp port key pid rc=0
     tmp="$(mktemp -d /var/tmp/bulkhead-js-XXXXXX)"
     chmod 711 "$tmp"   # sandbox uids must traverse to their slot dirs
@@ -163,7 +169,7 @@ js_suite() {
         return 1
     fi
     BULKHEAD_TEST_URL="http://127.0.0.1:$port" BULKHEAD_TEST_API_KEY="$key" BULKHEAD_TEST_DATA_DIR="$tmp/data" \
-        timeout --kill-after=30 1500 node --test --test-concurrency=1 tests/sdk/js/*.test.mjs || rc=$?
+        timeout --kill-after=30 1500 node --test --test-concurrency=1 "$@" || rc=$?
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     if [ "$rc" -ne 0 ]; then
@@ -178,7 +184,20 @@ js_suite() {
     return "$rc"
 }
 if ! skipped js; then
-    run_step "JS SDK: conformance (tests/sdk/js, node --test)" js_suite
+    run_step "JS SDK: conformance (tests/sdk/js, node --test)" js_suite tests/sdk/js/*.test.mjs
+fi
+
+# ---- code interpreter (template code-interpreter-v1, port-49999 API) ---------------------------
+if [ -x crates/images/interpreter/python/tests/run.sh ] && ! skipped interpreter-module; then
+    run_step "Interpreter startup module (crates/images/interpreter/python/tests)" \
+        crates/images/interpreter/python/tests/run.sh
+fi
+if ! skipped interpreter-python; then
+    pytest_step "Python code-interpreter SDK (tests/sdk/interpreter)" "$CI_VENV" 2400 tests/sdk/interpreter
+fi
+if ! skipped interpreter-js; then
+    # (tests/sdk/js-interpreter/env.mjs points the readiness probe at code-interpreter-v1)
+    run_step "JS code-interpreter SDK (tests/sdk/js-interpreter, node --test)" js_suite tests/sdk/js-interpreter/*.test.mjs
 fi
 
 summary

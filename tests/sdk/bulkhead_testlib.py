@@ -136,8 +136,9 @@ class BulkheadServer:
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_env(cls) -> "BulkheadServer":
-        """An external server (`BULKHEAD_TEST_URL`) or a freshly started one."""
+    def from_env(cls, extra_args: Optional[List[str]] = None) -> "BulkheadServer":
+        """An external server (`BULKHEAD_TEST_URL`) or a freshly started one (with
+        `extra_args` added to `bulkhead serve`)."""
         url = os.environ.get("BULKHEAD_TEST_URL")
         if url:
             key = os.environ.get("BULKHEAD_TEST_API_KEY") or os.environ.get("E2B_API_KEY")
@@ -153,7 +154,7 @@ class BulkheadServer:
             )
             srv.wait_ready(timeout=float(os.environ.get("BULKHEAD_STARTUP_TIMEOUT", "120")))
             return srv
-        return cls.start()
+        return cls.start(extra_args)
 
     @classmethod
     def start(cls, extra_args: Optional[List[str]] = None) -> "BulkheadServer":

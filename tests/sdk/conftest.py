@@ -24,6 +24,7 @@ from bulkhead_testlib import (  # noqa: E402
     TEMPLATE,
     BulkheadServer,
 )
+import egresslab  # noqa: E402
 
 RUN_ID = os.urandom(4).hex()
 _SERVER: BulkheadServer | None = None
@@ -43,7 +44,14 @@ def pytest_collection_modifyitems(session, config, items):
 @pytest.fixture(scope="session")
 def server():
     global _SERVER, _SESSION_LOG_TAIL
-    srv = BulkheadServer.from_env()
+    # The egress tests' upstream CA and TEST-ONLY resolver overrides must be given at start.
+    pki = None
+    extra = []
+    if not os.environ.get("BULKHEAD_TEST_URL") and egresslab.missing_tools() is None:
+        pki = egresslab.TestPki()
+        extra = egresslab.serve_args(pki)
+    srv = BulkheadServer.from_env(extra_args=extra)
+    srv.egress_pki = pki
     _SERVER = srv
     os.environ["E2B_API_URL"] = srv.url
     os.environ["E2B_SANDBOX_URL"] = srv.url
@@ -55,6 +63,8 @@ def server():
     yield srv
     failed = srv.owned and (srv.proc.poll() is not None and srv.proc.returncode not in (0, None))
     srv.stop()
+    if pki is not None:
+        pki.cleanup()
     _SESSION_LOG_TAIL = srv.log_tail(150)
     session_failed = failed or _SESSION_FAILED[0]
     if srv.owned:

@@ -63,6 +63,15 @@ pub struct Args {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_background_processes: u32,
 
+    /// The code-interpreter kernel manifest; when the file exists, port 49999 serves the
+    /// code-interpreter API.
+    #[arg(
+        long,
+        default_value = crate::interpreter::manifest::DEFAULT_MANIFEST_PATH,
+        env = "BULKHEAD_AGENT_INTERPRETER_MANIFEST"
+    )]
+    pub interpreter_manifest: std::path::PathBuf,
+
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive list).
     #[arg(long, default_value = "info", env = "BULKHEAD_AGENT_LOG")]
     pub log_level: String,

@@ -12,6 +12,7 @@
 //! - [`filesystem`]: filesystem RPCs and inotify watches;
 //! - [`files`]: streaming upload/download with signed URLs;
 //! - [`control`]: `/health`, `/init`, `/envs`, `/metrics`;
+//! - [`interpreter`]: the code-interpreter API on port 49999 (Jupyter kernels);
 //! - [`creds`], [`users`], [`paths`]: acting as the requesting user.
 
 pub mod cli;
@@ -21,6 +22,7 @@ pub mod creds;
 pub mod files;
 pub mod filesystem;
 pub mod init;
+pub mod interpreter;
 pub mod paths;
 pub mod process;
 pub mod server;
@@ -78,7 +80,24 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
             .unwrap_or(usize::MAX),
     };
     let state = AppState::new(&config);
-    let app = server::app(state);
+    let interpreter = match interpreter::manifest::Manifest::load(&args.interpreter_manifest) {
+        Ok(Some(manifest)) => {
+            let interpreter = interpreter::Interpreter::new(
+                manifest,
+                interpreter::InterpreterConfig::default(),
+                state.clone(),
+            );
+            interpreter.start_default_contexts();
+            Some(interpreter)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            // The envd API must work even when the template's interpreter is broken.
+            tracing::error!(error = %error_chain(&e), "code interpreter disabled");
+            None
+        }
+    };
+    let app = server::app_with_interpreter(state, interpreter);
     let shutdown = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

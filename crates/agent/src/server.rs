@@ -88,7 +88,23 @@ fn port_closed(headers: &HeaderMap) -> Response {
 
 /// The whole app: port routing around the envd routes.
 pub fn app(state: SharedState) -> Router {
-    PortRouter::new(ENVD_PORT, envd_router(state)).into_router()
+    app_with_interpreter(state, None)
+}
+
+/// The whole app, with the code-interpreter API on port 49999 when the template has one
+/// (otherwise that port answers like any closed port).
+pub fn app_with_interpreter(
+    state: SharedState,
+    interpreter: Option<Arc<crate::interpreter::Interpreter>>,
+) -> Router {
+    let mut ports = PortRouter::new(ENVD_PORT, envd_router(state));
+    if let Some(interpreter) = interpreter {
+        ports = ports.with_port(
+            crate::interpreter::INTERPRETER_PORT,
+            crate::interpreter::http::router(interpreter),
+        );
+    }
+    ports.into_router()
 }
 
 /// The envd API.

@@ -4,7 +4,7 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use bulkhead_engine::{CreateRequest, ListRequest};
 use bulkhead_store::{ApiKeyRow, SandboxState};
@@ -13,7 +13,10 @@ use serde::de::DeserializeOwned;
 
 use crate::AppState;
 use crate::error::ApiError;
-use crate::wire::{NewSandbox, RefreshBody, Sandbox, SandboxDetail, SandboxMetric, TimeoutBody};
+use crate::wire::{
+    EgressEvent, NetworkConfig, NewSandbox, NewSecret, RefreshBody, Sandbox, SandboxDetail,
+    SandboxMetric, Secret, SecretUpdate, TimeoutBody,
+};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -31,6 +34,13 @@ pub fn routes(state: AppState) -> Router<AppState> {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/network", put(update_network))
+        .route("/sandboxes/{id}/network/events", get(network_events))
+        .route("/secrets", get(list_secrets).post(create_secret))
+        .route(
+            "/secrets/{id}",
+            get(get_secret).post(update_secret).delete(delete_secret),
+        )
         .route("/templates", get(list_templates))
         .layer(axum::middleware::from_fn_with_state(state, require_api_key));
     Router::new()
@@ -95,11 +105,7 @@ async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> Api
     if req.template_id.trim().is_empty() {
         return Err(ApiError::bad_request("templateID is required"));
     }
-    if req.allow_internet_access == Some(true) {
-        tracing::warn!(
-            "allow_internet_access requested; egress is not available, the sandbox has no network"
-        );
-    }
+    let network = req.network.map(NetworkConfig::into_engine).transpose()?;
     let info = st
         .engine
         .create(
@@ -111,6 +117,8 @@ async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> Api
                 env_vars: req.env_vars.unwrap_or_default(),
                 // v2 is always secured; v1 defaults to secure like the SDKs do.
                 secure: v2 || req.secure.unwrap_or(true),
+                allow_internet_access: req.allow_internet_access,
+                network,
             },
         )
         .await?;
@@ -214,6 +222,105 @@ async fn metrics_batch(
         }
     }
     Ok(Json(serde_json::json!({ "sandboxes": out })))
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the whole config (E2B `SandboxNetworkUpdateConfig`).
+async fn update_network(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let cfg: NetworkConfig = parse_body(&body)?;
+    let allow = cfg.allow_internet_access;
+    st.engine
+        .update_network(&id, allow, cfg.into_engine()?)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /sandboxes/{id}/network/events?limit=N` (Bulkhead): the newest N (default 100, at most
+/// 10000) egress decisions, oldest first.
+async fn network_events(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> ApiResult<Json<Vec<EgressEvent>>> {
+    let mut limit = 100;
+    for (k, v) in query_pairs(req.uri().query()) {
+        if k == "limit" {
+            limit = v
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=10_000).contains(n))
+                .ok_or_else(|| ApiError::bad_request("limit must be a number from 1 to 10000"))?;
+        }
+    }
+    let events = st.engine.network_events(&id, limit).await?;
+    Ok(Json(events.iter().map(EgressEvent::from).collect()))
+}
+
+async fn list_secrets(State(st): State<AppState>, req: Request) -> ApiResult<Response> {
+    let mut limit = None;
+    let mut next = None;
+    for (k, v) in query_pairs(req.uri().query()) {
+        match k.as_str() {
+            "limit" => {
+                let n: usize = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=100).contains(n))
+                    .ok_or_else(|| ApiError::bad_request("limit must be a number from 1 to 100"))?;
+                limit = Some(n);
+            }
+            "nextToken" => next = Some(v),
+            _ => {}
+        }
+    }
+    let page = st.engine.list_secrets(limit, next.as_deref()).await?;
+    let items: Vec<Secret> = page.items.iter().map(Secret::from).collect();
+    let mut headers = HeaderMap::new();
+    if let Some(t) = page
+        .next_token
+        .as_deref()
+        .and_then(|t| HeaderValue::from_str(t).ok())
+    {
+        headers.insert("x-next-token", t);
+    }
+    Ok((StatusCode::OK, headers, Json(items)).into_response())
+}
+
+async fn create_secret(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
+    let b: NewSecret = parse_body(&body)?;
+    let info = st
+        .engine
+        .create_secret(&b.name, &b.value, b.metadata.unwrap_or_default())
+        .await?;
+    Ok((StatusCode::CREATED, Json(Secret::from(&info))).into_response())
+}
+
+async fn get_secret(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Secret>> {
+    Ok(Json(Secret::from(&st.engine.get_secret(&id).await?)))
+}
+
+async fn update_secret(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<Json<Secret>> {
+    let b: SecretUpdate = parse_body(&body)?;
+    let info = st.engine.update_secret(&id, &b.value, b.metadata).await?;
+    Ok(Json(Secret::from(&info)))
+}
+
+async fn delete_secret(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    if st.engine.delete_secret(&id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("Secret {id} not found")))
+    }
 }
 
 fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {

@@ -46,9 +46,14 @@ impl IntoResponse for ApiError {
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         let (status, code) = match &e {
-            EngineError::SandboxNotFound(_) | EngineError::TemplateNotFound(_) => {
-                (StatusCode::NOT_FOUND, None)
-            }
+            EngineError::SandboxNotFound(_)
+            | EngineError::TemplateNotFound(_)
+            | EngineError::SecretNotFound(_) => (StatusCode::NOT_FOUND, None),
+            EngineError::Conflict(_) => (StatusCode::CONFLICT, None),
+            EngineError::Network(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some("internal_server_error"),
+            ),
             EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
             EngineError::Capacity => (
                 StatusCode::TOO_MANY_REQUESTS,

@@ -2,8 +2,11 @@
 
 use std::collections::BTreeMap;
 
-use bulkhead_engine::SandboxInfo;
+use bulkhead_engine::{NetworkRule, SandboxInfo, SandboxNetwork, SecretInfo};
+use bulkhead_store::EgressEventRow;
 use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
 
 pub const CLIENT_ID: &str = "bulkhead";
 
@@ -22,6 +25,124 @@ pub struct NewSandbox {
     pub secure: Option<bool>,
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+    #[serde(default)]
+    pub network: Option<NetworkConfig>,
+}
+
+/// `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (PUT …/network). Inbound
+/// settings (`allowPublicTraffic`, `maskRequestHost`, `httpsPorts`) and `dnsServers` (the proxy
+/// answers DNS itself) are accepted and ignored; a SOCKS5 `egressProxy` is refused.
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    #[serde(default)]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub deny_out: Option<Vec<String>>,
+    #[serde(default)]
+    pub rules: Option<BTreeMap<String, Vec<NetworkRule>>>,
+    #[serde(default)]
+    pub egress_proxy: Option<serde_json::Value>,
+    /// Only in the update body (snake_case on the wire, like create's top-level field).
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+}
+
+impl NetworkConfig {
+    pub fn into_engine(self) -> Result<SandboxNetwork, ApiError> {
+        if self.egress_proxy.as_ref().is_some_and(|p| !p.is_null()) {
+            return Err(ApiError::bad_request(
+                "network.egressProxy is not supported by Bulkhead: sandbox traffic leaves only \
+                 through its own egress proxy; remove egressProxy",
+            ));
+        }
+        Ok(SandboxNetwork {
+            allow_out: self.allow_out.unwrap_or_default(),
+            deny_out: self.deny_out.unwrap_or_default(),
+            rules: self.rules.unwrap_or_default(),
+        })
+    }
+}
+
+/// `NewSecret` (POST /secrets).
+#[derive(Debug, Deserialize, Default)]
+pub struct NewSecret {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub value: String,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// `SecretUpdate` (POST /secrets/{id}).
+#[derive(Debug, Deserialize, Default)]
+pub struct SecretUpdate {
+    #[serde(default)]
+    pub value: String,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// `Secret`: metadata only, the value is write-only.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Secret {
+    #[serde(rename = "secretID")]
+    pub secret_id: String,
+    pub name: String,
+    pub current_version: i64,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl From<&SecretInfo> for Secret {
+    fn from(s: &SecretInfo) -> Self {
+        Secret {
+            secret_id: s.id.clone(),
+            name: s.name.clone(),
+            current_version: s.version,
+            metadata: s.metadata.clone(),
+            created_at: rfc3339(&s.created_at),
+            updated_at: rfc3339(&s.updated_at),
+        }
+    }
+}
+
+/// One egress decision (Bulkhead-specific `GET /sandboxes/{id}/network/events`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressEvent {
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    pub timestamp: String,
+    pub protocol: String,
+    pub host: Option<String>,
+    pub ip: Option<String>,
+    pub port: i64,
+    pub allowed: bool,
+    pub rule: String,
+    pub bytes_out: i64,
+    pub bytes_in: i64,
+}
+
+impl From<&EgressEventRow> for EgressEvent {
+    fn from(e: &EgressEventRow) -> Self {
+        let at = chrono::DateTime::from_timestamp_millis(e.at).unwrap_or_default();
+        EgressEvent {
+            sandbox_id: e.sandbox_id.clone(),
+            timestamp: rfc3339(&at),
+            protocol: e.protocol.clone(),
+            host: e.host.clone(),
+            ip: e.ip.clone(),
+            port: e.port,
+            allowed: e.allowed,
+            rule: e.rule.clone(),
+            bytes_out: e.bytes_out,
+            bytes_in: e.bytes_in,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -94,6 +215,8 @@ pub struct SandboxDetail {
     pub envd_access_token: Option<String>,
     pub domain: Option<String>,
     pub allow_internet_access: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
     pub lifecycle: serde_json::Value,
     pub volume_mounts: Vec<serde_json::Value>,
 }
@@ -119,7 +242,8 @@ impl SandboxDetail {
                 None
             },
             domain: None,
-            allow_internet_access: false,
+            allow_internet_access: s.allow_internet_access,
+            network: s.network.clone(),
             lifecycle: serde_json::json!({ "onTimeout": "kill", "autoResume": false }),
             volume_mounts: Vec::new(),
         }

@@ -5,7 +5,9 @@
 mod bench;
 mod client;
 mod keys;
+mod netargs;
 mod sandbox;
+mod secrets;
 mod serve;
 mod template;
 
@@ -101,6 +103,13 @@ enum Cmd {
         #[command(subcommand)]
         cmd: sandbox::SandboxCmd,
     },
+    /// Manage secrets for egress header injection (values are write-only).
+    Secrets {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        cmd: secrets::SecretsCmd,
+    },
     /// Build and list template images.
     Template {
         #[command(flatten)]
@@ -135,6 +144,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Serve(args) => serve::run(args).await,
             Cmd::Keys { data, cmd } => keys::run(data, cmd).await,
             Cmd::Sandbox { client, cmd } => sandbox::run(client, cmd).await,
+            Cmd::Secrets { client, cmd } => secrets::run(client, cmd).await,
             Cmd::Template { data, cmd } => template::run(data, cmd).await,
             Cmd::Bench(args) => bench::run(args).await,
         }

@@ -15,6 +15,37 @@ pub enum SandboxCmd {
         /// Time to live in seconds.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
+        /// Allow internet access (default: the server's `--network-default`).
+        #[arg(long)]
+        allow_internet: Option<bool>,
+        /// Allowed destination (domain, `*.domain`, IP or CIDR); repeatable.
+        #[arg(long = "allow-out", value_name = "DEST")]
+        allow_out: Vec<String>,
+        /// Denied destination (IP or CIDR); repeatable.
+        #[arg(long = "deny-out", value_name = "DEST")]
+        deny_out: Vec<String>,
+    },
+    /// Replace a sandbox's network policy (PUT semantics: flags not given are cleared).
+    Network {
+        id: String,
+        /// Allow internet access (default: the server's `--network-default`).
+        #[arg(long)]
+        allow_internet: Option<bool>,
+        #[arg(long = "allow-out", value_name = "DEST")]
+        allow_out: Vec<String>,
+        #[arg(long = "deny-out", value_name = "DEST")]
+        deny_out: Vec<String>,
+    },
+    /// Show a sandbox's egress audit trail (allowed and denied connections, bytes).
+    #[command(alias = "audit")]
+    NetworkEvents {
+        id: String,
+        /// How many of the newest events.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// List running sandboxes.
     Ls,
@@ -32,8 +63,20 @@ pub enum SandboxCmd {
 pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     let client = args.client()?;
     match cmd {
-        SandboxCmd::Create { template, timeout } => {
-            let body = serde_json::json!({ "templateID": template, "timeout": timeout });
+        SandboxCmd::Create {
+            template,
+            timeout,
+            allow_internet,
+            allow_out,
+            deny_out,
+        } => {
+            let mut body = serde_json::json!({ "templateID": template, "timeout": timeout });
+            if let Some(a) = allow_internet {
+                body["allow_internet_access"] = a.into();
+            }
+            if !allow_out.is_empty() || !deny_out.is_empty() {
+                body["network"] = serde_json::json!({ "allowOut": allow_out, "denyOut": deny_out });
+            }
             let (_, _, b) = client
                 .api(http::Method::POST, "/v2/sandboxes", Some(body))
                 .await?;
@@ -79,6 +122,61 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
             })
             .await?;
             return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+        }
+        SandboxCmd::Network {
+            id,
+            allow_internet,
+            allow_out,
+            deny_out,
+        } => {
+            let mut body = serde_json::json!({ "allowOut": allow_out, "denyOut": deny_out });
+            if let Some(a) = allow_internet {
+                body["allow_internet_access"] = a.into();
+            }
+            client
+                .api(
+                    http::Method::PUT,
+                    &format!("/sandboxes/{id}/network"),
+                    Some(body),
+                )
+                .await?;
+            eprintln!("Network policy of {id} replaced");
+        }
+        SandboxCmd::NetworkEvents { id, limit, json } => {
+            let (_, _, b) = client
+                .api(
+                    http::Method::GET,
+                    &format!("/sandboxes/{id}/network/events?limit={limit}"),
+                    None,
+                )
+                .await?;
+            if json {
+                println!("{}", String::from_utf8_lossy(&b));
+                return Ok(ExitCode::SUCCESS);
+            }
+            let v: Vec<serde_json::Value> = serde_json::from_slice(&b)?;
+            println!(
+                "{:<25} {:<5} {:<6} {:<32} {:<16} {:>5} {:>10} {:>10} RULE",
+                "TIME", "PROTO", "ACTION", "HOST", "IP", "PORT", "BYTES OUT", "BYTES IN"
+            );
+            for e in v {
+                println!(
+                    "{:<25} {:<5} {:<6} {:<32} {:<16} {:>5} {:>10} {:>10} {}",
+                    e["timestamp"].as_str().unwrap_or_default(),
+                    e["protocol"].as_str().unwrap_or_default(),
+                    if e["allowed"].as_bool().unwrap_or(false) {
+                        "allow"
+                    } else {
+                        "deny"
+                    },
+                    e["host"].as_str().unwrap_or("-"),
+                    e["ip"].as_str().unwrap_or("-"),
+                    e["port"].as_i64().unwrap_or_default(),
+                    e["bytesOut"].as_i64().unwrap_or_default(),
+                    e["bytesIn"].as_i64().unwrap_or_default(),
+                    e["rule"].as_str().unwrap_or_default(),
+                );
+            }
         }
         SandboxCmd::Kill { id } => {
             client

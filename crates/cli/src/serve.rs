@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
-use bulkhead_images::{ImageCache, TemplateRecipe};
+use bulkhead_images::ImageCache;
 use bulkhead_jail::{JailConfig, JailDriver};
 
 use crate::DataArgs;
@@ -50,6 +50,24 @@ pub struct ServeArgs {
     /// CPUs of `base` sandboxes.
     #[arg(long, default_value_t = 2)]
     pub cpu_count: u32,
+    /// Templates to build (if not cached) and serve, comma-separated. Built-in: base,
+    /// code-interpreter-v1 (the E2B code-interpreter SDKs' default; its first build downloads
+    /// about 300 MB and takes a few minutes). Leave it out for quick runs.
+    #[arg(
+        long,
+        env = "BULKHEAD_TEMPLATES",
+        value_delimiter = ',',
+        default_value = "base,code-interpreter-v1"
+    )]
+    pub templates: Vec<String>,
+    /// Memory limit of `code-interpreter-v1` sandboxes in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub code_interpreter_memory_mb: u64,
+    /// CPUs of `code-interpreter-v1` sandboxes.
+    #[arg(long, default_value_t = 2)]
+    pub code_interpreter_cpu_count: u32,
+    #[command(flatten)]
+    pub network: crate::netargs::NetworkArgs,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -81,10 +99,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
 
-    let mut recipe = TemplateRecipe::base();
-    recipe.extra_ca_bundle = args.extra_ca_bundle.clone();
     let cache = ImageCache::new(args.data.image_cache()).install_missing_tools(true);
-    let rootfs = crate::template::ensure_built(&cache, &recipe).await?;
+    let mut templates = Vec::new();
+    for mut recipe in crate::template::selected(&args.templates)? {
+        recipe.extra_ca_bundle = args.extra_ca_bundle.clone();
+        let rootfs = crate::template::ensure_built(&cache, &recipe).await?;
+        let (cpu_count, memory_mb) = if recipe.id == bulkhead_images::CODE_INTERPRETER_ID {
+            (
+                args.code_interpreter_cpu_count,
+                args.code_interpreter_memory_mb,
+            )
+        } else {
+            (args.cpu_count, args.memory_mb)
+        };
+        templates.push(TemplateInfo {
+            id: recipe.id.clone(),
+            aliases: Vec::new(),
+            rootfs,
+            content_hash: recipe.content_hash(),
+            cpu_count,
+            memory_mb,
+            disk_size_mb: 4096,
+            pids_max: 1024,
+        });
+    }
 
     let exe = std::env::current_exe().context("cannot find the bulkhead executable")?;
     let agent = exe.with_file_name("bulkhead-agent");
@@ -94,6 +132,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             agent.display()
         );
     }
+    let net = crate::netargs::setup(&args.network, &args.data.data_dir, &store)?;
     let driver = JailDriver::new(JailConfig {
         state_dir: args.data.data_dir.join("jail"),
         agent_binary: agent,
@@ -106,6 +145,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         max_slots: (args.max_sandboxes + args.pool_size * 4 + 8) as u32,
         cgroup_parent: cgroup_parent(&args.data.data_dir),
         start_timeout: Duration::from_secs(10),
+        sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
+        nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
     })
     .context("cannot initialise the jail driver")?;
 
@@ -118,21 +159,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             max_timeout: Duration::from_secs(args.max_timeout),
             pool_size: args.pool_size,
             max_sandboxes: args.max_sandboxes,
+            network_default_allow: net.default_allow,
+            sandbox_env: net.sandbox_env.clone(),
             ..EngineConfig::default()
         },
     );
-    engine
-        .register_template(TemplateInfo {
-            id: recipe.id.clone(),
-            aliases: Vec::new(),
-            rootfs,
-            content_hash: recipe.content_hash(),
-            cpu_count: args.cpu_count,
-            memory_mb: args.memory_mb,
-            disk_size_mb: 4096,
-            pids_max: 1024,
-        })
-        .await?;
+    engine.set_egress(net.egress.clone(), Some(net.audit.clone()));
+    for template in templates {
+        engine.register_template(template).await?;
+    }
     let adopted = engine.recover().await?;
     if adopted > 0 {
         eprintln!("Re-adopted {adopted} running sandbox(es) from the previous run.");

@@ -11,6 +11,7 @@ use crate::DataArgs;
 pub enum TemplateCmd {
     /// Build a template's root filesystem (cached by content hash).
     Build {
+        /// base or code-interpreter-v1.
         #[arg(default_value = "base")]
         name: String,
         /// Extra CA bundle to trust inside the template.
@@ -28,24 +29,66 @@ pub async fn run(data: DataArgs, cmd: TemplateCmd) -> anyhow::Result<ExitCode> {
             name,
             extra_ca_bundle,
         } => {
-            let mut recipe = match name.as_str() {
-                "base" => TemplateRecipe::base(),
-                other => {
-                    anyhow::bail!("unknown template {other:?}: the built-in templates are: base")
-                }
-            };
+            let mut recipe = builtin(&name)?;
             recipe.extra_ca_bundle = extra_ca_bundle;
             let path = ensure_built(&cache, &recipe).await?;
             println!("{} {} {}", recipe.id, recipe.content_hash(), path.display());
         }
         TemplateCmd::Ls => {
-            println!("{:<66} {:>10}", "CONTENT HASH", "SIZE");
+            println!(
+                "{:<22} {:<66} {:>10} {:>7}",
+                "TEMPLATE", "CONTENT HASH", "SIZE", "STATE"
+            );
             for img in cache.list()? {
-                println!("{:<66} {:>10}", img.hash, human(img.size_bytes));
+                let id = img.info.as_ref().map_or("-", |i| i.recipe.id.as_str());
+                let state = if img.ready { "ready" } else { "partial" };
+                println!(
+                    "{:<22} {:<66} {:>10} {:>7}",
+                    id,
+                    img.hash,
+                    human(img.size_bytes),
+                    state
+                );
+            }
+            let wanted: Vec<String> = TemplateRecipe::builtin_ids()
+                .iter()
+                .filter_map(|id| TemplateRecipe::builtin(id))
+                .filter(|r| !cache.is_ready(r))
+                .map(|r| r.id)
+                .collect();
+            if !wanted.is_empty() {
+                println!("not built yet: {}", wanted.join(", "));
             }
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The built-in recipe called `name`.
+pub fn builtin(name: &str) -> anyhow::Result<TemplateRecipe> {
+    TemplateRecipe::builtin(name).ok_or_else(|| {
+        anyhow::anyhow!(
+            "unknown template {name:?}: the built-in templates are: {}",
+            TemplateRecipe::builtin_ids().join(", ")
+        )
+    })
+}
+
+/// The recipes named in a `--templates` list, in order, each once.
+pub fn selected(names: &[String]) -> anyhow::Result<Vec<TemplateRecipe>> {
+    let mut out: Vec<TemplateRecipe> = Vec::new();
+    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+        if !out.iter().any(|r| r.id == name) {
+            out.push(builtin(name)?);
+        }
+    }
+    if out.is_empty() {
+        anyhow::bail!(
+            "no template selected: pass --templates with some of: {}",
+            TemplateRecipe::builtin_ids().join(", ")
+        );
+    }
+    Ok(out)
 }
 
 /// Build the template unless cached, showing progress (a spinner on a terminal, plain lines
@@ -55,9 +98,14 @@ pub async fn ensure_built(cache: &ImageCache, recipe: &TemplateRecipe) -> anyhow
         return Ok(cache.rootfs_path(recipe));
     }
     eprintln!(
-        "Building template '{}' ({}); this happens once and takes about a minute…",
+        "Building template '{}' ({}); this happens once and takes {}…",
         recipe.id,
-        &recipe.content_hash()[..12]
+        &recipe.content_hash()[..12],
+        if recipe.parent.is_some() {
+            "a few minutes"
+        } else {
+            "about a minute"
+        }
     );
     let progress: Box<dyn Progress> = if std::io::stderr().is_terminal() {
         Box::new(IndicatifProgress::new())
@@ -69,4 +117,23 @@ pub async fn ensure_built(cache: &ImageCache, recipe: &TemplateRecipe) -> anyhow
 
 fn human(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_templates_in_order_once() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ids = |r: Vec<TemplateRecipe>| r.into_iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(selected(&names(&["base", " code-interpreter-v1", "base"])).unwrap()),
+            ["base", "code-interpreter-v1"]
+        );
+        assert_eq!(ids(selected(&names(&["base", ""])).unwrap()), ["base"]);
+        assert!(selected(&names(&[""])).is_err());
+        let err = selected(&names(&["nope"])).unwrap_err().to_string();
+        assert!(err.contains("code-interpreter-v1"), "{err}");
+    }
 }

@@ -2,6 +2,7 @@
 //! start an isolated environment running the agent, reach that agent with a byte stream,
 //! observe its death and tear it down. Implementations: `jail` (namespaces) and later `microvm`.
 
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
 use async_trait::async_trait;
@@ -112,6 +113,17 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Current resource usage.
     async fn usage(&self, handle: &DriverHandle) -> Result<ResourceUsage, DriverError>;
+
+    /// Give the sandbox a network link and return the host's end of it: a TUN device created
+    /// inside the sandbox's network namespace (see `bulkhead_egress::open_tun_in_netns`), which
+    /// the engine hands to the egress proxy. Called after a warm-pool claim (pool members have
+    /// no link) and again after a restart. Drivers without networking say `Unsupported`.
+    async fn open_network(&self, _handle: &DriverHandle) -> Result<OwnedFd, DriverError> {
+        Err(DriverError::Unsupported {
+            driver: self.name(),
+            reason: "this driver cannot give sandboxes a network link".into(),
+        })
+    }
 
     /// Called once at engine start, after adoption: stop and clean up every sandbox this driver
     /// finds on the host that is not in `keep` (warm-pool members and sandboxes whose record

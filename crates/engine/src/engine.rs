@@ -1,11 +1,14 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use base64::Engine as _;
 use bulkhead_envd::rest::{FileOperation, InitRequest, file_signature};
-use bulkhead_store::{ApiKeyRow, SandboxFilter, SandboxRow, SandboxState, Store};
+use bulkhead_store::{
+    ApiKeyRow, EgressEventRow, SandboxFilter, SandboxRow, SandboxState, SecretRow, Store,
+    StoreError,
+};
 use chrono::{DateTime, TimeZone, Utc};
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -16,6 +19,7 @@ use crate::driver::{AgentStream, Driver, DriverHandle, SandboxSpec};
 use crate::error::EngineError;
 use crate::ids;
 use crate::keys;
+use crate::network::{self, EgressControl, SandboxNetwork, StoreAuditSink};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -35,6 +39,14 @@ pub struct EngineConfig {
     pub dead_retention: Duration,
     /// How often the reaper looks for expired sandboxes.
     pub reap_interval: Duration,
+    /// `allow_internet_access` when a create request does not say (operator setting; E2B's
+    /// cloud defaults to true, Bulkhead to false).
+    pub network_default_allow: bool,
+    /// Environment every sandbox starts with (e.g. the CA bundle variables); a create
+    /// request's own `envVars` override these.
+    pub sandbox_env: BTreeMap<String, String>,
+    /// How long egress audit events are kept.
+    pub audit_retention: Duration,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +59,9 @@ impl Default for EngineConfig {
             max_sandboxes: 1000,
             dead_retention: Duration::from_secs(3600),
             reap_interval: Duration::from_millis(250),
+            network_default_allow: false,
+            sandbox_env: BTreeMap::new(),
+            audit_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -86,6 +101,10 @@ pub struct CreateRequest {
     pub env_vars: BTreeMap<String, String>,
     /// Issue an envd access token (v2 create is always secure).
     pub secure: bool,
+    /// E2B `allow_internet_access`; None = the server's default.
+    pub allow_internet_access: Option<bool>,
+    /// E2B `network` (allowOut, denyOut, rules).
+    pub network: Option<SandboxNetwork>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -102,6 +121,38 @@ pub struct SandboxInfo {
     pub state: &'static str,
     pub envd_access_token: Option<String>,
     pub envd_version: String,
+    pub allow_internet_access: bool,
+    pub network: Option<SandboxNetwork>,
+}
+
+/// A secret as shown to clients: never the value.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SecretInfo {
+    pub id: String,
+    pub name: String,
+    pub version: i64,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<&SecretRow> for SecretInfo {
+    fn from(r: &SecretRow) -> Self {
+        SecretInfo {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            version: r.version,
+            metadata: r.metadata.clone(),
+            created_at: ms_to_dt(r.created_at),
+            updated_at: ms_to_dt(r.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SecretPage {
+    pub items: Vec<SecretInfo>,
+    pub next_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -145,6 +196,8 @@ struct Live {
     cpu_count: i64,
     /// Last CPU sample (ns of CPU time, wall ms) for the usage percentage.
     last_cpu: (u64, i64),
+    /// The egress proxy serves a link for this sandbox.
+    net_attached: bool,
 }
 
 pub struct Engine {
@@ -158,6 +211,13 @@ pub struct Engine {
     shutdown: CancellationToken,
     /// The warm-pool filler, awaited on shutdown so a start in flight is not orphaned.
     filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The egress proxy; without it no sandbox may have network access.
+    egress: OnceLock<Arc<dyn EgressControl>>,
+    /// The proxy's audit sink, flushed before the trail is read.
+    audit: OnceLock<Arc<StoreAuditSink>>,
+    /// Serialises network changes (create's attach, updates, teardown) per engine, so two
+    /// updates never both attach a link.
+    net_lock: tokio::sync::Mutex<()>,
 }
 
 fn now_ms() -> i64 {
@@ -180,7 +240,19 @@ impl Engine {
             pool_wakeup: Notify::new(),
             shutdown: CancellationToken::new(),
             filler: Mutex::new(None),
+            egress: OnceLock::new(),
+            audit: OnceLock::new(),
+            net_lock: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// Install the egress proxy (once, before `recover`). `audit` is flushed before the audit
+    /// trail is read, so readers see every event recorded before their request.
+    pub fn set_egress(&self, egress: Arc<dyn EgressControl>, audit: Option<Arc<StoreAuditSink>>) {
+        let _ = self.egress.set(egress);
+        if let Some(a) = audit {
+            let _ = self.audit.set(a);
+        }
     }
 
     pub fn store(&self) -> &Store {
@@ -265,19 +337,32 @@ impl Engine {
             self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
         validate_env(&req.env_vars)?;
         validate_metadata(&req.metadata)?;
+        let allow_internet = req
+            .allow_internet_access
+            .unwrap_or(self.cfg.network_default_allow);
+        let policy = self.check_network(allow_internet, req.network.as_ref())?;
         if self.live.lock().expect("live lock").len() >= self.cfg.max_sandboxes {
             return Err(EngineError::Capacity);
         }
 
         let id = ids::sandbox_id();
         let token = req.secure.then(|| ids::random_hex(20));
+        let mut env = self.cfg.sandbox_env.clone();
+        env.extend(req.env_vars.clone());
         let init = InitRequest {
-            env_vars: Some(req.env_vars.clone()),
+            env_vars: Some(env),
             access_token: token.clone(),
             default_user: Some("user".into()),
             ..Default::default()
         };
         let handle = self.claim_and_init(&template, &init).await?;
+        // Late binding: pool members have no link; one is made only for sandboxes whose
+        // policy lets something out.
+        let net_attached = network::egress_allowed(&policy);
+        if net_attached && let Err(e) = self.attach_link(&id, &handle, policy).await {
+            let _ = self.driver.stop(&handle).await;
+            return Err(e);
+        }
 
         let started = now_ms();
         let end_at = started + timeout.as_millis() as i64;
@@ -297,12 +382,18 @@ impl Engine {
             end_at,
             driver_handle: Some(serde_json::to_string(&handle).expect("handle serializes")),
             end_reason: None,
+            allow_internet,
+            network: req
+                .network
+                .as_ref()
+                .map(|n| serde_json::to_string(n).expect("network config serializes")),
         };
         if let Err(e) = self.store.insert_sandbox(&row).await {
+            self.detach_link(&id);
             let _ = self.driver.stop(&handle).await;
             return Err(e.into());
         }
-        self.track(&row, handle);
+        self.track(&row, handle, net_attached);
         self.pool_wakeup.notify_one();
         tracing::info!(sandbox = %id, template = %template.id, "sandbox created");
         Ok(self.info_from_row(&row))
@@ -345,7 +436,213 @@ impl Engine {
         Ok(())
     }
 
-    fn track(self: &Arc<Self>, row: &SandboxRow, handle: DriverHandle) {
+    // ----- network -----
+
+    /// Validate a network config and build its proxy policy (400 on bad input).
+    fn check_network(
+        &self,
+        allow_internet: bool,
+        net: Option<&SandboxNetwork>,
+    ) -> Result<bulkhead_egress::NetworkPolicy> {
+        let policy = net.cloned().unwrap_or_default().policy(allow_internet);
+        policy
+            .validate()
+            .map_err(|e| EngineError::BadRequest(format!("Invalid network config: {e}")))?;
+        if network::egress_allowed(&policy) && self.egress.get().is_none() {
+            return Err(EngineError::BadRequest(
+                "This server has no egress proxy, so sandboxes cannot have network access: \
+                 leave allow_internet_access and network.allowOut unset"
+                    .into(),
+            ));
+        }
+        Ok(policy)
+    }
+
+    /// Give a sandbox its link and hand it to the egress proxy.
+    async fn attach_link(
+        &self,
+        id: &str,
+        handle: &DriverHandle,
+        policy: bulkhead_egress::NetworkPolicy,
+    ) -> Result<()> {
+        let egress = self
+            .egress
+            .get()
+            .ok_or_else(|| EngineError::Network("no egress proxy is configured".into()))?;
+        let tun = self.driver.open_network(handle).await?;
+        egress
+            .attach(id, tun, policy)
+            .map_err(EngineError::Network)?;
+        tracing::info!(sandbox = %id, "network link attached");
+        Ok(())
+    }
+
+    fn detach_link(&self, id: &str) {
+        if let Some(e) = self.egress.get() {
+            e.detach(id);
+        }
+    }
+
+    /// `PUT /sandboxes/{id}/network`: replace the whole network config (omitted fields are
+    /// cleared; `allow_internet_access` omitted = the server default). Applies to new
+    /// connections at once: a sandbox that becomes allowed gets a link, one that no longer is
+    /// loses it.
+    pub async fn update_network(
+        &self,
+        id: &str,
+        allow_internet_access: Option<bool>,
+        net: SandboxNetwork,
+    ) -> Result<()> {
+        let row = self.running_row(id).await?;
+        let allow_internet = allow_internet_access.unwrap_or(self.cfg.network_default_allow);
+        let policy = self.check_network(allow_internet, Some(&net))?;
+        let wanted = network::egress_allowed(&policy);
+        let _guard = self.net_lock.lock().await;
+        let (handle, attached) = {
+            let live = self.live.lock().expect("live lock");
+            let l = live
+                .get(&row.id)
+                .ok_or_else(|| EngineError::SandboxNotFound(row.id.clone()))?;
+            (l.handle.clone(), l.net_attached)
+        };
+        match (attached, wanted) {
+            (true, true) => self
+                .egress
+                .get()
+                .ok_or_else(|| EngineError::Network("no egress proxy is configured".into()))?
+                .set_policy(&row.id, policy)
+                .map_err(EngineError::Network)?,
+            (false, true) => self.attach_link(&row.id, &handle, policy).await?,
+            (true, false) => self.detach_link(&row.id),
+            (false, false) => {}
+        }
+        let still_live = match self.live.lock().expect("live lock").get_mut(&row.id) {
+            Some(l) => {
+                l.net_attached = wanted;
+                true
+            }
+            None => false,
+        };
+        if !still_live {
+            // Killed while the link was being made: do not leave it behind.
+            self.detach_link(&row.id);
+            return Err(EngineError::SandboxNotFound(row.id.clone()));
+        }
+        let stored = (net != SandboxNetwork::default())
+            .then(|| serde_json::to_string(&net).expect("network config serializes"));
+        self.store
+            .set_sandbox_network(&row.id, allow_internet, stored.as_deref())
+            .await?;
+        tracing::info!(sandbox = %row.id, allow_internet, link = wanted, "network config replaced");
+        Ok(())
+    }
+
+    /// The newest `limit` egress decisions of a sandbox (running or ended), oldest first.
+    pub async fn network_events(&self, id: &str, limit: usize) -> Result<Vec<EgressEventRow>> {
+        let id = ids::normalize_sandbox_id(id);
+        if !ids::is_valid_sandbox_id(id) {
+            return Err(EngineError::SandboxNotFound(id.to_string()));
+        }
+        if let Some(a) = self.audit.get() {
+            a.flush().await;
+        }
+        let events = self
+            .store
+            .list_egress_events(id, limit.clamp(1, 10_000) as i64)
+            .await?;
+        if events.is_empty() && self.store.get_sandbox(id).await?.is_none() {
+            return Err(EngineError::SandboxNotFound(id.to_string()));
+        }
+        Ok(events)
+    }
+
+    // ----- secrets -----
+
+    pub async fn create_secret(
+        &self,
+        name: &str,
+        value: &str,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SecretInfo> {
+        network::validate_secret_name(name).map_err(EngineError::BadRequest)?;
+        validate_secret_value(value)?;
+        validate_metadata(&metadata)?;
+        let now = now_ms();
+        let row = SecretRow {
+            id: format!("sec_{}", ids::random_hex(12)),
+            name: name.to_string(),
+            value: value.to_string(),
+            version: 1,
+            metadata,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.insert_secret(&row).await.map_err(|e| match e {
+            StoreError::Conflict { what } => EngineError::Conflict(what),
+            e => e.into(),
+        })?;
+        tracing::info!(secret = %row.id, name = %row.name, "secret created");
+        Ok(SecretInfo::from(&row))
+    }
+
+    /// By id or name.
+    pub async fn get_secret(&self, id_or_name: &str) -> Result<SecretInfo> {
+        self.store
+            .get_secret(id_or_name)
+            .await?
+            .map(|r| SecretInfo::from(&r))
+            .ok_or_else(|| EngineError::SecretNotFound(id_or_name.to_string()))
+    }
+
+    pub async fn update_secret(
+        &self,
+        id_or_name: &str,
+        value: &str,
+        metadata: Option<BTreeMap<String, String>>,
+    ) -> Result<SecretInfo> {
+        validate_secret_value(value)?;
+        if let Some(md) = &metadata {
+            validate_metadata(md)?;
+        }
+        let row = self
+            .store
+            .update_secret(id_or_name, value, metadata.as_ref(), now_ms())
+            .await?
+            .ok_or_else(|| EngineError::SecretNotFound(id_or_name.to_string()))?;
+        tracing::info!(secret = %row.id, version = row.version, "secret updated");
+        Ok(SecretInfo::from(&row))
+    }
+
+    /// Returns false if there was no such secret.
+    pub async fn delete_secret(&self, id_or_name: &str) -> Result<bool> {
+        Ok(self.store.delete_secret(id_or_name).await?)
+    }
+
+    /// Oldest first; `limit` 1..=100 (default 100).
+    pub async fn list_secrets(
+        &self,
+        limit: Option<usize>,
+        next_token: Option<&str>,
+    ) -> Result<SecretPage> {
+        let limit = limit.unwrap_or(100).clamp(1, 100);
+        let after = match next_token {
+            Some(t) if !t.is_empty() => Some(decode_token(t)?),
+            _ => None,
+        };
+        let mut rows = self.store.list_secrets(limit as i64 + 1, after).await?;
+        let next_token = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|r| encode_token(r.created_at, &r.id))
+        } else {
+            None
+        };
+        Ok(SecretPage {
+            items: rows.iter().map(SecretInfo::from).collect(),
+            next_token,
+        })
+    }
+
+    fn track(self: &Arc<Self>, row: &SandboxRow, handle: DriverHandle, net_attached: bool) {
         let cancel = CancellationToken::new();
         let live = Live {
             handle: handle.clone(),
@@ -354,6 +651,7 @@ impl Engine {
             cancel: cancel.clone(),
             cpu_count: row.cpu_count,
             last_cpu: (0, row.started_at),
+            net_attached,
         };
         self.live
             .lock()
@@ -378,6 +676,9 @@ impl Engine {
             return false;
         };
         live.cancel.cancel();
+        // Unconditionally (idempotent): a concurrent network update may have attached a link
+        // after this sandbox left the live set.
+        self.detach_link(id);
         if let Err(e) = self.driver.stop(&live.handle).await {
             tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
         }
@@ -598,6 +899,11 @@ impl Engine {
             state: row.state.as_str(),
             envd_access_token: row.envd_access_token.clone(),
             envd_version: self.cfg.envd_version.clone(),
+            allow_internet_access: row.allow_internet,
+            network: row
+                .network
+                .as_deref()
+                .and_then(|n| serde_json::from_str(n).ok()),
         }
     }
 
@@ -632,7 +938,10 @@ impl Engine {
                 {
                     tracing::info!(sandbox = %row.id, "re-adopted running sandbox");
                     keep.push(h.clone());
-                    self.track(&row, h);
+                    // The links died with the previous server process (it held the TUN fds,
+                    // so the devices are gone): give sandboxes with egress a new one.
+                    let net_attached = self.reattach_after_restart(&row, &h).await;
+                    self.track(&row, h, net_attached);
                 }
                 _ => {
                     tracing::info!(sandbox = %row.id, "sandbox did not survive the restart");
@@ -648,6 +957,27 @@ impl Engine {
             tracing::info!(reclaimed, "cleaned up leftover sandboxes");
         }
         Ok(keep.len())
+    }
+
+    async fn reattach_after_restart(&self, row: &SandboxRow, h: &DriverHandle) -> bool {
+        let net: SandboxNetwork = row
+            .network
+            .as_deref()
+            .and_then(|n| serde_json::from_str(n).ok())
+            .unwrap_or_default();
+        let policy = net.policy(row.allow_internet);
+        if !network::egress_allowed(&policy) {
+            return false;
+        }
+        match self.attach_link(&row.id, h, policy).await {
+            Ok(()) => true,
+            Err(e) => {
+                // The sandbox keeps running without network (fail closed) rather than being
+                // killed; a PUT /network retries.
+                tracing::error!(sandbox = %row.id, error = %e, "could not restore the network link after a restart");
+                false
+            }
+        }
     }
 
     /// Start the reaper and the warm-pool filler.
@@ -685,6 +1015,10 @@ impl Engine {
                 let cutoff = now - self.cfg.dead_retention.as_millis() as i64;
                 if let Err(e) = self.store.delete_dead_sandboxes_before(cutoff).await {
                     tracing::warn!(error = %e, "pruning dead sandbox records failed");
+                }
+                let cutoff = now - self.cfg.audit_retention.as_millis() as i64;
+                if let Err(e) = self.store.delete_egress_events_before(cutoff).await {
+                    tracing::warn!(error = %e, "pruning egress audit events failed");
                 }
             }
         }
@@ -795,6 +1129,16 @@ fn validate_env(env: &BTreeMap<String, String>) -> Result<()> {
     if env.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() > 1 << 20 {
         return Err(EngineError::BadRequest(
             "Environment variables exceed 1 MiB in total".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_secret_value(value: &str) -> Result<()> {
+    if value.is_empty() || value.len() > 64 * 1024 || value.contains(['\r', '\n', '\0']) {
+        return Err(EngineError::BadRequest(
+            "Secret value must be 1 byte to 64 KiB without CR, LF or NUL (it is sent in HTTP headers)"
+                .into(),
         ));
     }
     Ok(())

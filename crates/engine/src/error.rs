@@ -15,6 +15,12 @@ pub enum EngineError {
     Driver(#[from] DriverError),
     #[error("Sandbox agent failed: {0}")]
     Agent(String),
+    #[error("Secret {0} not found: list secrets with GET /secrets or `bulkhead secrets ls`")]
+    SecretNotFound(String),
+    #[error("{0} already exists")]
+    Conflict(String),
+    #[error("Sandbox network setup failed: {0}")]
+    Network(String),
     #[error("Storage failure")]
     Store(#[from] bulkhead_store::StoreError),
 }

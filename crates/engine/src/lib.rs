@@ -12,10 +12,13 @@ mod engine;
 mod error;
 pub mod ids;
 pub mod keys;
+pub mod network;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use engine::{
-    CreateRequest, Engine, EngineConfig, ListPage, ListRequest, SandboxInfo, TemplateInfo, Usage,
+    CreateRequest, Engine, EngineConfig, ListPage, ListRequest, SandboxInfo, SecretInfo,
+    SecretPage, TemplateInfo, Usage,
 };
 pub use error::EngineError;
+pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};

@@ -2,7 +2,7 @@
 //! whose "sandboxes" are in-memory HTTP agents answering `/init`, so engine and API logic is
 //! tested without root.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -19,6 +19,8 @@ pub struct FakeDriver {
     pub inits: Arc<Mutex<Vec<serde_json::Value>>>,
     pub started: AtomicI32,
     pub stopped: AtomicI32,
+    /// `open_network` calls (pids), and the peer ends of the fake links handed out.
+    pub networks: Mutex<Vec<(i32, std::os::unix::net::UnixDatagram)>>,
 }
 
 impl FakeDriver {
@@ -104,6 +106,17 @@ impl Driver for FakeDriver {
         });
         Ok(Box::new(client))
     }
+    async fn open_network(&self, h: &DriverHandle) -> Result<std::os::fd::OwnedFd, DriverError> {
+        if !self.alive.lock().unwrap().contains(&h.pid) {
+            return Err(DriverError::NotRunning);
+        }
+        // A datagram pair stands in for the TUN device: packet-shaped, and the test keeps the
+        // peer to see whether the engine still holds (or has closed) its end.
+        let (ours, peer) = std::os::unix::net::UnixDatagram::pair()
+            .map_err(|e| DriverError::io("socketpair", e))?;
+        self.networks.lock().unwrap().push((h.pid, peer));
+        Ok(ours.into())
+    }
     async fn usage(&self, _h: &DriverHandle) -> Result<ResourceUsage, DriverError> {
         Ok(ResourceUsage {
             cpu_usage_ns: 5_000_000,
@@ -125,5 +138,58 @@ impl Driver for FakeDriver {
             self.crash(*p);
         }
         Ok(orphans.len())
+    }
+}
+
+/// Records what the engine asks of the egress proxy.
+#[derive(Default)]
+pub struct RecordingEgress {
+    /// sandbox id → current policy (present while attached).
+    pub attached: Mutex<BTreeMap<String, bulkhead_egress::NetworkPolicy>>,
+    /// Every call, in order: `attach <id>`, `set <id>`, `detach <id>`.
+    pub calls: Mutex<Vec<String>>,
+    /// The link fds, held like the proxy would (dropped on detach).
+    links: Mutex<HashMap<String, std::os::fd::OwnedFd>>,
+}
+
+impl crate::network::EgressControl for RecordingEgress {
+    fn attach(
+        &self,
+        sandbox_id: &str,
+        tun: std::os::fd::OwnedFd,
+        policy: bulkhead_egress::NetworkPolicy,
+    ) -> Result<(), String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("attach {sandbox_id}"));
+        self.links.lock().unwrap().insert(sandbox_id.into(), tun);
+        self.attached
+            .lock()
+            .unwrap()
+            .insert(sandbox_id.into(), policy);
+        Ok(())
+    }
+    fn set_policy(
+        &self,
+        sandbox_id: &str,
+        policy: bulkhead_egress::NetworkPolicy,
+    ) -> Result<(), String> {
+        self.calls.lock().unwrap().push(format!("set {sandbox_id}"));
+        match self.attached.lock().unwrap().get_mut(sandbox_id) {
+            Some(p) => {
+                *p = policy;
+                Ok(())
+            }
+            None => Err(format!("{sandbox_id} is not attached")),
+        }
+    }
+    fn detach(&self, sandbox_id: &str) {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("detach {sandbox_id}"));
+        self.attached.lock().unwrap().remove(sandbox_id);
+        self.links.lock().unwrap().remove(sandbox_id);
     }
 }

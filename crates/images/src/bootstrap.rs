@@ -21,7 +21,7 @@ const TAIL_LINES: usize = 40;
 
 /// A PATH that contains the sbin directories even when the caller's does not (debootstrap and
 /// chroot live in /usr/sbin).
-const TOOL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const TOOL_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// The program that creates the Debian tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

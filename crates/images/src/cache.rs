@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::bootstrap::{self, BootstrapTool, bootstrap_command, probe_mirror, run_streaming};
 use crate::finalize::{blocking, finalize};
 use crate::fsutil::{disk_usage, remove_tree, sync_dir, sync_filesystem, write_atomic};
+use crate::layer::{HOST_CA_BUNDLE, build_layer, host_ca_bundle};
 use crate::{DEFAULT_CACHE_ROOT, DEFAULT_MIRROR, ImageError, Progress, Result, TemplateRecipe};
 
 const READY: &str = "READY";
@@ -23,7 +24,7 @@ const ROOTFS_TMP: &str = "rootfs.tmp";
 pub struct ImageInfo {
     pub hash: String,
     pub recipe: TemplateRecipe,
-    /// `mmdebstrap` or `debootstrap`.
+    /// `mmdebstrap` or `debootstrap`, or `layer` for a template built on its parent's tree.
     pub tool: String,
     pub mirror: String,
     /// Unix milliseconds.
@@ -52,6 +53,7 @@ pub struct ImageCache {
     install_missing_tools: bool,
     mirror: Option<String>,
     tool: Option<BootstrapTool>,
+    build_ca_bundle: Option<PathBuf>,
 }
 
 impl Default for ImageCache {
@@ -67,7 +69,17 @@ impl ImageCache {
             install_missing_tools: false,
             mirror: None,
             tool: None,
+            build_ca_bundle: Some(PathBuf::from(HOST_CA_BUNDLE)),
         }
+    }
+
+    /// The CA bundle that pip/npm trust while building layered templates (default: the host's
+    /// [`HOST_CA_BUNDLE`], so downloads work behind a TLS-inspecting proxy whose CA the host
+    /// trusts). Only used during the build; the template's trust store is unchanged. `None`
+    /// uses the template's own CAs.
+    pub fn with_build_ca_bundle(mut self, bundle: Option<PathBuf>) -> Self {
+        self.build_ca_bundle = bundle;
+        self
     }
 
     /// Lets [`build`](Self::build) run `apt-get install -y mmdebstrap` (or the tool chosen with
@@ -171,6 +183,11 @@ impl ImageCache {
                 cache: self.root.clone(),
             });
         }
+        // A layered template needs its parent's tree first (its own entry, lock and READY).
+        let parent_rootfs = match recipe.effective_parent() {
+            Some(parent) => Some(Box::pin(self.build_inner(&parent, progress)).await?),
+            None => None,
+        };
         fs::create_dir_all(&entry).map_err(ImageError::io("create", &entry))?;
         let _lock = lock_entry(&entry, progress).await?;
         if self.entry_ready(&entry) {
@@ -194,54 +211,75 @@ impl ImageCache {
             .await?;
         }
 
-        let (tool, program) = match bootstrap::find_tool(self.tool) {
-            Some(t) => t,
+        let mirror = self.mirror_for(&recipe.suite);
+        let tool_name = match &parent_rootfs {
+            Some(parent) => {
+                if !recipe.packages.is_empty() {
+                    progress.stage(&format!("checking the mirror {mirror}"));
+                    probe_mirror(&mirror, &recipe.suite)
+                        .await
+                        .map_err(|reason| ImageError::MirrorUnreachable {
+                            mirror: mirror.clone(),
+                            reason,
+                        })?;
+                }
+                let host_ca = host_ca_bundle(self.build_ca_bundle.as_deref());
+                build_layer(recipe, parent, &tmp, host_ca.as_deref(), progress).await?;
+                "layer".to_owned()
+            }
             None => {
-                let wanted = self.tool.unwrap_or(BootstrapTool::Mmdebstrap);
-                if !self.install_missing_tools {
-                    return Err(ImageError::ToolMissing {
-                        install_command: wanted.install_command(),
+                let (tool, program) = match bootstrap::find_tool(self.tool) {
+                    Some(t) => t,
+                    None => {
+                        let wanted = self.tool.unwrap_or(BootstrapTool::Mmdebstrap);
+                        if !self.install_missing_tools {
+                            return Err(ImageError::ToolMissing {
+                                install_command: wanted.install_command(),
+                            });
+                        }
+                        bootstrap::install_tool(wanted, progress).await?;
+                        bootstrap::find_tool(Some(wanted)).ok_or_else(|| {
+                            ImageError::ToolMissing {
+                                install_command: wanted.install_command(),
+                            }
+                        })?
+                    }
+                };
+                progress.stage(&format!("checking the mirror {mirror}"));
+                probe_mirror(&mirror, &recipe.suite)
+                    .await
+                    .map_err(|reason| ImageError::MirrorUnreachable {
+                        mirror: mirror.clone(),
+                        reason,
+                    })?;
+
+                progress.stage(&format!(
+                    "bootstrapping {} {} with {} ({} packages)",
+                    recipe.id,
+                    recipe.suite,
+                    tool.name(),
+                    recipe.packages.len()
+                ));
+                let cmd = bootstrap_command(tool, &program, recipe, &tmp, &mirror);
+                let (status, tail) = run_streaming(cmd, tool.name(), progress).await?;
+                if !status.success() {
+                    let tmp2 = tmp.clone();
+                    // Keep the error even if cleanup fails; the next build retries the cleanup.
+                    if let Err(e) = blocking(move || remove_tree(&tmp2)).await {
+                        tracing::warn!(error = %e, "cannot remove the failed build");
+                    }
+                    return Err(ImageError::Bootstrap {
+                        tool: tool.name().to_owned(),
+                        suite: recipe.suite.clone(),
+                        status: status.to_string(),
+                        tail,
                     });
                 }
-                bootstrap::install_tool(wanted, progress).await?;
-                bootstrap::find_tool(Some(wanted)).ok_or_else(|| ImageError::ToolMissing {
-                    install_command: wanted.install_command(),
-                })?
+
+                finalize(&tmp, ca.as_deref(), progress).await?;
+                tool.name().to_owned()
             }
         };
-        let mirror = self.mirror_for(&recipe.suite);
-        progress.stage(&format!("checking the mirror {mirror}"));
-        probe_mirror(&mirror, &recipe.suite)
-            .await
-            .map_err(|reason| ImageError::MirrorUnreachable {
-                mirror: mirror.clone(),
-                reason,
-            })?;
-
-        progress.stage(&format!(
-            "bootstrapping {} {} with {} ({} packages)",
-            recipe.id,
-            recipe.suite,
-            tool.name(),
-            recipe.packages.len()
-        ));
-        let cmd = bootstrap_command(tool, &program, recipe, &tmp, &mirror);
-        let (status, tail) = run_streaming(cmd, tool.name(), progress).await?;
-        if !status.success() {
-            let tmp2 = tmp.clone();
-            // Keep the error even if cleanup fails; the next build retries the cleanup.
-            if let Err(e) = blocking(move || remove_tree(&tmp2)).await {
-                tracing::warn!(error = %e, "cannot remove the failed build");
-            }
-            return Err(ImageError::Bootstrap {
-                tool: tool.name().to_owned(),
-                suite: recipe.suite.clone(),
-                status: status.to_string(),
-                tail,
-            });
-        }
-
-        finalize(&tmp, ca.as_deref(), progress).await?;
 
         progress.stage("measuring and syncing to disk");
         let t = tmp.clone();
@@ -259,7 +297,7 @@ impl ImageCache {
         let info = ImageInfo {
             hash: hash.clone(),
             recipe: recipe.clone(),
-            tool: tool.name().to_owned(),
+            tool: tool_name,
             mirror,
             built_at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)

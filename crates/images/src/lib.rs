@@ -10,6 +10,10 @@
 //! <root>/<hash>/READY         build metadata (JSON), written last: its presence means "usable"
 //! ```
 //!
+//! Layered templates (e.g. `code-interpreter-v1` on `base`) are built from a copy of the
+//! parent's finished tree: apt, pinned pip/npm installs and files run in a chroot inside a
+//! private mount namespace, with the host's CA bundle available for downloads only.
+//!
 //! `<hash>` is [`TemplateRecipe::content_hash`]: everything that changes the output except the
 //! mirror, so a template id or a mirror switch does not force a rebuild. Building needs root
 //! (the bootstrap tools create device nodes and chroot); reading the cache does not.
@@ -18,6 +22,8 @@ mod bootstrap;
 mod cache;
 mod finalize;
 mod fsutil;
+mod interpreter;
+mod layer;
 mod progress;
 mod recipe;
 
@@ -25,6 +31,11 @@ use std::path::PathBuf;
 
 pub use bootstrap::{BootstrapTool, DEFAULT_MIRROR, host_mirror};
 pub use cache::{CachedImage, ImageCache, ImageInfo};
+pub use interpreter::{
+    INTERPRETER_DIR, KERNELS_JSON, TEMPLATE_ID as CODE_INTERPRETER_ID,
+    asset_paths as interpreter_asset_paths, kernels_json,
+};
+pub use layer::{BuildStep, FileAsset, HOST_CA_BUNDLE};
 pub use progress::{
     Activity, IndicatifProgress, LogProgress, PackageStep, Progress, auto_progress, parse_activity,
 };
@@ -70,6 +81,16 @@ pub enum ImageError {
     #[error("`{command}` failed inside the new root filesystem ({status}); last output:\n{tail}")]
     Chroot {
         command: String,
+        status: String,
+        tail: String,
+    },
+    #[error(
+        "Copying {from} to {to} failed ({status}); check free space in the image cache; last \
+         output:\n{tail}"
+    )]
+    Copy {
+        from: PathBuf,
+        to: PathBuf,
         status: String,
         tail: String,
     },

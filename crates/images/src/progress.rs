@@ -83,6 +83,9 @@ pub fn parse_activity(line: &str) -> Option<Activity<'_>> {
         }
         return None;
     }
+    if let Some(activity) = parse_pip_npm(line) {
+        return Some(activity);
+    }
     for (verb, step) in [
         ("Unpacking ", PackageStep::Unpacking),
         ("Setting up ", PackageStep::Configuring),
@@ -94,6 +97,43 @@ pub fn parse_activity(line: &str) -> Option<Activity<'_>> {
                 return Some(Activity::Package(step, name));
             }
         }
+    }
+    None
+}
+
+/// pip (`Collecting numpy==2.4.6`, `Installing collected packages: …`) and npm with
+/// `--loglevel=http` (`npm http fetch GET 200 https://registry.npmjs.org/deno/-/deno-2.9.6.tgz …`,
+/// `added 3 packages in 3s`), as seen while building layered templates.
+fn parse_pip_npm(line: &str) -> Option<Activity<'_>> {
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.bytes()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-' | b'@' | b'/'))
+    };
+    if let Some(rest) = line.strip_prefix("Collecting ") {
+        let spec = rest.split_whitespace().next().unwrap_or("");
+        let name = spec
+            .split(['=', '<', '>', '!', '~', '[', ';'])
+            .next()
+            .unwrap_or("");
+        return name_ok(name).then_some(Activity::Package(PackageStep::Retrieving, name));
+    }
+    if line.starts_with("Installing collected packages:") {
+        return Some(Activity::Phase("installing the Python packages"));
+    }
+    if line.starts_with("Successfully installed ") {
+        return Some(Activity::Phase("Python packages installed"));
+    }
+    if let Some(rest) = line.strip_prefix("npm http fetch GET ") {
+        // `<status> <url> …`: the package is the URL path before `/-/` (tarballs) or all of it
+        // (metadata), scoped names included.
+        let url = rest.split_whitespace().nth(1)?;
+        let path = url.split_once("://")?.1.split_once('/')?.1;
+        let name = path.split("/-/").next().unwrap_or(path);
+        return name_ok(name).then_some(Activity::Package(PackageStep::Retrieving, name));
+    }
+    if line.starts_with("added ") && line.contains(" package") {
+        return Some(Activity::Phase(line));
     }
     None
 }
@@ -328,6 +368,44 @@ mod tests {
         );
         assert_eq!(
             parse_activity("Preparing to unpack .../03-libsemanage2_3.4-1+b5_amd64.deb ..."),
+            None
+        );
+    }
+
+    #[test]
+    fn parses_pip_and_npm_lines() {
+        use Activity::*;
+        use PackageStep::*;
+        assert_eq!(
+            parse_activity("Collecting typing_extensions==4.16.0"),
+            Some(Package(Retrieving, "typing_extensions"))
+        );
+        assert_eq!(
+            parse_activity("Collecting numpy>=1.23 (from pandas==3.1.1)"),
+            Some(Package(Retrieving, "numpy"))
+        );
+        assert_eq!(
+            parse_activity("Installing collected packages: pure-eval, ptyprocess"),
+            Some(Phase("installing the Python packages"))
+        );
+        assert_eq!(
+            parse_activity(
+                "npm http fetch GET 200 https://registry.npmjs.org/deno/-/deno-2.9.6.tgz 430ms (cache miss)"
+            ),
+            Some(Package(Retrieving, "deno"))
+        );
+        assert_eq!(
+            parse_activity(
+                "npm http fetch GET 200 https://registry.npmjs.org/@deno/linux-x64-glibc/-/linux-x64-glibc-2.9.6.tgz 1s"
+            ),
+            Some(Package(Retrieving, "@deno/linux-x64-glibc"))
+        );
+        assert_eq!(
+            parse_activity("added 3 packages in 3s"),
+            Some(Phase("added 3 packages in 3s"))
+        );
+        assert_eq!(
+            parse_activity("  Downloading numpy-2.4.6.whl (16 MB)"),
             None
         );
     }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::layer::{BuildStep, LAYER_VERSION};
 use crate::{ImageError, Result};
 
 /// Version of the post-bootstrap steps in `finalize.rs` (users, CA, slimming). Part of every hash:
@@ -27,6 +28,14 @@ pub struct TemplateRecipe {
     pub extra_ca_bundle: Option<PathBuf>,
     /// Bump to force a rebuild of a recipe whose inputs did not otherwise change.
     pub recipe_version: u32,
+    /// Build on a copy of this template's tree instead of bootstrapping: `packages` are then
+    /// installed with apt inside it, followed by `steps`. The layered recipe's
+    /// `extra_ca_bundle` is used for the parent too (the CA belongs to the whole chain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Box<TemplateRecipe>>,
+    /// Run in order after the packages; only for layered recipes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<BuildStep>,
 }
 
 /// The hashed form. Field order is fixed by the struct, packages are sorted and deduplicated
@@ -40,6 +49,18 @@ struct Canonical<'a> {
     suite: &'a str,
     packages: Vec<&'a str>,
     extra_ca_sha256: Option<String>,
+    recipe_version: u32,
+}
+
+/// The hashed form of a layered recipe. Steps keep their order (it matters); files are hashed
+/// by path, mode and content digest.
+#[derive(Serialize)]
+struct LayerCanonical<'a> {
+    format: &'static str,
+    layer_version: u32,
+    parent: String,
+    packages: Vec<&'a str>,
+    steps: &'a [BuildStep],
     recipe_version: u32,
 }
 
@@ -70,11 +91,44 @@ impl TemplateRecipe {
             .collect(),
             extra_ca_bundle: None,
             recipe_version: 1,
+            parent: None,
+            steps: Vec::new(),
         }
     }
 
+    /// The built-in templates, by id.
+    pub fn builtin(id: &str) -> Option<Self> {
+        match id {
+            "base" => Some(Self::base()),
+            crate::interpreter::TEMPLATE_ID => Some(Self::code_interpreter()),
+            _ => None,
+        }
+    }
+
+    /// Ids accepted by [`builtin`](Self::builtin).
+    pub fn builtin_ids() -> &'static [&'static str] {
+        &["base", crate::interpreter::TEMPLATE_ID]
+    }
+
+    /// The parent to build first, carrying this recipe's extra CA bundle.
+    pub fn effective_parent(&self) -> Option<TemplateRecipe> {
+        self.parent.as_deref().map(|p| {
+            let mut p = p.clone();
+            p.set_extra_ca_bundle(self.extra_ca_bundle.clone());
+            p
+        })
+    }
+
+    fn set_extra_ca_bundle(&mut self, ca: Option<PathBuf>) {
+        self.extra_ca_bundle = ca.clone();
+        if let Some(p) = self.parent.as_deref_mut() {
+            p.set_extra_ca_bundle(ca);
+        }
+    }
+
+    /// Trust this PEM bundle inside the template (and its parents).
     pub fn with_extra_ca_bundle(mut self, path: impl Into<PathBuf>) -> Self {
-        self.extra_ca_bundle = Some(path.into());
+        self.set_extra_ca_bundle(Some(path.into()));
         self
     }
 
@@ -102,6 +156,18 @@ impl TemplateRecipe {
         let mut packages: Vec<&str> = self.packages.iter().map(String::as_str).collect();
         packages.sort_unstable();
         packages.dedup();
+        if let Some(parent) = &self.parent {
+            let canonical = LayerCanonical {
+                format: "bulkhead-rootfs-layer/1",
+                layer_version: LAYER_VERSION,
+                parent: parent.hash_with_ca_digest(extra_ca_sha256),
+                packages,
+                steps: &self.steps,
+                recipe_version: self.recipe_version,
+            };
+            let json = serde_json::to_vec(&canonical).unwrap_or_default();
+            return sha256_hex(&json);
+        }
         let canonical = Canonical {
             format: "bulkhead-rootfs/1",
             finalize_version: FINALIZE_VERSION,
@@ -136,6 +202,27 @@ impl TemplateRecipe {
                     "{p:?} is not a Debian package name (lowercase letters, digits, + - .)"
                 )));
             }
+        }
+        match &self.parent {
+            Some(parent) => {
+                if parent.suite != self.suite {
+                    return Err(ImageError::InvalidRecipe(format!(
+                        "template {} is layered on {} but names suite {} instead of {}",
+                        self.id, parent.id, self.suite, parent.suite
+                    )));
+                }
+                parent.validate()?;
+                for step in &self.steps {
+                    step.validate()?;
+                }
+            }
+            None if !self.steps.is_empty() => {
+                return Err(ImageError::InvalidRecipe(format!(
+                    "template {} has build steps but no parent template to run them in",
+                    self.id
+                )));
+            }
+            None => {}
         }
         Ok(())
     }
@@ -233,6 +320,138 @@ mod tests {
         assert_eq!(base.clone().with_extra_ca_bundle(&moved).content_hash(), h1);
         std::fs::write(&moved, "two").unwrap();
         assert_ne!(base.clone().with_extra_ca_bundle(&moved).content_hash(), h1);
+    }
+
+    fn layered() -> TemplateRecipe {
+        TemplateRecipe {
+            id: "layer".into(),
+            suite: "bookworm".into(),
+            packages: vec!["nodejs".into()],
+            extra_ca_bundle: None,
+            recipe_version: 1,
+            parent: Some(Box::new(TemplateRecipe::base())),
+            steps: vec![
+                BuildStep::Pip {
+                    packages: vec!["numpy==2.4.6".into()],
+                },
+                BuildStep::Npm {
+                    packages: vec!["deno@2.9.6".into()],
+                },
+                BuildStep::File(crate::layer::FileAsset::new(
+                    "/opt/a.py",
+                    "print(1)\n",
+                    0o644,
+                )),
+                BuildStep::Run {
+                    command: "true".into(),
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn layered_hash_covers_parent_pins_assets_and_steps() {
+        let r = layered();
+        r.validate().unwrap();
+        let h = r.content_hash();
+        assert_ne!(h, TemplateRecipe::base().content_hash());
+        assert_eq!(h, layered().content_hash(), "deterministic");
+
+        let mut other = layered();
+        other.id = "renamed".into();
+        assert_eq!(other.content_hash(), h, "the id is not hashed");
+
+        let mut changes: Vec<TemplateRecipe> = Vec::new();
+        let mut c = layered();
+        c.steps[0] = BuildStep::Pip {
+            packages: vec!["numpy==2.4.5".into()],
+        };
+        changes.push(c);
+        let mut c = layered();
+        c.steps[1] = BuildStep::Npm {
+            packages: vec!["deno@2.9.5".into()],
+        };
+        changes.push(c);
+        let mut c = layered();
+        c.steps[2] = BuildStep::File(crate::layer::FileAsset::new(
+            "/opt/a.py",
+            "print(2)\n",
+            0o644,
+        ));
+        changes.push(c);
+        let mut c = layered();
+        c.steps[2] = BuildStep::File(crate::layer::FileAsset::new(
+            "/opt/a.py",
+            "print(1)\n",
+            0o755,
+        ));
+        changes.push(c);
+        let mut c = layered();
+        c.steps.swap(0, 1);
+        changes.push(c);
+        let mut c = layered();
+        c.steps.pop();
+        changes.push(c);
+        let mut c = layered();
+        c.packages.push("jq".into());
+        changes.push(c);
+        let mut c = layered();
+        c.recipe_version += 1;
+        changes.push(c);
+        let mut c = layered();
+        c.parent.as_mut().unwrap().packages.push("jq".into());
+        changes.push(c);
+        for (i, c) in changes.iter().enumerate() {
+            assert_ne!(c.content_hash(), h, "change {i} did not change the hash");
+        }
+    }
+
+    #[test]
+    fn layered_extra_ca_reaches_the_parent() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, "pem").unwrap();
+        let r = layered();
+        let with_ca = layered().with_extra_ca_bundle(&ca);
+        assert_ne!(with_ca.content_hash(), r.content_hash());
+        let parent = with_ca.effective_parent().unwrap();
+        assert_eq!(parent.extra_ca_bundle.as_deref(), Some(ca.as_path()));
+        assert_eq!(
+            parent.content_hash(),
+            TemplateRecipe::base()
+                .with_extra_ca_bundle(&ca)
+                .content_hash()
+        );
+        // Setting the field directly (as `bulkhead serve` does) also applies to the parent.
+        let mut direct = layered();
+        direct.extra_ca_bundle = Some(ca.clone());
+        assert_eq!(direct.content_hash(), with_ca.content_hash());
+        assert_eq!(direct.effective_parent().unwrap().extra_ca_bundle, Some(ca));
+    }
+
+    #[test]
+    fn layered_validation() {
+        let mut r = layered();
+        r.suite = "trixie".into();
+        assert!(r.validate().is_err(), "suite must match the parent");
+        let mut r = layered();
+        r.steps.push(BuildStep::Pip {
+            packages: vec!["numpy".into()],
+        });
+        assert!(r.validate().is_err(), "unpinned");
+        let mut r = TemplateRecipe::base();
+        r.steps.push(BuildStep::Run {
+            command: "true".into(),
+        });
+        assert!(r.validate().is_err(), "steps need a parent");
+        // READY round trip keeps the hash (file digests are stored) but cannot be rebuilt.
+        let json = serde_json::to_string(&layered()).unwrap();
+        let back: TemplateRecipe = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.content_hash(), layered().content_hash());
+        assert!(back.validate().is_err());
+        // The base recipe's serialised form is unchanged by the new fields.
+        let base = serde_json::to_value(TemplateRecipe::base()).unwrap();
+        assert!(base.get("parent").is_none() && base.get("steps").is_none());
     }
 
     #[test]

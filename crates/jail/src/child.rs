@@ -348,6 +348,14 @@ impl MountSys for RealMounts {
         sys::mount_setattr(libc::AT_FDCWD, target, at, sys::MOUNT_ATTR_RDONLY, None)
     }
 
+    fn is_symlink(&self, path: &Path) -> bool {
+        fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+    }
+
+    fn unlink(&mut self, path: &Path) -> io::Result<()> {
+        fs::remove_file(path)
+    }
+
     fn pivot_root(&mut self, new_root: &Path) -> io::Result<()> {
         let root = cpath(new_root)?;
         let dot = c".";

@@ -274,6 +274,52 @@ fn start_err(msg: impl Into<String>) -> DriverError {
     DriverError::Start(msg.into())
 }
 
+fn fnv32(b: &[u8]) -> u32 {
+    b.iter().fold(0x811c_9dc5_u32, |h, x| {
+        (h ^ u32::from(*x)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The template's own CA bundle (empty if it has none). An absolute symlink is resolved inside
+/// the template, never against the host's root.
+fn template_ca_bundle(rootfs: &Path) -> Vec<u8> {
+    let rel = crate::mountplan::CA_BUNDLE.trim_start_matches('/');
+    let mut path = rootfs.join(rel);
+    for _ in 0..8 {
+        match fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let Ok(target) = fs::read_link(&path) else {
+                    return Vec::new();
+                };
+                path = if target.is_absolute() {
+                    rootfs.join(target.strip_prefix("/").unwrap_or(&target))
+                } else {
+                    path.parent().unwrap_or(rootfs).join(target)
+                };
+            }
+            Ok(m) if m.is_file() => return fs::read(&path).unwrap_or_default(),
+            _ => return Vec::new(),
+        }
+    }
+    Vec::new()
+}
+
+/// `/etc/resolv.conf` in the fresh overlay upper dir: a regular file owned by the sandbox's
+/// root, so it shadows whatever the template has (even a symlink) and stays editable inside.
+fn write_resolv_conf(upper: &Path, uid: u32, ns: std::net::Ipv4Addr) -> Result<(), JailError> {
+    let etc = upper.join("etc");
+    mkdir_mode(&etc, 0o755)?;
+    chown(&etc, uid).map_err(|e| JailError::io(format!("chown {}", etc.display()), e))?;
+    let file = etc.join("resolv.conf");
+    fs::write(
+        &file,
+        format!("nameserver {ns}\noptions timeout:2 attempts:1\n"),
+    )
+    .and_then(|()| fs::set_permissions(&file, fs::Permissions::from_mode(0o644)))
+    .and_then(|()| chown(&file, uid))
+    .map_err(|e| JailError::io(format!("write {}", file.display()), e))
+}
+
 impl JailDriver {
     /// Validate the configuration, prepare the state directory, detect the cgroup layout and
     /// make this process a child subreaper (sandbox inits are re-parented to it when their
@@ -322,6 +368,7 @@ impl JailDriver {
             cfg.state_dir.clone(),
             cfg.state_dir.join("s"),
             cfg.state_dir.join("l"),
+            cfg.state_dir.join("ca"),
         ] {
             mkdir_mode(&d, 0o711)?;
         }
@@ -470,7 +517,43 @@ impl JailDriver {
                 chown(&p, uid).map_err(|e| JailError::io(format!("chown {}", p.display()), e))?;
             }
         }
+        if let Some(ns) = self.inner.cfg.nameserver {
+            write_resolv_conf(&dir.join("upper"), uid, ns)?;
+        }
         Ok(dir)
+    }
+
+    /// The CA bundle for sandboxes of `rootfs`: the template's own bundle plus
+    /// `sandbox_ca_pem`, built once per template (and per extra PEM) under `<state>/ca`.
+    /// Shared read-only by every sandbox of the template.
+    fn ca_bundle(&self, rootfs: &Path) -> Result<Option<PathBuf>, DriverError> {
+        let Some(extra) = &self.inner.cfg.sandbox_ca_pem else {
+            return Ok(None);
+        };
+        let key = template_key(rootfs)
+            .map_err(|e| DriverError::io(format!("template root {}", rootfs.display()), e))?;
+        let path = self
+            .inner
+            .cfg
+            .state_dir
+            .join("ca")
+            .join(format!("{key}-{:08x}.pem", fnv32(extra.as_bytes())));
+        if path.is_file() {
+            return Ok(Some(path));
+        }
+        let mut bundle = template_ca_bundle(rootfs);
+        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        bundle.extend_from_slice(extra.as_bytes());
+        let tmp = path.with_extension(format!("tmp{}", sys::random_u64()));
+        fs::write(&tmp, &bundle)
+            .and_then(|()| fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644)))
+            .and_then(|()| fs::rename(&tmp, &path))
+            .map_err(|e| {
+                DriverError::io(format!("write the sandbox CA bundle {}", path.display()), e)
+            })?;
+        Ok(Some(path))
     }
 
     fn remove_stale_cgroups(&self, slot: u32) {
@@ -657,6 +740,7 @@ impl JailDriver {
                     .saturating_sub((spec.pids_max / 8).clamp(8, 64))
                     .max(1),
             ),
+            ca_bundle: self.ca_bundle(&spec.rootfs)?,
         };
         let remaining = deadline.saturating_duration_since(Instant::now());
         let (pid, start_time) = match self
@@ -1069,6 +1153,34 @@ impl Driver for JailDriver {
             .await
             .map_err(|e| DriverError::Connect(format!("{}: {e}", sock.display())))?;
         Ok(Box::new(s))
+    }
+
+    async fn open_network(&self, handle: &DriverHandle) -> Result<OwnedFd, DriverError> {
+        let sb = self.lookup(handle).ok_or(DriverError::NotRunning)?;
+        if sb.exited().is_some() {
+            return Err(DriverError::NotRunning);
+        }
+        let (pid, start_time) = (sb.pid, sb.start_time);
+        tokio::task::spawn_blocking(move || {
+            use std::os::fd::AsRawFd;
+            // Open the namespace first, then check the pid still names the sandbox: the open
+            // fd pins the namespace, so an adopted sandbox's pid recycled in between can never
+            // make us configure somebody else's network.
+            let ns = fs::File::open(format!("/proc/{pid}/ns/net"))
+                .map_err(|_| DriverError::NotRunning)?;
+            if sys::proc_start_time(pid).ok() != Some(start_time) {
+                return Err(DriverError::NotRunning);
+            }
+            let path = PathBuf::from(format!("/proc/self/fd/{}", ns.as_raw_fd()));
+            bulkhead_egress::open_tun_in_netns(&path).map_err(|e| {
+                DriverError::io(
+                    "create the sandbox's network link",
+                    io::Error::other(e.to_string()),
+                )
+            })
+        })
+        .await
+        .map_err(|e| DriverError::io("network link task", io::Error::other(e.to_string())))?
     }
 
     async fn usage(&self, handle: &DriverHandle) -> Result<ResourceUsage, DriverError> {

@@ -64,6 +64,13 @@ pub struct JailConfig {
     pub cgroup_parent: String,
     /// Upper bound for `start`, from spawning the launcher to the agent accepting connections.
     pub start_timeout: Duration,
+    /// PEM certificates appended to each template's CA bundle, which is then bind-mounted
+    /// read-only over the sandbox's `/etc/ssl/certs/ca-certificates.crt` (the egress proxy's
+    /// public CA certificate and the operator's extra roots). None leaves the template's own.
+    pub sandbox_ca_pem: Option<String>,
+    /// The only `nameserver` of every sandbox's `/etc/resolv.conf` (the egress gateway). None
+    /// leaves the template's file alone.
+    pub nameserver: Option<std::net::Ipv4Addr>,
 }
 
 impl JailConfig {
@@ -79,6 +86,8 @@ impl JailConfig {
             max_slots: 256,
             cgroup_parent: "bulkhead".into(),
             start_timeout: Duration::from_secs(10),
+            sandbox_ca_pem: None,
+            nameserver: None,
         }
     }
 }

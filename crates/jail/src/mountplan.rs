@@ -18,6 +18,10 @@ pub const SOCK_NAME: &str = "agent.sock";
 /// tail when an agent dies during start).
 pub const AGENT_LOG: &str = "/run/bulkhead/sock/agent.log";
 
+/// The system CA bundle path OpenSSL, curl, Python (`SSL_CERT_FILE`) and Node
+/// (`NODE_EXTRA_CA_CERTS`) read on Debian-family templates.
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 /// Devices bind-mounted from the host into the sandbox's tmpfs `/dev`.
 pub const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -89,6 +93,13 @@ pub enum Step {
     /// Make an existing subtree read-only (bind onto itself, then `MOUNT_ATTR_RDONLY`).
     ReadOnlyIfExists {
         path: PathBuf,
+    },
+    /// Bind a host file read-only over a file of the new root, creating it if missing. A
+    /// symlink there is replaced first: before `pivot_root` an absolute link would resolve
+    /// against the host's root and the bind would land outside the sandbox's view.
+    BindFileReadOnly {
+        source: PathBuf,
+        target: PathBuf,
     },
 }
 
@@ -231,10 +242,16 @@ pub fn plan(spec: &StartSpec) -> Vec<Step> {
             flags: libc::MS_RDONLY | NOSUID | NODEV | NOEXEC,
             data: "mode=555,size=4k".into(),
         },
-        Step::PivotRoot {
-            new_root: root.clone(),
-        },
     ]);
+    if let Some(bundle) = &spec.ca_bundle {
+        s.push(Step::BindFileReadOnly {
+            source: bundle.clone(),
+            target: at(CA_BUNDLE),
+        });
+    }
+    s.push(Step::PivotRoot {
+        new_root: root.clone(),
+    });
     for p in READONLY_PROC {
         s.push(Step::ReadOnlyIfExists {
             path: Path::new("/proc").join(p),
@@ -271,6 +288,9 @@ pub trait MountSys {
     ) -> io::Result<()>;
     fn set_readonly(&mut self, target: &Path, recursive: bool) -> io::Result<()>;
     fn pivot_root(&mut self, new_root: &Path) -> io::Result<()>;
+    /// Is `path` itself a symlink (not followed)?
+    fn is_symlink(&self, path: &Path) -> bool;
+    fn unlink(&mut self, path: &Path) -> io::Result<()>;
 }
 
 /// Which step failed and why; the launcher sends this to its parent verbatim.
@@ -369,6 +389,16 @@ fn apply_one(step: &Step, sys: &mut dyn MountSys) -> io::Result<()> {
                 "mode=555,size=4k",
             )
         }
+        Step::BindFileReadOnly { source, target } => {
+            if sys.is_symlink(target) {
+                sys.unlink(target)?;
+            }
+            if !sys.exists(target) {
+                sys.touch(target)?;
+            }
+            sys.mount(&source.to_string_lossy(), target, None, libc::MS_BIND, "")?;
+            sys.set_readonly(target, false)
+        }
         Step::ReadOnlyIfExists { path } => {
             if !sys.exists(path) {
                 return Ok(());
@@ -408,6 +438,13 @@ fn describe(step: &Step) -> String {
         Step::PivotRoot { new_root } => format!("pivot_root into {}", new_root.display()),
         Step::MaskFile { path } | Step::MaskDir { path } => format!("mask {}", path.display()),
         Step::ReadOnlyIfExists { path } => format!("make {} read-only", path.display()),
+        Step::BindFileReadOnly { source, target } => {
+            format!(
+                "bind {} read-only on {}",
+                source.display(),
+                target.display()
+            )
+        }
     }
 }
 
@@ -435,6 +472,7 @@ mod tests {
             shm_size_mb: 32,
             volatile_upper: true,
             nproc_limit: None,
+            ca_bundle: None,
         }
     }
 
@@ -443,6 +481,7 @@ mod tests {
     struct Recorder {
         existing: BTreeSet<PathBuf>,
         dirs: BTreeSet<PathBuf>,
+        links: BTreeSet<PathBuf>,
         calls: Vec<String>,
         fail_on: Option<String>,
     }
@@ -504,6 +543,13 @@ mod tests {
         fn pivot_root(&mut self, new_root: &Path) -> io::Result<()> {
             self.log(format!("pivot {}", new_root.display()))
         }
+        fn is_symlink(&self, path: &Path) -> bool {
+            self.links.contains(path)
+        }
+        fn unlink(&mut self, path: &Path) -> io::Result<()> {
+            self.links.remove(path);
+            self.log(format!("unlink {}", path.display()))
+        }
     }
 
     fn position(calls: &[String], needle: &str) -> usize {
@@ -555,6 +601,42 @@ mod tests {
         assert!(!c.iter().any(|x| x.contains("/proc/scsi")));
         let sys_bind = position(c, "mount /proc/sys /proc/sys - 0x5000"); // MS_BIND|MS_REC
         assert!(position(c, "ro /proc/sys true") > sys_bind);
+    }
+
+    #[test]
+    fn ca_bundle_is_bound_read_only_before_the_pivot() {
+        let mut r = Recorder::default();
+        apply(&plan(&spec()), &mut r).unwrap();
+        assert!(!r.calls.iter().any(|c| c.contains("ca-certificates")));
+
+        let mut with = spec();
+        with.ca_bundle = Some("/j/ca/base.pem".into());
+        let target = "/j/s/0/merged/etc/ssl/certs/ca-certificates.crt";
+        // A symlink in the template is replaced, a missing file created.
+        let mut r = Recorder::default();
+        r.links.insert(target.into());
+        apply(&plan(&with), &mut r).unwrap();
+        let c = &r.calls;
+        let unlink = position(c, &format!("unlink {target}"));
+        let touch = position(c, &format!("touch {target}"));
+        let bind = position(c, &format!("mount /j/ca/base.pem {target} - 0x1000"));
+        let ro = position(c, &format!("ro {target} false"));
+        let pivot = position(c, "pivot /j/s/0/merged");
+        assert!(
+            unlink < touch && touch < bind && bind < ro && ro < pivot,
+            "{c:#?}"
+        );
+
+        // An existing regular file is bound over as it is.
+        let mut r = Recorder::default();
+        r.existing.insert(target.into());
+        apply(&plan(&with), &mut r).unwrap();
+        assert!(
+            !r.calls
+                .iter()
+                .any(|c| c.starts_with("unlink") || c.starts_with("touch /j/s/0/merged/etc"))
+        );
+        position(&r.calls, &format!("ro {target} false"));
     }
 
     #[test]

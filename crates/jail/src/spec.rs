@@ -47,6 +47,9 @@ pub struct StartSpec {
     /// (root, its own count) can still start threads and a `kill` when the cgroup is full.
     #[serde(default)]
     pub nproc_limit: Option<u64>,
+    /// Host file bind-mounted read-only over [`crate::mountplan::CA_BUNDLE`].
+    #[serde(default)]
+    pub ca_bundle: Option<PathBuf>,
 }
 
 /// Create an idmapped, read-only view of `source` at `target` for one slot's uid range.
@@ -105,6 +108,7 @@ mod tests {
             shm_size_mb: 64,
             volatile_upper: true,
             nproc_limit: None,
+            ca_bundle: None,
         }
     }
 

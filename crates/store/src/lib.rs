@@ -98,6 +98,10 @@ pub struct SandboxRow {
     pub driver_handle: Option<String>,
     /// Why it died (killed, timeout, exited, lost on restart).
     pub end_reason: Option<String>,
+    /// E2B `allow_internet_access` as applied (the server default when the client gave none).
+    pub allow_internet: bool,
+    /// The network config (allowOut, denyOut, rules) as JSON; None when none was given.
+    pub network: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -125,6 +129,51 @@ pub struct TemplateRow {
     pub disk_size_mb: i64,
     pub created_at: i64,
     pub updated_at: i64,
+}
+
+/// A secret. `value` is only for server-side use (header injection); API layers never return it.
+#[derive(Clone, PartialEq)]
+pub struct SecretRow {
+    pub id: String,
+    pub name: String,
+    pub value: String,
+    /// 1 for a new secret, +1 on every value update.
+    pub version: i64,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl std::fmt::Debug for SecretRow {
+    // Never print the value (logs, panics, test failures).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretRow")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .field("value", &"<redacted>")
+            .field("version", &self.version)
+            .field("metadata", &self.metadata)
+            .field("created_at", &self.created_at)
+            .field("updated_at", &self.updated_at)
+            .finish()
+    }
+}
+
+/// One egress decision of a sandbox (see the `egress_events` table).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EgressEventRow {
+    pub sandbox_id: String,
+    /// Unix milliseconds.
+    pub at: i64,
+    /// `tcp` | `tls` | `http` | `dns`.
+    pub protocol: String,
+    pub host: Option<String>,
+    pub ip: Option<String>,
+    pub port: i64,
+    pub allowed: bool,
+    pub rule: String,
+    pub bytes_out: i64,
+    pub bytes_in: i64,
 }
 
 mod sql;

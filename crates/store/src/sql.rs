@@ -15,7 +15,10 @@ use std::time::Duration;
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, AssertSqlSafe, Executor, Row};
 
-use crate::{ApiKeyRow, Result, SandboxFilter, SandboxRow, SandboxState, StoreError, TemplateRow};
+use crate::{
+    ApiKeyRow, EgressEventRow, Result, SandboxFilter, SandboxRow, SandboxState, SecretRow,
+    StoreError, TemplateRow,
+};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -27,7 +30,12 @@ const METADATA_SCAN_BATCH: i64 = 200;
 
 const SANDBOX_COLUMNS: &str = "id, template_id, alias, state, owner_key_id, metadata, env_vars, \
      envd_access_token, cpu_count, memory_mb, disk_size_mb, started_at, end_at, driver_handle, \
-     end_reason";
+     end_reason, allow_internet, network";
+
+const SECRET_COLUMNS: &str = "id, name, value, version, metadata, created_at, updated_at";
+
+const EGRESS_EVENT_COLUMNS: &str =
+    "sandbox_id, at, protocol, host, ip, port, allowed, rule, bytes_out, bytes_in";
 
 const TEMPLATE_COLUMNS: &str = "id, alias, content_hash, status, rootfs_path, cpu_count, \
      memory_mb, disk_size_mb, created_at, updated_at";
@@ -314,7 +322,7 @@ impl Store {
     pub async fn insert_sandbox(&self, sb: &SandboxRow) -> Result<()> {
         let sql = format!(
             "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(sb.id.as_str())
@@ -332,6 +340,8 @@ impl Store {
             .bind(sb.end_at)
             .bind(sb.driver_handle.as_deref())
             .bind(sb.end_reason.as_deref())
+            .bind(i64::from(sb.allow_internet))
+            .bind(sb.network.as_deref())
             .execute(&self.pool)
             .await
             .map_err(|e| conflict(e, || format!("Sandbox {}", sb.id)))?;
@@ -487,6 +497,192 @@ impl Store {
     pub async fn delete_dead_sandboxes_before(&self, ts: i64) -> Result<u64> {
         let done = sqlx::query("DELETE FROM sandboxes WHERE state = $1 AND end_at < $2")
             .bind(SandboxState::Dead.as_str())
+            .bind(ts)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Replaces a sandbox's network settings. Returns false if there is no such sandbox.
+    pub async fn set_sandbox_network(
+        &self,
+        id: &str,
+        allow_internet: bool,
+        network: Option<&str>,
+    ) -> Result<bool> {
+        let done =
+            sqlx::query("UPDATE sandboxes SET allow_internet = $1, network = $2 WHERE id = $3")
+                .bind(i64::from(allow_internet))
+                .bind(network)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    // ----- Secrets -----
+
+    pub async fn insert_secret(&self, s: &SecretRow) -> Result<()> {
+        let sql =
+            format!("INSERT INTO secrets ({SECRET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)");
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(s.id.as_str())
+            .bind(s.name.as_str())
+            .bind(s.value.as_str())
+            .bind(s.version)
+            .bind(to_json(&s.metadata))
+            .bind(s.created_at)
+            .bind(s.updated_at)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| conflict(e, || format!("A secret named {:?}", s.name)))?;
+        Ok(())
+    }
+
+    /// Looks a secret up by id, or else by name (an id match wins).
+    pub async fn get_secret(&self, id_or_name: &str) -> Result<Option<SecretRow>> {
+        let sql = format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets WHERE id = $1 OR name = $1 \
+             ORDER BY CASE WHEN id = $1 THEN 0 ELSE 1 END LIMIT 1"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id_or_name)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(secret_from_row).transpose()
+    }
+
+    /// Secrets ordered by `(created_at, id)`, strictly after the `after` cursor, at most `limit`.
+    pub async fn list_secrets(
+        &self,
+        limit: i64,
+        after: Option<(i64, String)>,
+    ) -> Result<Vec<SecretRow>> {
+        let rows = match after {
+            Some((ts, id)) => {
+                let sql = format!(
+                    "SELECT {SECRET_COLUMNS} FROM secrets WHERE (created_at, id) > ($1, $2) \
+                     ORDER BY created_at, id LIMIT $3"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(ts)
+                    .bind(id)
+                    .bind(limit.max(0))
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+            None => {
+                let sql = format!(
+                    "SELECT {SECRET_COLUMNS} FROM secrets ORDER BY created_at, id LIMIT $1"
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(limit.max(0))
+                    .fetch_all(&self.pool)
+                    .await?
+            }
+        };
+        rows.iter().map(secret_from_row).collect()
+    }
+
+    /// Stores a new value (version + 1) and, when given, replaces the metadata. Returns the
+    /// updated secret, or None if no secret has this id or name.
+    pub async fn update_secret(
+        &self,
+        id_or_name: &str,
+        value: &str,
+        metadata: Option<&BTreeMap<String, String>>,
+        now: i64,
+    ) -> Result<Option<SecretRow>> {
+        let Some(cur) = self.get_secret(id_or_name).await? else {
+            return Ok(None);
+        };
+        let metadata = metadata.unwrap_or(&cur.metadata);
+        let done = sqlx::query(
+            "UPDATE secrets SET value = $1, version = version + 1, metadata = $2, updated_at = $3 \
+             WHERE id = $4",
+        )
+        .bind(value)
+        .bind(to_json(metadata))
+        .bind(now)
+        .bind(cur.id.as_str())
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Ok(None);
+        }
+        self.get_secret(&cur.id).await
+    }
+
+    /// Deletes the secret with this id, or else this name. Returns false if there was none.
+    pub async fn delete_secret(&self, id_or_name: &str) -> Result<bool> {
+        let Some(cur) = self.get_secret(id_or_name).await? else {
+            return Ok(false);
+        };
+        let done = sqlx::query("DELETE FROM secrets WHERE id = $1")
+            .bind(cur.id.as_str())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    // ----- Egress audit trail -----
+
+    /// Inserts a batch of events in one transaction.
+    pub async fn insert_egress_events(&self, events: &[EgressEventRow]) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let sql = format!(
+            "INSERT INTO egress_events ({EGRESS_EVENT_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+        );
+        let mut tx = self.pool.begin().await?;
+        for e in events {
+            sqlx::query(AssertSqlSafe(sql.as_str()))
+                .bind(e.sandbox_id.as_str())
+                .bind(e.at)
+                .bind(e.protocol.as_str())
+                .bind(e.host.as_deref())
+                .bind(e.ip.as_deref())
+                .bind(e.port)
+                .bind(i64::from(e.allowed))
+                .bind(e.rule.as_str())
+                .bind(e.bytes_out)
+                .bind(e.bytes_in)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The newest `limit` events of a sandbox, oldest first.
+    pub async fn list_egress_events(
+        &self,
+        sandbox_id: &str,
+        limit: i64,
+    ) -> Result<Vec<EgressEventRow>> {
+        let sql = format!(
+            "SELECT {EGRESS_EVENT_COLUMNS} FROM egress_events WHERE sandbox_id = $1 \
+             ORDER BY at DESC LIMIT $2"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(sandbox_id)
+            .bind(limit.max(0))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out: Vec<EgressEventRow> = rows
+            .iter()
+            .map(egress_event_from_row)
+            .collect::<Result<_>>()?;
+        // Stable: events with the same millisecond keep their relative (insertion) order.
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Deletes events older than `ts`; returns how many.
+    pub async fn delete_egress_events_before(&self, ts: i64) -> Result<u64> {
+        let done = sqlx::query("DELETE FROM egress_events WHERE at < $1")
             .bind(ts)
             .execute(&self.pool)
             .await?;
@@ -734,7 +930,43 @@ fn sandbox_from_row(row: &AnyRow) -> Result<SandboxRow> {
         end_at: row.try_get("end_at")?,
         driver_handle: row.try_get("driver_handle")?,
         end_reason: row.try_get("end_reason")?,
+        allow_internet: row.try_get::<i64, _>("allow_internet")? != 0,
+        network: row.try_get("network")?,
         id,
+    })
+}
+
+fn secret_from_row(row: &AnyRow) -> Result<SecretRow> {
+    let id: String = row.try_get("id")?;
+    let metadata: BTreeMap<String, String> =
+        serde_json::from_str(&row.try_get::<String, _>("metadata")?).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "secret {id}: column metadata is not a JSON string map: {e}"
+            ))
+        })?;
+    Ok(SecretRow {
+        name: row.try_get("name")?,
+        value: row.try_get("value")?,
+        version: row.try_get("version")?,
+        metadata,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        id,
+    })
+}
+
+fn egress_event_from_row(row: &AnyRow) -> Result<EgressEventRow> {
+    Ok(EgressEventRow {
+        sandbox_id: row.try_get("sandbox_id")?,
+        at: row.try_get("at")?,
+        protocol: row.try_get("protocol")?,
+        host: row.try_get("host")?,
+        ip: row.try_get("ip")?,
+        port: row.try_get("port")?,
+        allowed: row.try_get::<i64, _>("allowed")? != 0,
+        rule: row.try_get("rule")?,
+        bytes_out: row.try_get("bytes_out")?,
+        bytes_in: row.try_get("bytes_in")?,
     })
 }
 

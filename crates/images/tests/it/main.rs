@@ -282,3 +282,125 @@ async fn debootstrap_fallback_builds_the_same_template() {
         "mounts left under the build"
     );
 }
+
+/// Runs `args` in the tree as `user`, with /proc mounted (Deno needs /proc/self/exe) in a
+/// private mount namespace, so nothing is left mounted in the cached tree.
+fn in_tree_as_user(rootfs: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-ec"])
+        .arg(r#"mount -t proc proc "$0/proc"; exec /usr/sbin/chroot --userspec=1000:1000 "$0" /usr/bin/env HOME=/home/user "$@""#)
+        .arg(rootfs)
+        .args(args)
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin")
+        .output()
+        .expect("run unshare")
+}
+
+fn reachable(host: &str) -> bool {
+    use std::net::ToSocketAddrs;
+    let Ok(mut addrs) = (host, 443).to_socket_addrs() else {
+        return false;
+    };
+    addrs.any(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(5)).is_ok())
+}
+
+#[tokio::test]
+async fn builds_the_code_interpreter_template_on_base() {
+    const TEST: &str = "builds_the_code_interpreter_template_on_base";
+    if !is_root() {
+        return skip(TEST, "building root filesystems needs root");
+    }
+    let cache = ImageCache::new(cache_dir());
+    let recipe = TemplateRecipe::code_interpreter();
+    if !cache.is_ready(&recipe) {
+        for host in ["pypi.org", "files.pythonhosted.org", "registry.npmjs.org"] {
+            if !reachable(host) {
+                return skip(TEST, &format!("{host}:443 is not reachable"));
+            }
+        }
+    }
+    let started = Instant::now();
+    let Some(rootfs) = build_or_skip(TEST, &cache, &recipe).await else {
+        return;
+    };
+    let info = cache.info(&recipe).expect("READY written");
+    say(&format!(
+        "code-interpreter-v1 {}: {:.1} MB, {} files, built in {:.0} s (this run {:.1} s)",
+        info.hash,
+        info.size_bytes as f64 / 1e6,
+        info.files,
+        info.build_seconds,
+        started.elapsed().as_secs_f64()
+    ));
+    assert_eq!(info.tool, "layer");
+    assert!(cache.is_ready(&TemplateRecipe::base()), "parent built too");
+    check_base_tree(&rootfs);
+
+    // kernels.json is the one the recipe generates, and every kernel program exists.
+    let kernels = std::fs::read_to_string(rootfs.join("opt/bulkhead/interpreter/kernels.json"))
+        .expect("kernels.json");
+    assert_eq!(kernels, bulkhead_images::kernels_json());
+    let v: serde_json::Value = serde_json::from_str(&kernels).unwrap();
+    for (name, k) in v["languages"].as_object().unwrap() {
+        let program = k["argv"][0].as_str().unwrap();
+        assert!(
+            rootfs.join(program.trim_start_matches('/')).exists(),
+            "{name}: {program} missing"
+        );
+    }
+    for rel in bulkhead_images::interpreter_asset_paths() {
+        let p = rootfs.join("opt/bulkhead/interpreter").join(rel);
+        let m = std::fs::metadata(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644), "{}", p.display());
+    }
+    assert!(
+        std::fs::read_dir(rootfs.join("usr/lib"))
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with("python3"))
+            .all(|e| !e.path().join("EXTERNALLY-MANAGED").exists()),
+        "EXTERNALLY-MANAGED removed"
+    );
+    // Build-time leftovers: the CA copy and npm cache lived on a tmpfs, caches were removed.
+    assert_eq!(std::fs::read_dir(rootfs.join("tmp")).unwrap().count(), 0);
+    for p in ["root/.npm", "root/.cache"] {
+        assert!(!rootfs.join(p).exists(), "{p} left in the tree");
+    }
+    // The host's extra CAs (e.g. a TLS-inspecting proxy's) were used for downloads only.
+    let bundle = std::fs::read_to_string(rootfs.join("etc/ssl/certs/ca-certificates.crt")).unwrap();
+    if let Ok(entries) = std::fs::read_dir("/usr/local/share/ca-certificates") {
+        for e in entries.flatten() {
+            let pem = std::fs::read_to_string(e.path()).unwrap_or_default();
+            if let Some(body) = pem.lines().find(|l| l.len() == 64) {
+                assert!(
+                    !bundle.contains(body),
+                    "host CA {} was baked into the template",
+                    e.path().display()
+                );
+            }
+        }
+    }
+
+    // The kernels' runtimes work as the sandbox user.
+    let out = in_tree_as_user(
+        &rootfs,
+        &[
+            "python3",
+            "-c",
+            "import ipykernel, bash_kernel, numpy, pandas, matplotlib, scipy, seaborn, openpyxl, \
+             PIL, requests, orjson, duckdb; print(duckdb.sql('select 6*7').fetchall()[0][0])",
+        ],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42", "{out:?}");
+    let out = in_tree_as_user(
+        &rootfs,
+        &["deno", "eval", "const n: number = 6 * 7; console.log(n)"],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42", "{out:?}");
+    let out = in_tree_as_user(&rootfs, &["node", "-e", "console.log(6*7)"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "42", "{out:?}");
+    assert!(
+        rootfs.join("home/user/.cache/matplotlib").is_dir(),
+        "font cache warmed for user"
+    );
+}

@@ -156,6 +156,8 @@ impl Env {
             max_slots: MAX_SLOTS,
             cgroup_parent: format!("bulkhead-test-{}-{n}", std::process::id()),
             start_timeout: Duration::from_secs(30),
+            sandbox_ca_pem: None,
+            nameserver: None,
         };
         Env { tmp, rootfs, cfg }
     }

@@ -43,6 +43,9 @@ store_tests!(
     delete_dead_sandboxes,
     templates_upsert_and_lookup,
     concurrent_writes,
+    sandbox_network_updates,
+    secrets_crud,
+    egress_events,
 );
 
 mod sqlite_only {

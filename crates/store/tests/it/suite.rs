@@ -1,7 +1,8 @@
 use std::collections::BTreeMap;
 
 use bulkhead_store::{
-    ApiKeyRow, SandboxFilter, SandboxRow, SandboxState, Store, StoreError, TemplateRow,
+    ApiKeyRow, EgressEventRow, SandboxFilter, SandboxRow, SandboxState, SecretRow, Store,
+    StoreError, TemplateRow,
 };
 
 use crate::harness::Harness;
@@ -41,6 +42,8 @@ fn sandbox(id: &str, started_at: i64) -> SandboxRow {
         end_at: started_at + 300_000,
         driver_handle: None,
         end_reason: None,
+        allow_internet: false,
+        network: None,
     }
 }
 
@@ -154,6 +157,8 @@ pub async fn sandbox_roundtrip(h: &Harness) {
     sb.env_vars = map(&[("PATH", "/usr/bin"), ("EMPTY", "")]);
     sb.envd_access_token = Some("tok".to_owned());
     sb.driver_handle = Some(r#"{"pid":42}"#.to_owned());
+    sb.allow_internet = true;
+    sb.network = Some(r#"{"allowOut":["pypi.org"]}"#.to_owned());
     s.insert_sandbox(&sb).await.unwrap();
     assert_eq!(s.get_sandbox("sb1").await.unwrap(), Some(sb.clone()));
     assert_eq!(s.get_sandbox("nope").await.unwrap(), None);
@@ -501,4 +506,159 @@ pub async fn concurrent_writes(h: &Harness) {
 
 pub fn sandbox_for_tests(id: &str) -> SandboxRow {
     sandbox(id, 0)
+}
+
+pub async fn sandbox_network_updates(h: &Harness) {
+    let s = &h.store;
+    s.insert_sandbox(&sandbox("sb1", 100)).await.unwrap();
+    let got = s.get_sandbox("sb1").await.unwrap().unwrap();
+    assert!(!got.allow_internet);
+    assert_eq!(got.network, None);
+
+    let net = r#"{"allowOut":["*.example.com"],"denyOut":["10.0.0.0/8"]}"#;
+    assert!(s.set_sandbox_network("sb1", true, Some(net)).await.unwrap());
+    let got = s.get_sandbox("sb1").await.unwrap().unwrap();
+    assert!(got.allow_internet);
+    assert_eq!(got.network.as_deref(), Some(net));
+
+    // PUT semantics: the whole config is replaced, None clears it.
+    assert!(s.set_sandbox_network("sb1", false, None).await.unwrap());
+    let got = s.get_sandbox("sb1").await.unwrap().unwrap();
+    assert!(!got.allow_internet);
+    assert_eq!(got.network, None);
+    assert!(!s.set_sandbox_network("nope", true, None).await.unwrap());
+}
+
+fn secret(id: &str, name: &str, created_at: i64) -> SecretRow {
+    SecretRow {
+        id: id.to_owned(),
+        name: name.to_owned(),
+        value: format!("value-of-{name}"),
+        version: 1,
+        metadata: map(&[("owner", "ops")]),
+        created_at,
+        updated_at: created_at,
+    }
+}
+
+pub async fn secrets_crud(h: &Harness) {
+    let s = &h.store;
+    let a = secret("sec_a", "openai-key", 10);
+    s.insert_secret(&a).await.unwrap();
+    assert_eq!(s.get_secret("sec_a").await.unwrap(), Some(a.clone()));
+    assert_eq!(s.get_secret("openai-key").await.unwrap(), Some(a.clone()));
+    assert_eq!(s.get_secret("nope").await.unwrap(), None);
+    // Names are unique.
+    let err = s
+        .insert_secret(&secret("sec_b", "openai-key", 11))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+    // The Debug form never shows the value.
+    assert!(!format!("{a:?}").contains("value-of-openai-key"));
+
+    // Update by name: new value, version + 1, metadata kept when not given.
+    let up = s
+        .update_secret("openai-key", "v2", None, 50)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (up.value.as_str(), up.version, up.updated_at),
+        ("v2", 2, 50)
+    );
+    assert_eq!(up.metadata, a.metadata);
+    assert_eq!(up.created_at, 10);
+    let up = s
+        .update_secret("sec_a", "v3", Some(&map(&[("k", "v")])), 60)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((up.version, up.metadata.clone()), (3, map(&[("k", "v")])));
+    assert_eq!(s.update_secret("nope", "x", None, 1).await.unwrap(), None);
+
+    // Keyset listing by (created_at, id).
+    for (i, n) in ["b", "c", "d"].iter().enumerate() {
+        s.insert_secret(&secret(&format!("sec_{n}"), n, 20 + i as i64))
+            .await
+            .unwrap();
+    }
+    let page1 = s.list_secrets(2, None).await.unwrap();
+    assert_eq!(
+        page1.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["sec_a", "sec_b"]
+    );
+    let last = page1.last().unwrap();
+    let page2 = s
+        .list_secrets(2, Some((last.created_at, last.id.clone())))
+        .await
+        .unwrap();
+    assert_eq!(
+        page2.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["sec_c", "sec_d"]
+    );
+
+    assert!(s.delete_secret("c").await.unwrap());
+    assert!(s.delete_secret("sec_d").await.unwrap());
+    assert!(!s.delete_secret("sec_d").await.unwrap());
+    assert_eq!(s.list_secrets(10, None).await.unwrap().len(), 2);
+}
+
+fn event(sandbox: &str, at: i64, host: &str, allowed: bool) -> EgressEventRow {
+    EgressEventRow {
+        sandbox_id: sandbox.to_owned(),
+        at,
+        protocol: "tls".to_owned(),
+        host: Some(host.to_owned()),
+        ip: Some("203.0.113.10".to_owned()),
+        port: 443,
+        allowed,
+        rule: if allowed {
+            "allowOut:pypi.org"
+        } else {
+            "default-deny"
+        }
+        .to_owned(),
+        bytes_out: 517,
+        bytes_in: 1 << 33,
+    }
+}
+
+pub async fn egress_events(h: &Harness) {
+    let s = &h.store;
+    s.insert_egress_events(&[]).await.unwrap();
+    let batch: Vec<EgressEventRow> = (0..10)
+        .map(|i| {
+            event(
+                if i % 2 == 0 { "sb1" } else { "sb2" },
+                100 + i,
+                "pypi.org",
+                i % 3 == 0,
+            )
+        })
+        .collect();
+    s.insert_egress_events(&batch).await.unwrap();
+    let mut no_host = event("sb1", 200, "x", false);
+    no_host.host = None;
+    no_host.ip = None;
+    no_host.protocol = "dns".to_owned();
+    s.insert_egress_events(std::slice::from_ref(&no_host))
+        .await
+        .unwrap();
+
+    let all = s.list_egress_events("sb1", 100).await.unwrap();
+    assert_eq!(all.len(), 6);
+    assert_eq!(
+        all.iter().map(|e| e.at).collect::<Vec<_>>(),
+        [100, 102, 104, 106, 108, 200]
+    );
+    assert_eq!(all[0], batch[0]);
+    assert_eq!(all[5], no_host);
+    // The newest `limit`, oldest first.
+    let newest = s.list_egress_events("sb1", 2).await.unwrap();
+    assert_eq!(newest.iter().map(|e| e.at).collect::<Vec<_>>(), [108, 200]);
+    assert!(s.list_egress_events("nope", 10).await.unwrap().is_empty());
+
+    assert_eq!(s.delete_egress_events_before(105).await.unwrap(), 5);
+    assert_eq!(s.list_egress_events("sb1", 100).await.unwrap().len(), 3);
 }

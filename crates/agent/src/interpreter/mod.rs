@@ -1,0 +1,368 @@
+//! The code-interpreter API on sandbox port 49999, compatible with E2B's code-interpreter server
+//! (`e2b-code-interpreter` / `@e2b/code-interpreter` SDKs), speaking Jupyter's ZeroMQ protocol to
+//! kernels the template lists in `/opt/bulkhead/interpreter/kernels.json`.
+//!
+//! Model: a *context* is one kernel process plus its language and working directory. Each
+//! language has a default context (python and javascript start with the agent so warm-pooled
+//! sandboxes have live, warmed kernels; others start on first `language=` use). Executions on one
+//! context are serialized by an async mutex (FIFO); different contexts run concurrently.
+//!
+//! Semantics worth knowing (see [`execute`] for the details):
+//! - A client that disconnects mid-execution gets its cell interrupted (SIGINT to the kernel's
+//!   process group, or `interrupt_request` when the manifest says `interrupt_mode: message`);
+//!   the kernel keeps its state. An execution still *queued* when its client disconnects is
+//!   dropped and never runs.
+//! - A kernel that dies (OOM kill, `os._exit`) ends the execution with an `error` line named
+//!   `ContextRestarting` (what E2B's Jupyter server reports when it auto-restarts a dead kernel)
+//!   and `end_of_execution`; the agent then starts a fresh kernel for the context right away.
+//! - The sandbox's environment variables (from `/init`) are applied to a kernel started before
+//!   `/init` (warm pool) before its next execution; per-request `env_vars` are set in a silent
+//!   cell before the user's code and restored afterwards.
+
+pub mod execute;
+pub mod http;
+pub mod kernel;
+pub mod manifest;
+pub mod output;
+pub mod snippets;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use self::kernel::{Kernel, KernelError, KillHandle, StartSpec};
+use self::manifest::{Dialect, LanguageSpec, Manifest};
+use crate::state::SharedState;
+use crate::users::{Identity, User, UserDb};
+
+/// The sandbox port of the code-interpreter API.
+pub const INTERPRETER_PORT: u16 = 49999;
+
+/// Who kernels run as.
+#[derive(Debug, Clone)]
+pub enum KernelUser {
+    /// A sandbox account (the contract: `user`, uid/gid 1000, HOME=/home/user); uid/gid 1000 and
+    /// `/home/user` are assumed when the account is missing from `/etc/passwd`.
+    Sandbox(String),
+    /// The agent's own credentials with this HOME (tests on a host, where no `user` exists).
+    Current {
+        /// HOME of the kernels.
+        home: PathBuf,
+    },
+}
+
+/// Interpreter settings.
+#[derive(Debug, Clone)]
+pub struct InterpreterConfig {
+    /// Where connection files are written (created 0711).
+    pub runtime_dir: PathBuf,
+    /// Who kernels run as.
+    pub kernel_user: KernelUser,
+    /// Working directory of contexts created without `cwd` (E2B: `/home/user`).
+    pub default_cwd: PathBuf,
+    /// How long a kernel may take to answer its first `kernel_info_request`.
+    pub start_timeout: Duration,
+}
+
+impl Default for InterpreterConfig {
+    fn default() -> Self {
+        Self {
+            runtime_dir: PathBuf::from("/run/bulkhead-interpreter"),
+            kernel_user: KernelUser::Sandbox("user".to_owned()),
+            default_cwd: PathBuf::from("/home/user"),
+            start_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Errors creating a context.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    /// No kernel for the language.
+    #[error(
+        "Failed to create context: no kernel is installed for language {language:?} (available: {available})"
+    )]
+    UnknownLanguage {
+        /// Normalized language.
+        language: String,
+        /// The manifest's languages.
+        available: String,
+    },
+    /// The working directory is unusable.
+    #[error("Failed to set working directory: {0} is not an existing directory")]
+    Cwd(String),
+    /// The kernel did not start.
+    #[error("Failed to create context: {}", crate::error_chain(.0))]
+    Kernel(#[from] KernelError),
+}
+
+/// Kill switch and flags that restart/delete use without waiting for the running execution.
+#[derive(Default)]
+struct Control {
+    kill: Option<KillHandle>,
+    restarting: bool,
+    deleted: bool,
+}
+
+/// What an execution needs exclusively: the kernel and what the agent knows of its environment.
+#[derive(Default)]
+pub(crate) struct Slot {
+    kernel: Option<Kernel>,
+    /// The kernel's environment as the agent set it (spawn environment plus applied changes).
+    env: BTreeMap<String, String>,
+    /// The sandbox-wide variables last applied to the kernel.
+    globals: BTreeMap<String, String>,
+}
+
+/// A context (kernel session).
+pub struct Context {
+    /// Id (a UUID, like Jupyter's kernel ids that E2B uses).
+    pub id: String,
+    /// Canonical language.
+    pub language: String,
+    /// Working directory.
+    pub cwd: String,
+    spec: LanguageSpec,
+    seq: u64,
+    slot: tokio::sync::Mutex<Slot>,
+    control: Mutex<Control>,
+}
+
+impl Context {
+    fn control(&self) -> std::sync::MutexGuard<'_, Control> {
+        self.control
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The snippet dialect of this context.
+    pub fn dialect(&self) -> Dialect {
+        self.spec.dialect(&self.language)
+    }
+
+    fn is_deleted(&self) -> bool {
+        self.control().deleted
+    }
+
+    fn is_restarting(&self) -> bool {
+        self.control().restarting
+    }
+
+    /// The JSON E2B returns for a context.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({"id": self.id, "language": self.language, "cwd": self.cwd})
+    }
+}
+
+/// The interpreter: contexts and their kernels.
+pub struct Interpreter {
+    manifest: Manifest,
+    config: InterpreterConfig,
+    state: SharedState,
+    contexts: Mutex<HashMap<String, Arc<Context>>>,
+    defaults: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<String>>>>>,
+    next_seq: AtomicU64,
+}
+
+impl Interpreter {
+    /// An interpreter for `manifest`.
+    pub fn new(manifest: Manifest, config: InterpreterConfig, state: SharedState) -> Arc<Self> {
+        Arc::new(Self {
+            manifest,
+            config,
+            state,
+            contexts: Mutex::new(HashMap::new()),
+            defaults: Mutex::new(HashMap::new()),
+            next_seq: AtomicU64::new(0),
+        })
+    }
+
+    /// Starts the manifest's default contexts in the background.
+    pub fn start_default_contexts(self: &Arc<Self>) {
+        for language in self.manifest.default_contexts.clone() {
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                let language = this.manifest.normalize(Some(&language));
+                if let Err(e) = this.default_context(&language).await {
+                    tracing::warn!(language, error = %e, "could not start a default context; it will be retried on first use");
+                }
+            });
+        }
+    }
+
+    /// The manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Context>>> {
+        self.contexts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A context by id.
+    pub fn get(&self, id: &str) -> Option<Arc<Context>> {
+        self.table().get(id).cloned()
+    }
+
+    /// All contexts, oldest first.
+    pub fn list(&self) -> Vec<Arc<Context>> {
+        let mut all: Vec<_> = self.table().values().cloned().collect();
+        all.sort_by_key(|c| c.seq);
+        all
+    }
+
+    /// The default context of a (normalized) language, created on first use.
+    pub async fn default_context(&self, language: &str) -> Result<Arc<Context>, ContextError> {
+        let slot = Arc::clone(
+            self.defaults
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(language.to_owned())
+                .or_default(),
+        );
+        let mut id = slot.lock().await;
+        // A deleted default context is replaced by a new one (E2B would answer 404 forever).
+        if let Some(context) = id.as_deref().and_then(|id| self.get(id)) {
+            return Ok(context);
+        }
+        let cwd = self.config.default_cwd.to_string_lossy().into_owned();
+        let context = self.create_context(language, &cwd).await?;
+        *id = Some(context.id.clone());
+        Ok(context)
+    }
+
+    /// Creates a context and starts its kernel.
+    pub async fn create_context(
+        &self,
+        language: &str,
+        cwd: &str,
+    ) -> Result<Arc<Context>, ContextError> {
+        let Some(spec) = self.manifest.language(language) else {
+            return Err(ContextError::UnknownLanguage {
+                language: language.to_owned(),
+                available: self.manifest.language_names(),
+            });
+        };
+        if !Path::new(cwd).is_dir() {
+            return Err(ContextError::Cwd(cwd.to_owned()));
+        }
+        let context = Arc::new(Context {
+            id: uuid::Uuid::new_v4().to_string(),
+            language: language.to_owned(),
+            cwd: cwd.to_owned(),
+            spec: spec.clone(),
+            seq: self.next_seq.fetch_add(1, Ordering::Relaxed),
+            slot: tokio::sync::Mutex::new(Slot::default()),
+            control: Mutex::new(Control::default()),
+        });
+        {
+            let mut slot = context.slot.lock().await;
+            self.start_kernel(&context, &mut slot).await?;
+        }
+        self.table()
+            .insert(context.id.clone(), Arc::clone(&context));
+        tracing::info!(id = context.id, language, cwd, "context created");
+        Ok(context)
+    }
+
+    /// Kills the context's kernel and starts a new one (state is lost; cwd is re-applied).
+    pub async fn restart(&self, context: &Context) -> Result<(), ContextError> {
+        {
+            let mut control = context.control();
+            control.restarting = true;
+            if let Some(kill) = &control.kill {
+                kill.kill();
+            }
+        }
+        // A running execution notices the death, reports it and lets go.
+        let mut slot = context.slot.lock().await;
+        slot.kernel = None;
+        let result = self.start_kernel(context, &mut slot).await;
+        context.control().restarting = false;
+        result.map_err(ContextError::from)
+    }
+
+    /// Removes a context and kills its kernel; `false` if there is no such context.
+    pub async fn delete(&self, id: &str) -> bool {
+        let Some(context) = self.table().remove(id) else {
+            return false;
+        };
+        {
+            let mut control = context.control();
+            control.deleted = true;
+            if let Some(kill) = control.kill.take() {
+                kill.kill();
+            }
+        }
+        // Queued executions find the context deleted; dropping the kernel reaps it.
+        context.slot.lock().await.kernel = None;
+        tracing::info!(id, "context deleted");
+        true
+    }
+
+    fn kernel_user(&self) -> User {
+        match &self.config.kernel_user {
+            KernelUser::Sandbox(name) => UserDb::load()
+                .and_then(|db| db.user(name))
+                .unwrap_or_else(|_| User {
+                    name: name.clone(),
+                    uid: 1000,
+                    gid: 1000,
+                    home: PathBuf::from("/home/user"),
+                    shell: "/bin/bash".to_owned(),
+                    groups: vec![1000],
+                }),
+            KernelUser::Current { home } => {
+                let uid = nix::unistd::geteuid().as_raw();
+                let gid = nix::unistd::getegid().as_raw();
+                User {
+                    name: std::env::var("USER").unwrap_or_else(|_| uid.to_string()),
+                    uid,
+                    gid,
+                    home: home.clone(),
+                    shell: "/bin/bash".to_owned(),
+                    groups: vec![gid],
+                }
+            }
+        }
+    }
+
+    /// Starts a kernel for `context` into `slot` (which must be empty).
+    async fn start_kernel(&self, context: &Context, slot: &mut Slot) -> Result<(), KernelError> {
+        let user = self.kernel_user();
+        let globals = self.state.settings().env_vars;
+        let cwd = PathBuf::from(&context.cwd);
+        // The manifest's variables win over the sandbox's (contract).
+        let env = crate::process::build_env(&user, &cwd, &globals, &context.spec.env, false);
+        let dialect = context.dialect();
+        let warmup = context
+            .spec
+            .warmup
+            .clone()
+            .unwrap_or_else(|| snippets::default_warmup(dialect).to_owned());
+        let kernel = Kernel::start(StartSpec {
+            language: &context.language,
+            spec: &context.spec,
+            cwd: &cwd,
+            env: env.clone(),
+            identity: Identity {
+                uid: user.uid,
+                gid: user.gid,
+                groups: user.groups.clone(),
+            },
+            runtime_dir: &self.config.runtime_dir,
+            start_timeout: self.config.start_timeout,
+            warmup: &warmup,
+        })
+        .await?;
+        context.control().kill = Some(kernel.kill_handle());
+        slot.kernel = Some(kernel);
+        slot.env = env.into_iter().collect();
+        slot.globals = globals;
+        Ok(())
+    }
+}

@@ -1,0 +1,366 @@
+//! The `code-interpreter-v1` template: `base` plus Jupyter kernels for Python (ipykernel with the
+//! Bulkhead startup module), JavaScript/TypeScript (Deno's Jupyter kernel), Bash (bash_kernel)
+//! and SQL (DuckDB through an ipykernel), and `/opt/bulkhead/interpreter/kernels.json`, which
+//! tells the agent how to start each kernel.
+//!
+//! Why Deno and not tslab for JavaScript/TypeScript: both install from npm without GitHub, but
+//! tslab prints the last expression with `console.log` (no `execute_result`, so E2B's
+//! `result.text` stays empty), refuses to run cells with type errors (even in `--js` mode, it
+//! compiles with `checkJs`), and aborts requests that arrive within 200 ms of an error. Deno's
+//! kernel strips types without checking them, answers with `execute_result`, supports top-level
+//! await, `npm:` imports and `Symbol.for("Jupyter.display")`, like E2B's JavaScript runtime.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::TemplateRecipe;
+use crate::layer::{BuildStep, FileAsset};
+
+include!(concat!(env!("OUT_DIR"), "/interpreter_assets.rs"));
+
+/// Template id the E2B code-interpreter SDKs ask for by default.
+pub const TEMPLATE_ID: &str = "code-interpreter-v1";
+
+/// Where the assets land in the tree (`interpreter/<rel>` → `<dir>/<rel>`).
+pub const INTERPRETER_DIR: &str = "/opt/bulkhead/interpreter";
+/// The kernel table the agent reads at start.
+pub const KERNELS_JSON: &str = "/opt/bulkhead/interpreter/kernels.json";
+
+const PYTHON: &str = "/usr/bin/python3";
+const DENO: &str = "/usr/local/bin/deno";
+const STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_startup.py";
+const SQL_STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_sql.py";
+
+/// Debian packages on top of `base`: pip for users' own installs, Node.js 18 and npm (E2B
+/// sandboxes have them; the npm step below needs npm).
+const DEBIAN_PACKAGES: &[&str] = &["nodejs", "npm", "python3-pip"];
+
+/// PyPI packages, each pinned, including every dependency, so one recipe hash always yields
+/// the same tree. Resolved for CPython 3.11 (bookworm) on manylinux wheels.
+const PIP_PACKAGES: &[&str] = &[
+    // What the template promises.
+    "ipykernel==7.4.0",
+    "numpy==2.4.6",
+    "pandas==3.1.1",
+    "matplotlib==3.11.2",
+    "scipy==1.17.1",
+    "seaborn==0.13.2",
+    "openpyxl==3.1.5",
+    "pillow==13.0.0",
+    "requests==2.34.2",
+    "orjson==3.13.0",
+    "bash_kernel==0.10.0",
+    "duckdb==2.0.0",
+    // Their dependencies.
+    "asttokens==3.0.2",
+    "certifi==2026.10.18",
+    "charset_normalizer==3.5.2",
+    "comm==0.2.3",
+    "contourpy==1.3.3",
+    "cycler==0.12.1",
+    "debugpy==1.8.22",
+    "et-xmlfile==2.0.0",
+    "executing==2.3.0",
+    "filetype==1.2.0",
+    "fonttools==4.68.0",
+    "idna==3.20",
+    "ipython==9.18.1",
+    "ipython-pygments-lexers==1.1.1",
+    "jedi==0.20.1",
+    "jupyter-client==8.10.0",
+    "jupyter-core==5.9.1",
+    "kiwisolver==1.5.1",
+    "matplotlib-inline==0.2.2",
+    "nest-asyncio2==1.7.4",
+    "packaging==26.3",
+    "parso==0.8.7",
+    "pexpect==4.9.0",
+    "platformdirs==4.14.7",
+    "prompt_toolkit==3.0.53",
+    "psutil==7.2.2",
+    "ptyprocess==0.7.0",
+    "pure-eval==0.2.4",
+    "pygments==2.21.0",
+    "pyparsing==3.3.3",
+    "python-dateutil==4.0.0",
+    // DuckDB needs pytz to hand TIMESTAMPTZ values to Python; pandas 3 no longer pulls it in.
+    "pytz==2026.6",
+    "pyzmq==27.3.0",
+    "stack_data==0.6.3",
+    "tornado==6.6.1",
+    "traitlets==5.16.1",
+    "typing_extensions==4.16.0",
+    "tzdata==2026.6",
+    "urllib3==2.8.0",
+    "wcwidth==0.9.4",
+];
+
+/// npm packages installed globally. `deno` ships its binary in the pinned optional dependency
+/// `@deno/linux-x64-glibc` (or arm64), so nothing is downloaded from GitHub.
+const NPM_PACKAGES: &[&str] = &["deno@2.9.6"];
+
+/// Debian marks its Python "externally managed"; E2B sandboxes let `pip install x` work, so the
+/// marker goes (pip then installs system-wide as root, into the user site as `user`).
+const REMOVE_EXTERNALLY_MANAGED: &str = "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED";
+
+/// matplotlib builds its font cache on first import (seconds); do it once at build time in the
+/// sandbox user's cache so the first chart is fast. Also checks that every promised module
+/// imports, so a broken wheel fails the build rather than the first `run_code`.
+const WARM_UP: &str = "setpriv --reuid=1000 --regid=1000 --clear-groups \
+    env HOME=/home/user MPLBACKEND=agg python3 -c \
+    'import matplotlib.pyplot, numpy, pandas, scipy, seaborn, openpyxl, PIL, requests, orjson, \
+    duckdb, ipykernel, bash_kernel; print(\"python modules import\")' && \
+    deno --version";
+
+#[derive(Serialize)]
+struct KernelsFile {
+    version: u32,
+    default_contexts: [&'static str; 2],
+    languages: BTreeMap<&'static str, Kernel>,
+}
+
+#[derive(Serialize)]
+struct Kernel {
+    argv: Vec<String>,
+    env: BTreeMap<&'static str, &'static str>,
+    aliases: Vec<&'static str>,
+}
+
+/// `--IPKernelApp.exec_files=['a', 'b']`: traitlets parses the value as a Python list literal.
+fn exec_files_flag(files: &[&str]) -> String {
+    let items: Vec<String> = files.iter().map(|f| format!("'{f}'")).collect();
+    format!("--IPKernelApp.exec_files=[{}]", items.join(", "))
+}
+
+fn ipykernel_argv(exec_files: &[&str]) -> Vec<String> {
+    [
+        PYTHON,
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        "{connection_file}",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([exec_files_flag(exec_files)])
+    .collect()
+}
+
+/// The contents of `kernels.json` (see the interpreter contract).
+pub fn kernels_json() -> String {
+    let deno_argv: Vec<String> = [DENO, "jupyter", "--kernel", "--conn", "{connection_file}"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    // Deno colours its `text/plain` results unless told not to.
+    let deno_env = BTreeMap::from([("NO_COLOR", "1"), ("DENO_NO_UPDATE_CHECK", "1")]);
+    let languages = BTreeMap::from([
+        (
+            "python",
+            Kernel {
+                argv: ipykernel_argv(&[STARTUP]),
+                env: BTreeMap::from([("MPLBACKEND", "module://matplotlib_inline.backend_inline")]),
+                aliases: vec![],
+            },
+        ),
+        (
+            "javascript",
+            Kernel {
+                argv: deno_argv.clone(),
+                env: deno_env.clone(),
+                aliases: vec!["js"],
+            },
+        ),
+        (
+            "typescript",
+            Kernel {
+                argv: deno_argv,
+                env: deno_env,
+                aliases: vec!["ts"],
+            },
+        ),
+        (
+            "bash",
+            Kernel {
+                argv: [PYTHON, "-m", "bash_kernel", "-f", "{connection_file}"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                env: BTreeMap::new(),
+                aliases: vec!["sh"],
+            },
+        ),
+        (
+            "sql",
+            Kernel {
+                argv: ipykernel_argv(&[STARTUP, SQL_STARTUP]),
+                env: BTreeMap::new(),
+                aliases: vec!["duckdb"],
+            },
+        ),
+    ]);
+    let file = KernelsFile {
+        version: 1,
+        default_contexts: ["python", "javascript"],
+        languages,
+    };
+    // A struct of strings and maps always serialises.
+    let mut json = serde_json::to_string_pretty(&file).unwrap_or_default();
+    json.push('\n');
+    json
+}
+
+/// The embedded assets as file steps, `interpreter/<rel>` → `/opt/bulkhead/interpreter/<rel>`.
+fn asset_steps() -> impl Iterator<Item = BuildStep> {
+    INTERPRETER_ASSETS.iter().map(|(rel, bytes)| {
+        BuildStep::File(FileAsset::new(
+            format!("{INTERPRETER_DIR}/{rel}"),
+            bytes.to_vec(),
+            0o644,
+        ))
+    })
+}
+
+/// Relative paths of the embedded assets (for diagnostics and tests).
+pub fn asset_paths() -> Vec<&'static str> {
+    INTERPRETER_ASSETS.iter().map(|(rel, _)| *rel).collect()
+}
+
+impl TemplateRecipe {
+    /// `code-interpreter-v1`: [`base`](Self::base) plus the kernels of E2B's code interpreter.
+    pub fn code_interpreter() -> Self {
+        let base = TemplateRecipe::base();
+        let mut steps = vec![
+            BuildStep::Run {
+                command: REMOVE_EXTERNALLY_MANAGED.to_owned(),
+            },
+            BuildStep::Pip {
+                packages: PIP_PACKAGES.iter().map(|s| s.to_string()).collect(),
+            },
+            BuildStep::Npm {
+                packages: NPM_PACKAGES.iter().map(|s| s.to_string()).collect(),
+            },
+        ];
+        steps.extend(asset_steps());
+        steps.push(BuildStep::File(FileAsset::new(
+            KERNELS_JSON,
+            kernels_json(),
+            0o644,
+        )));
+        steps.push(BuildStep::Run {
+            command: WARM_UP.to_owned(),
+        });
+        TemplateRecipe {
+            id: TEMPLATE_ID.to_owned(),
+            suite: base.suite.clone(),
+            packages: DEBIAN_PACKAGES.iter().map(|s| s.to_string()).collect(),
+            extra_ca_bundle: None,
+            recipe_version: 1,
+            parent: Some(Box::new(base)),
+            steps,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_json_follows_the_contract() {
+        let v: serde_json::Value = serde_json::from_str(&kernels_json()).unwrap();
+        assert_eq!(v["version"], 1);
+        assert_eq!(
+            v["default_contexts"],
+            serde_json::json!(["python", "javascript"])
+        );
+        let langs = v["languages"].as_object().unwrap();
+        let mut names: Vec<&str> = langs.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["bash", "javascript", "python", "sql", "typescript"]);
+        for (name, k) in langs {
+            let argv: Vec<&str> = k["argv"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap())
+                .collect();
+            assert!(argv[0].starts_with('/'), "{name}: absolute program");
+            assert_eq!(
+                argv.iter().filter(|a| **a == "{connection_file}").count(),
+                1,
+                "{name}: one connection file placeholder"
+            );
+            assert!(k["env"].is_object() && k["aliases"].is_array(), "{name}");
+        }
+        assert_eq!(
+            langs["python"]["argv"][5],
+            "--IPKernelApp.exec_files=['/opt/bulkhead/interpreter/python/bulkhead_startup.py']"
+        );
+        assert_eq!(
+            langs["sql"]["argv"][5],
+            "--IPKernelApp.exec_files=['/opt/bulkhead/interpreter/python/bulkhead_startup.py', \
+             '/opt/bulkhead/interpreter/python/bulkhead_sql.py']"
+        );
+        assert_eq!(
+            langs["python"]["env"]["MPLBACKEND"],
+            "module://matplotlib_inline.backend_inline"
+        );
+        assert_eq!(langs["javascript"]["aliases"], serde_json::json!(["js"]));
+        assert_eq!(langs["typescript"]["aliases"], serde_json::json!(["ts"]));
+        assert_eq!(langs["bash"]["aliases"], serde_json::json!(["sh"]));
+        assert_eq!(langs["sql"]["aliases"], serde_json::json!(["duckdb"]));
+    }
+
+    #[test]
+    fn startup_files_the_kernels_load_are_embedded() {
+        let paths = asset_paths();
+        for f in [STARTUP, SQL_STARTUP] {
+            let rel = f
+                .strip_prefix(INTERPRETER_DIR)
+                .unwrap()
+                .trim_start_matches('/');
+            assert!(
+                paths.contains(&rel),
+                "{rel} is not under crates/images/interpreter/"
+            );
+        }
+        assert!(
+            paths
+                .iter()
+                .all(|p| !p.contains("tests/") && !p.ends_with(".pyc")),
+            "{paths:?}"
+        );
+    }
+
+    #[test]
+    fn recipe_is_valid_and_layered_on_base() {
+        let r = TemplateRecipe::code_interpreter();
+        r.validate().unwrap();
+        assert_eq!(r.id, "code-interpreter-v1");
+        assert_eq!(r.parent.as_deref(), Some(&TemplateRecipe::base()));
+        let files: Vec<&str> = r
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                BuildStep::File(f) => Some(f.path()),
+                _ => None,
+            })
+            .collect();
+        assert!(files.contains(&KERNELS_JSON));
+        assert!(files.contains(&STARTUP));
+        // EXTERNALLY-MANAGED goes before pip runs, or pip refuses to install.
+        let rm = r.steps.iter().position(|s| {
+            *s == BuildStep::Run {
+                command: REMOVE_EXTERNALLY_MANAGED.into(),
+            }
+        });
+        let pip = r
+            .steps
+            .iter()
+            .position(|s| matches!(s, BuildStep::Pip { .. }));
+        assert!(rm.unwrap() < pip.unwrap());
+        assert_eq!(TemplateRecipe::builtin(TEMPLATE_ID), Some(r));
+    }
+}
