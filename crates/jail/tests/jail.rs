@@ -449,3 +449,64 @@ async fn start_stop_loop_leaves_nothing_behind() {
     d.prune_lowers().unwrap();
     assert!(env.mounts().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_link_dns_config_and_trust_bundle() {
+    require_jail_host!("network_link_dns_config_and_trust_bundle");
+    if !std::path::Path::new("/dev/net/tun").exists() {
+        eprintln!("SKIPPED: network_link_dns_config_and_trust_bundle: /dev/net/tun is missing");
+        return;
+    }
+    let mut env = Env::new();
+    // The template's own bundle is an absolute symlink: it must be read inside the template.
+    let certs = env.rootfs.join("etc/ssl/certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::create_dir_all(env.rootfs.join("usr/share/ca")).unwrap();
+    std::fs::write(
+        env.rootfs.join("usr/share/ca/bundle.pem"),
+        "TEMPLATE-ROOTS\n",
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(
+        "/usr/share/ca/bundle.pem",
+        certs.join("ca-certificates.crt"),
+    )
+    .unwrap();
+    env.cfg.sandbox_ca_pem = Some("DEPLOYMENT-CA\n".into());
+    env.cfg.nameserver = Some(std::net::Ipv4Addr::new(10, 200, 0, 1));
+    let d = env.driver();
+    let h = d.start(&env.spec(128, 64)).await.expect("start");
+
+    let (_, out) = sh(&d, &h, "cat /etc/resolv.conf").await;
+    assert!(out.starts_with("nameserver 10.200.0.1\n"), "{out}");
+    // Editable inside (E2B users write their own resolvers), unlike the trust bundle.
+    let (st, _) = sh(&d, &h, "echo '# mine' >> /etc/resolv.conf").await;
+    assert_eq!(st, "exit 0");
+    let (_, out) = sh(&d, &h, "cat /etc/ssl/certs/ca-certificates.crt").await;
+    assert_eq!(out, "TEMPLATE-ROOTS\nDEPLOYMENT-CA\n");
+    let (st, _) = sh(&d, &h, "echo x >> /etc/ssl/certs/ca-certificates.crt").await;
+    assert_ne!(st, "exit 0", "the trust bundle must not be writable");
+
+    // No link until asked; then eth0 exists only inside the sandbox.
+    let (_, out) = sh(&d, &h, "cat /proc/net/dev").await;
+    assert!(!out.contains("eth0"), "{out}");
+    let tun = d.open_network(&h).await.expect("open_network");
+    let (_, out) = sh(&d, &h, "cat /proc/net/dev").await;
+    assert!(out.contains("eth0"), "{out}");
+    let (_, route) = sh(&d, &h, "cat /proc/net/route").await;
+    assert!(
+        route.lines().any(|l| l.starts_with("eth0\t00000000")),
+        "no default route: {route}"
+    );
+    // Closing the host's end removes the device.
+    drop(tun);
+    let (_, out) = sh(&d, &h, "cat /proc/net/dev").await;
+    assert!(!out.contains("eth0"), "{out}");
+
+    d.stop(&h).await.unwrap();
+    assert!(matches!(
+        d.open_network(&h).await,
+        Err(DriverError::NotRunning)
+    ));
+    env.assert_clean();
+}

@@ -6,6 +6,7 @@ import base64
 import datetime as dt
 import json
 import os
+import re
 import struct
 import zlib
 from typing import List, Optional, Tuple
@@ -25,6 +26,14 @@ def raw(sbx, method: str, path: str, body=None, *, token: bool = True, timeout: 
     if token and tok:
         headers["X-Access-Token"] = tok
     return http(method, base + path, body, headers=headers, timeout=timeout)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def plain(s: str) -> str:
+    """Text without ANSI colour codes (IPython colours tracebacks, as on E2B)."""
+    return _ANSI.sub("", s)
 
 
 def ndjson(body: bytes) -> List[dict]:

@@ -77,7 +77,7 @@ t('errors: name, value, traceback', async () => {
   assert.equal(r.error.name, 'ValueError')
   assert.equal(r.error.value, 'bad value 42')
   assert.match(r.error.traceback, /ValueError/)
-  assert.match(r.error.traceback, /raise ValueError/)
+  assert.match(r.error.traceback.replace(/\x1b\[[0-9;]*[A-Za-z]/g, ''), /raise ValueError\('bad value 42'\)/)
   assert.deepEqual(r.logs.stdout, ['before\n'])
   assert.equal(seen.length, 1)
   assert.equal(seen[0].name, 'ValueError')
@@ -107,11 +107,19 @@ t('line chart as data', async () => {
   assert.equal(c.elements.length, 1)
   assert.equal(c.elements[0].label, 'double')
   assert.deepEqual(c.elements[0].points.map(([a, b]) => [Number(a), Number(b)]), [[0, 0], [1, 2], [2, 4], [3, 6], [4, 8]])
-  // Ticks as matplotlib itself reports them for the same figure.
-  const expected = await sbx.runCode('import json; json.dumps([[float(t) for t in fig.axes[0].get_xticks()], [t.get_text() for t in fig.axes[0].get_xticklabels()]])')
-  const [ticks, labels] = JSON.parse(expected.text)
-  assert.deepEqual(c.x_ticks.map(Number), ticks)
-  assert.deepEqual(c.x_tick_labels, labels)
+  // Ticks as matplotlib itself reports them for the same figure: all locator ticks (E2B) or
+  // exactly the ones inside the view limits, with their labels.
+  const expected = await sbx.runCode(
+    'import json\nax = fig.axes[0]\nt = [float(v) for v in ax.get_xticks()]\nl = [v.get_text() for v in ax.get_xticklabels()]\n' +
+      'lo, hi = sorted(ax.get_xlim())\nk = [i for i, v in enumerate(t) if lo - 1e-9 <= v <= hi + 1e-9]\n' +
+      'json.dumps([[t, l], [[t[i] for i in k], [l[i] for i in k] if len(l) == len(t) else l]])',
+  )
+  const allowed = JSON.parse(expected.text)
+  const got = [c.x_ticks.map(Number), c.x_tick_labels]
+  assert.ok(
+    allowed.some((a) => JSON.stringify(a) === JSON.stringify(got)),
+    `x ticks/labels ${JSON.stringify(got)} not in ${JSON.stringify(allowed)}`,
+  )
 })
 
 t('bar chart as data', async () => {
@@ -143,7 +151,7 @@ t('contexts: create with cwd, list, restart, remove, 404', async () => {
   assert.equal((await sbx.runCode("'mine' in globals()")).text, 'False')
   const listed = await sbx.listCodeContexts()
   assert.ok(listed.some((c) => c.id === ctx.id && c.cwd === '/tmp'))
-  assert.ok(listed.some((c) => c.language === 'python') && listed.some((c) => c.language === 'javascript'))
+  assert.ok(listed.some((c) => c.language === 'python') && listed.some((c) => c.language === 'javascript'), JSON.stringify(listed))
   await sbx.restartCodeContext(ctx)
   const gone = await sbx.runCode('mine', { context: ctx })
   assert.equal(gone.error.name, 'NameError')

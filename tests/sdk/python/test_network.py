@@ -463,3 +463,18 @@ def test_pip_and_npm_install_through_the_proxy(server):
         assert any(s in out + err for s in ("ENOTFOUND", "EAI_AGAIN", "ENETUNREACH", "network")), out + err
     finally:
         sbx.kill()
+
+
+def test_links_come_back_after_a_server_restart(sandbox_factory, server, lab):
+    if not server.owned:
+        pytest.skip("SKIPPED: needs a server started by this suite (it is restarted)")
+    linked = sandbox_factory(network={"allow_out": ["api.allowed.test"]})
+    closed = sandbox_factory()
+    assert curl(linked, "http://api.allowed.test/pre-restart")[0] == 0
+    server.restart()
+    # The TUN fds died with the old process; the re-adopted sandbox gets a new link.
+    code, body, err, _ = curl(linked, "http://api.allowed.test/post-restart")
+    assert code == 0, err
+    assert json.loads(body)["path"] == "/post-restart"
+    code, _, _, took = curl(closed, "http://api.allowed.test/")
+    assert code != 0 and took < FAST + 1
