@@ -182,16 +182,21 @@ def main() -> int:
 
     warm_bare, cold_bare = bare_kernel(args.n_warm, max(3, min(args.n_create, 10)), args.bare_exec_file)
 
-    create_first, create_only = [], []
+    create_first, create_only, failures = [], [], []
     for _ in range(args.n_create):
         t0 = time.perf_counter()
         sbx = Sandbox.create(**create_kw)
         t1 = time.perf_counter()
-        ex = sbx.run_code("1+1")
-        t2 = time.perf_counter()
-        sbx.kill()
-        if ex.text != "2":
-            raise RuntimeError(f"first run_code returned {ex.text!r} error={ex.error}")
+        try:
+            ex = sbx.run_code("1+1")
+            t2 = time.perf_counter()
+            if ex.text != "2":
+                raise RuntimeError(f"returned {ex.text!r} error={ex.error}")
+        except Exception as e:  # counted and shown, not timed: a failed sample is no latency
+            failures.append(str(e).splitlines()[0][:200])
+            continue
+        finally:
+            sbx.kill()
         create_only.append(t1 - t0)
         create_first.append(t2 - t0)
 
@@ -222,13 +227,15 @@ def main() -> int:
     ]
     for row, base in rows:
         print(row.line(base))
+    if failures:
+        print(f"FAILED first run_code in {len(failures)} of {args.n_create} fresh sandboxes, e.g.: {failures[0]}")
     print(
         f"(warm SDK mean {statistics.mean(warm_sdk) * 1e3:.2f} ms, bare mean {statistics.mean(warm_bare) * 1e3:.2f} ms)"
     )
     if args.json:
         with open(args.json, "w") as f:
             json.dump({r.name: r.ms for r, _ in rows}, f, indent=1)
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -106,6 +106,10 @@ section "Test environments"
 VENV="$(make_venv tests/sdk/python/requirements.txt)"
 OLD_VENV="$(make_venv tests/sdk/python_old/requirements-old.txt)"
 CI_VENV="$(make_venv tests/sdk/interpreter/requirements.txt)"
+# Real kernels for the agent's interpreter tests (cargo test); they skip loudly without it.
+BULKHEAD_TEST_KERNEL_VENV="$(make_venv crates/agent/tests/kernel-requirements.txt)"
+export BULKHEAD_TEST_KERNEL_VENV
+echo "agent kernel venv: $BULKHEAD_TEST_KERNEL_VENV"
 echo "python SDK venv: $VENV (e2b $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "old SDK venv:    $OLD_VENV (e2b $("$OLD_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "interpreter venv: $CI_VENV (e2b-code-interpreter $("$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))'))"

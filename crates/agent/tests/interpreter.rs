@@ -84,6 +84,7 @@ impl Harness {
                 "sql": {"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                                  format!("--IPKernelApp.exec_files={}", sql_startup.display())],
                         "aliases": ["duckdb"]},
+                "broken": {"argv": [python, "-c", "import sys; sys.stderr.write('no luck here\\n'); sys.exit(3)", "{connection_file}"]},
             }
         });
         let path = dir.path().join("kernels.json");
@@ -510,6 +511,15 @@ async fn contexts_restart_interrupt_and_kernel_death() {
         )
         .await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
+    // A kernel that cannot start: 500 with its exit status and stderr.
+    let (status, text) = h
+        .call("POST", "/contexts", Some(json!({"language": "broken"})))
+        .await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
+    assert!(
+        text.contains("exit status 3") && text.contains("no luck here"),
+        "{text}"
+    );
 
     // Restart clears state and keeps the cwd.
     no_error(&h.in_context(&id, "y = 5").await);
@@ -598,7 +608,11 @@ async fn contexts_restart_interrupt_and_kernel_death() {
     );
     // Output the kernel sent before dying is not lost (a print right before `os._exit` may
     // never leave the kernel, so only the execution count is certain).
-    assert_eq!(of_type(&lines, "number_of_executions").len(), 1, "{lines:?}");
+    assert_eq!(
+        of_type(&lines, "number_of_executions").len(),
+        1,
+        "{lines:?}"
+    );
     assert!(matches!(stdout(&lines).as_str(), "" | "dying\n"));
     let lines = h.in_context(&id, "1 + 1").await;
     assert_eq!(main_text(&lines).as_deref(), Some("2"), "{lines:?}");

@@ -125,7 +125,14 @@ struct Kernel {
     argv: Vec<String>,
     env: BTreeMap<&'static str, &'static str>,
     aliases: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warmup: Option<&'static str>,
 }
+
+/// Deno kernels speak ESM, where `require` is undefined; code written for Node (and for E2B's
+/// Node kernel) calls `require('fs')`. The agent runs this as each JS/TS kernel's warm-up cell.
+const DENO_WARMUP: &str =
+    "globalThis.require = (await import(\"node:module\")).createRequire(\"/home/user/\");";
 
 /// `--IPKernelApp.exec_files=['a', 'b']`: traitlets parses the value as a Python list literal.
 fn exec_files_flag(files: &[&str]) -> String {
@@ -162,6 +169,7 @@ pub fn kernels_json() -> String {
                 argv: ipykernel_argv(&[STARTUP]),
                 env: BTreeMap::from([("MPLBACKEND", "module://matplotlib_inline.backend_inline")]),
                 aliases: vec![],
+                warmup: None,
             },
         ),
         (
@@ -170,6 +178,7 @@ pub fn kernels_json() -> String {
                 argv: deno_argv.clone(),
                 env: deno_env.clone(),
                 aliases: vec!["js"],
+                warmup: Some(DENO_WARMUP),
             },
         ),
         (
@@ -178,6 +187,7 @@ pub fn kernels_json() -> String {
                 argv: deno_argv,
                 env: deno_env,
                 aliases: vec!["ts"],
+                warmup: Some(DENO_WARMUP),
             },
         ),
         (
@@ -189,6 +199,7 @@ pub fn kernels_json() -> String {
                     .collect(),
                 env: BTreeMap::new(),
                 aliases: vec!["sh"],
+                warmup: None,
             },
         ),
         (
@@ -197,6 +208,7 @@ pub fn kernels_json() -> String {
                 argv: ipykernel_argv(&[STARTUP, SQL_STARTUP]),
                 env: BTreeMap::new(),
                 aliases: vec!["duckdb"],
+                warmup: None,
             },
         ),
     ]);

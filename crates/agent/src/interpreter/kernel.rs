@@ -96,6 +96,13 @@ pub enum KernelError {
     Timeout(u64),
 }
 
+impl KernelError {
+    /// Whether the kernel exited because one of its ports was taken meanwhile.
+    pub fn is_port_race(&self) -> bool {
+        matches!(self, Self::ExitedDuringStartup { stderr, .. } if stderr.contains("Address already in use"))
+    }
+}
+
 /// Which socket a message came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Channel {
@@ -176,6 +183,7 @@ struct Process {
     connection_file: PathBuf,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     tasks: Vec<JoinHandle<()>>,
+    stderr_task: Option<JoinHandle<()>>,
 }
 
 impl Drop for Process {
@@ -187,7 +195,7 @@ impl Drop for Process {
             exit: self.exit.clone(),
         }
         .kill();
-        for task in &self.tasks {
+        for task in self.tasks.iter().chain(&self.stderr_task) {
             task.abort();
         }
         let _ = std::fs::remove_file(&self.connection_file);
@@ -199,7 +207,17 @@ impl Process {
         self.exit.borrow().clone()
     }
 
-    fn startup_failure(&self, status: Option<String>, seconds: u64) -> KernelError {
+    async fn startup_failure(&self, status: Option<String>, seconds: u64) -> KernelError {
+        let status = status.or_else(|| self.exited());
+        if status.is_some() {
+            // The exit may be seen before the last stderr lines were read; they explain it.
+            let deadline = Instant::now() + Duration::from_millis(300);
+            while self.stderr_task.as_ref().is_some_and(|t| !t.is_finished())
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let tail = self
             .stderr_tail
             .lock()
@@ -213,7 +231,7 @@ impl Process {
         } else {
             format!(": {tail}")
         };
-        match status.or_else(|| self.exited()) {
+        match status {
             Some(status) => KernelError::ExitedDuringStartup {
                 language: self.language.clone(),
                 status,
@@ -377,9 +395,10 @@ impl Kernel {
         let pid = Pid::from_raw(i32::try_from(spawned.pid).unwrap_or(i32::MAX));
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let mut tasks = Vec::new();
+        let mut stderr_task = None;
         if let Output::Pipes(stdout, stderr) = spawned.output {
             tasks.push(tokio::spawn(log_lines(stdout, language.clone(), None)));
-            tasks.push(tokio::spawn(log_lines(
+            stderr_task = Some(tokio::spawn(log_lines(
                 stderr,
                 language.clone(),
                 Some(Arc::clone(&stderr_tail)),
@@ -400,12 +419,13 @@ impl Kernel {
             connection_file,
             stderr_tail,
             tasks,
+            stderr_task,
         };
         let deadline = began + start.start_timeout;
         let seconds = start.start_timeout.as_secs();
         let mut exit = process.exit.clone();
         if let Err(status) = wait_for_port(info.iopub_port, &mut exit, deadline).await {
-            return Err(process.startup_failure(status, seconds));
+            return Err(process.startup_failure(status, seconds).await);
         }
         let session = uuid::Uuid::new_v4().to_string();
         let identity = jupyter_zmq_client::peer_identity_for_session(&session)?;
@@ -421,7 +441,7 @@ impl Kernel {
         let (shell, control, iopub) = tokio::select! {
             r = connect => r?,
             () = tokio::time::sleep_until(deadline.into()) => {
-                return Err(process.startup_failure(None, seconds));
+                return Err(process.startup_failure(None, seconds).await);
             }
         };
         let (shell_send, shell_recv) = shell.split();
@@ -472,7 +492,7 @@ impl Kernel {
                     tracing::warn!(language, error = %e.value, "the kernel's warm-up cell failed")
                 }
                 Err(KernelError::Died(status)) => {
-                    return Err(kernel.process.startup_failure(Some(status), seconds));
+                    return Err(kernel.process.startup_failure(Some(status), seconds).await);
                 }
                 Err(e) => return Err(e),
             }
@@ -519,10 +539,10 @@ impl Kernel {
                     }
                     Event::Message(_) => {}
                     Event::Exited(status) => {
-                        return Err(self.process.startup_failure(Some(status), seconds));
+                        return Err(self.process.startup_failure(Some(status), seconds).await);
                     }
                     Event::Idle if Instant::now() >= deadline => {
-                        return Err(self.process.startup_failure(None, seconds));
+                        return Err(self.process.startup_failure(None, seconds).await);
                     }
                     Event::Idle => break,
                 }
@@ -788,5 +808,93 @@ async fn log_lines<R: tokio::io::AsyncRead + Unpin>(
             }
             tail.push_back(line);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn message(channel: Channel, msg_type: &str, content: Value) -> KernelMessage {
+        KernelMessage {
+            channel,
+            msg_type: msg_type.to_owned(),
+            parent_id: Some("m".to_owned()),
+            date: None,
+            content,
+        }
+    }
+
+    #[test]
+    fn a_cell_ends_with_idle_and_its_reply() {
+        let mut cell = CellState::new(Duration::ZERO);
+        assert!(!cell.done());
+        cell.observe(&message(
+            Channel::Iopub,
+            "status",
+            json!({"execution_state": "busy"}),
+        ));
+        cell.observe(&message(
+            Channel::Iopub,
+            "error",
+            json!({"ename": "E1", "evalue": "first", "traceback": []}),
+        ));
+        cell.observe(&message(
+            Channel::Iopub,
+            "status",
+            json!({"execution_state": "idle"}),
+        ));
+        assert!(!cell.done(), "waits for the reply");
+        assert!(cell.wait_hint() <= REPLY_GRACE);
+        cell.observe(&message(
+            Channel::Shell,
+            "execute_reply",
+            json!({"status": "error", "ename": "E2", "evalue": "second"}),
+        ));
+        assert!(cell.done());
+        assert_eq!(
+            cell.error.as_ref().unwrap().name,
+            "E1",
+            "the first error wins"
+        );
+    }
+
+    #[test]
+    fn aborted_cells_and_settle_time() {
+        let mut cell = CellState::new(Duration::from_millis(50));
+        cell.observe(&message(
+            Channel::Shell,
+            "execute_reply",
+            json!({"status": "aborted"}),
+        ));
+        cell.observe(&message(
+            Channel::Iopub,
+            "status",
+            json!({"execution_state": "idle"}),
+        ));
+        assert!(!cell.done(), "settling");
+        assert!(cell.wait_hint() > Duration::ZERO);
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(cell.done());
+        assert_eq!(cell.error.unwrap().name, "ExecutionAborted");
+    }
+
+    #[test]
+    fn port_races_are_recognised() {
+        let race = KernelError::ExitedDuringStartup {
+            language: "python".into(),
+            status: "exit status 1".into(),
+            stderr: ": zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:4')"
+                .into(),
+        };
+        assert!(race.is_port_race());
+        let other = KernelError::ExitedDuringStartup {
+            language: "python".into(),
+            status: "exit status 1".into(),
+            stderr: ": ModuleNotFoundError".into(),
+        };
+        assert!(!other.is_port_race());
     }
 }

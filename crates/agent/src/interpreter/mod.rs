@@ -11,7 +11,9 @@
 //! - A client that disconnects mid-execution gets its cell interrupted (SIGINT to the kernel's
 //!   process group, or `interrupt_request` when the manifest says `interrupt_mode: message`);
 //!   the kernel keeps its state. An execution still *queued* when its client disconnects is
-//!   dropped and never runs.
+//!   dropped and never runs. Deno's kernel (JS/TS in the template, 2.9.6) cannot be interrupted:
+//!   SIGINT ends it and `interrupt_request` is ignored, so an abandoned JS/TS cell costs the
+//!   kernel, which is restarted at once (state lost) so the context stays usable.
 //! - A kernel that dies (OOM kill, `os._exit`) ends the execution with an `error` line named
 //!   `ContextRestarting` (what E2B's Jupyter server reports when it auto-restarts a dead kernel)
 //!   and `end_of_execution`; the agent then starts a fresh kernel for the context right away.
@@ -36,6 +38,9 @@ use self::kernel::{Kernel, KernelError, KillHandle, StartSpec};
 use self::manifest::{Dialect, LanguageSpec, Manifest};
 use crate::state::SharedState;
 use crate::users::{Identity, User, UserDb};
+
+/// Kernel starts tried when the kernel could not bind its ports.
+const START_ATTEMPTS: u32 = 3;
 
 /// The sandbox port of the code-interpreter API.
 pub const INTERPRETER_PORT: u16 = 49999;
@@ -344,21 +349,37 @@ impl Interpreter {
             .warmup
             .clone()
             .unwrap_or_else(|| snippets::default_warmup(dialect).to_owned());
-        let kernel = Kernel::start(StartSpec {
-            language: &context.language,
-            spec: &context.spec,
-            cwd: &cwd,
-            env: env.clone(),
-            identity: Identity {
-                uid: user.uid,
-                gid: user.gid,
-                groups: user.groups.clone(),
-            },
-            runtime_dir: &self.config.runtime_dir,
-            start_timeout: self.config.start_timeout,
-            warmup: &warmup,
-        })
-        .await?;
+        let mut attempt = 1;
+        let kernel = loop {
+            let started = Kernel::start(StartSpec {
+                language: &context.language,
+                spec: &context.spec,
+                cwd: &cwd,
+                env: env.clone(),
+                identity: Identity {
+                    uid: user.uid,
+                    gid: user.gid,
+                    groups: user.groups.clone(),
+                },
+                runtime_dir: &self.config.runtime_dir,
+                start_timeout: self.config.start_timeout,
+                warmup: &warmup,
+            })
+            .await;
+            match started {
+                // The reserved ports are free for a moment between our release and the kernel's
+                // bind; another socket may take one (Jupyter has the same race). Try new ports.
+                Err(e) if e.is_port_race() && attempt < START_ATTEMPTS => {
+                    tracing::info!(
+                        language = context.language,
+                        attempt,
+                        "kernel lost a port race; retrying"
+                    );
+                    attempt += 1;
+                }
+                other => break other?,
+            }
+        };
         context.control().kill = Some(kernel.kill_handle());
         slot.kernel = Some(kernel);
         slot.env = env.into_iter().collect();
