@@ -302,7 +302,7 @@ def test_superchart(mpl):
 def test_mixed_axes_are_unknown(mpl):
     ex = mpl.run_code(
         "fig = plt.figure()\n"
-        "plt.plot([0, 1], [0, 1])\n"
+        "plt.plot([0, 1, 2], [0, 2, 1])\n"
         "plt.bar([0, 1], [1, 2])\n"
         "plt.title('Mixed')\n"
         "plt.show()"
