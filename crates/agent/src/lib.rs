@@ -87,7 +87,6 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
                 interpreter::InterpreterConfig::default(),
                 state.clone(),
             );
-            interpreter.start_default_contexts();
             Some(interpreter)
         }
         Ok(None) => None,
@@ -95,6 +94,16 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
             // The envd API must work even when the template's interpreter is broken.
             tracing::error!(error = %error_chain(&e), "code interpreter disabled");
             None
+        }
+    };
+    // Kernels start only once the listener is bound: binding briefly narrows the process umask,
+    // which a kernel spawned meanwhile would inherit (its ~/.ipython then comes out 0600).
+    let start_kernels = {
+        let interpreter = interpreter.clone();
+        move || {
+            if let Some(i) = &interpreter {
+                i.start_default_contexts();
+            }
         }
     };
     let app = server::app_with_interpreter(state, interpreter);
@@ -135,6 +144,7 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
                 .map_err(bind_err)?;
             tracing::info!(listen = %args.listen, "agent listening");
+            start_kernels();
             // Streams (process output, watches) never end by themselves, so shutdown does not wait
             // for connections to finish: the sandbox is going away.
             tokio::select! {
@@ -150,6 +160,7 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
                     let _ = tcp.set_nodelay(true);
                 });
             tracing::info!(listen = %args.listen, "agent listening");
+            start_kernels();
             tokio::select! {
                 r = axum::serve(listener, app) => r.map_err(ServeError::Serve)?,
                 () = shutdown => {}

@@ -199,6 +199,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     eprintln!("Listening on http://{}", listener.local_addr()?);
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopping = stop.clone();
+    // Streamed responses (command output, /execute lines) are many small writes; with Nagle on,
+    // each waits for the client's delayed ACK (~40 ms per round trip).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
+        }
+    });
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         shutdown_signal().await;
         stopping.notify_waiters();

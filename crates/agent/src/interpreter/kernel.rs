@@ -424,24 +424,47 @@ impl Kernel {
         let deadline = began + start.start_timeout;
         let seconds = start.start_timeout.as_secs();
         let mut exit = process.exit.clone();
-        if let Err(status) = wait_for_port(info.iopub_port, &mut exit, deadline).await {
-            return Err(process.startup_failure(status, seconds).await);
+        // Kernels bind their sockets one after another (ipykernel: iopub first), so wait for
+        // every port we connect to.
+        for port in [info.iopub_port, info.shell_port, info.control_port] {
+            if let Err(status) = wait_for_port(port, &mut exit, deadline).await {
+                return Err(process.startup_failure(status, seconds).await);
+            }
         }
-        let session = uuid::Uuid::new_v4().to_string();
-        let identity = jupyter_zmq_client::peer_identity_for_session(&session)?;
-        let connect = async {
+        let mut session = uuid::Uuid::new_v4().to_string();
+        let info_ref = &info;
+        let connect = |session: String| async move {
+            let info = info_ref;
+            let session = session.as_str();
+            let identity = jupyter_zmq_client::peer_identity_for_session(session)?;
             tokio::try_join!(
                 jupyter_zmq_client::create_client_shell_connection_with_identity(
-                    &info, &session, identity
+                    info, session, identity
                 ),
-                jupyter_zmq_client::create_client_control_connection(&info, &session),
-                jupyter_zmq_client::create_client_iopub_connection(&info, "", &session),
+                jupyter_zmq_client::create_client_control_connection(info, session),
+                jupyter_zmq_client::create_client_iopub_connection(info, "", session),
             )
         };
-        let (shell, control, iopub) = tokio::select! {
-            r = connect => r?,
-            () = tokio::time::sleep_until(deadline.into()) => {
-                return Err(process.startup_failure(None, seconds).await);
+        // A kernel still setting up a socket can reset the ZMQ handshake; retry until the
+        // deadline instead of failing the context (seen under load on cold starts).
+        let (shell, control, iopub) = loop {
+            let attempt = tokio::select! {
+                r = connect(session.clone()) => r,
+                () = tokio::time::sleep_until(deadline.into()) => {
+                    return Err(process.startup_failure(None, seconds).await);
+                }
+            };
+            match attempt {
+                Ok(sockets) => break sockets,
+                Err(e) => {
+                    if Instant::now() >= deadline || process.exit.borrow().is_some() {
+                        return Err(e.into());
+                    }
+                    tracing::debug!(language, error = %e, "kernel handshake failed; retrying");
+                    // A fresh identity: the kernel's ROUTER may still hold the old one.
+                    session = uuid::Uuid::new_v4().to_string();
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
             }
         };
         let (shell_send, shell_recv) = shell.split();

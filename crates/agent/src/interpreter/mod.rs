@@ -264,12 +264,16 @@ impl Interpreter {
             slot: tokio::sync::Mutex::new(Slot::default()),
             control: Mutex::new(Control::default()),
         });
-        {
-            let mut slot = context.slot.lock().await;
-            self.start_kernel(&context, &mut slot).await?;
-        }
+        // Listed from the start (E2B lists the default contexts as soon as the sandbox is up);
+        // executions queue on the slot, which we hold until the kernel is ready.
+        let mut slot = context.slot.lock().await;
         self.table()
             .insert(context.id.clone(), Arc::clone(&context));
+        if let Err(e) = self.start_kernel(&context, &mut slot).await {
+            self.table().remove(&context.id);
+            return Err(e.into());
+        }
+        drop(slot);
         tracing::info!(id = context.id, language, cwd, "context created");
         Ok(context)
     }

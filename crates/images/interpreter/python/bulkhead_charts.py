@@ -287,6 +287,17 @@ def _is_data_line(ax, line: Line2D) -> bool:
         return False
 
 
+def _is_error_bar_line(line: Line2D) -> bool:
+    """Marker-only cap lines, or a two-point vertical/horizontal segment (seaborn's CI)."""
+    if line.get_linestyle() in ("None", "none", "", " "):
+        return True
+    xy = line.get_xydata()
+    if len(xy) != 2:
+        return False
+    (x0, y0), (x1, y1) = xy[0], xy[1]
+    return x0 == x1 or y0 == y1
+
+
 def _series_label(artist, fallback: str) -> str:
     label = artist.get_label()
     if label is None or str(label).startswith("_") or not str(label).strip():
@@ -294,12 +305,22 @@ def _series_label(artist, fallback: str) -> str:
     return str(label)
 
 
+def _auto_number(artist, prefix: str, index: int) -> int:
+    """matplotlib names unlabelled artists `_child<N>` / `_container<N>`; E2B numbers unnamed
+    series with that N, so we do too (falling back to the position)."""
+    label = str(artist.get_label() or "")
+    if label.startswith(prefix) and label[len(prefix):].isdigit():
+        return int(label[len(prefix):])
+    return index
+
+
 def _line_chart(ax, title, lines) -> dict:
     x, y = _Axis(ax.xaxis), _Axis(ax.yaxis)
     elements = []
     for i, line in enumerate(lines):
         points = [[x.value(px), y.value(py)] for px, py in line.get_xydata()]
-        elements.append({"label": _series_label(line, f"Line {i + 1}"), "points": points})
+        fallback = f"Line {_auto_number(line, '_child', i)}"
+        elements.append({"label": _series_label(line, fallback), "points": points})
     return {"type": "line", "title": title, **_point_fields(ax, x, y), "elements": elements}
 
 
@@ -344,8 +365,9 @@ def _legend_labels_by_color(ax) -> dict:
 
 
 def _bar_group_name(container, rects, index: int, legend_colors: dict) -> str:
-    fallback = f"Group {index + 1}"
+    fallback = f"Group {index}"
     if container is not None:
+        fallback = f"Group {_auto_number(container, '_container', index)}"
         name = _series_label(container, "")
         if name:
             return name
@@ -542,8 +564,11 @@ def _axes_chart(ax, title: Optional[str]) -> Optional[dict]:
         return _pie_chart(ax, title, patches)
 
     if patches and all(type(p) is Rectangle for p in patches):
-        # error bars (matplotlib yerr or seaborn's CI lines) may accompany the bars
-        if all(isinstance(c, LineCollection) for c in collections):
+        # error bars (matplotlib yerr or seaborn's CI lines) may accompany the bars; a real line
+        # series drawn over bars makes a mixed chart, which E2B reports as unknown
+        if all(isinstance(c, LineCollection) for c in collections) and all(
+            _is_error_bar_line(line) for line in lines
+        ):
             visible = {id(p) for p in patches}
             groups = []
             seen = set()

@@ -35,7 +35,7 @@ plt.show()
     assert chart["y_tick_labels"] == ["0", "10", "20", "30"]
     assert chart["elements"] == [
         {"label": "speed", "points": [[0.0, 0.0], [1.0, 10.0], [2.0, 20.0], [3.0, 30.0]]},
-        {"label": "Line 2", "points": [[0.0, 5.0], [1.0, 5.0], [2.0, 5.0], [3.0, 5.0]]},
+        {"label": "Line 1", "points": [[0.0, 5.0], [1.0, 5.0], [2.0, 5.0], [3.0, 5.0]]},
     ]
 
 
@@ -162,8 +162,8 @@ plt.show()
     assert (chart["x_label"], chart["x_unit"]) == ("Colour", None)
     assert (chart["y_label"], chart["y_unit"]) == ("Votes (k)", "k")
     assert chart["elements"] == [
-        {"label": "red", "group": "Group 1", "value": 5.0},
-        {"label": "blue", "group": "Group 1", "value": 7.0},
+        {"label": "red", "group": "Group 0", "value": 5.0},
+        {"label": "blue", "group": "Group 0", "value": 7.0},
     ]
 
 
@@ -342,7 +342,7 @@ plt.show()
     assert chart["title"] == "Multiple Graphs Example"
     first, second = chart["elements"]
     assert (first["type"], first["title"], first["x_label"], first["y_label"]) == ("line", "Sine Wave", None, None)
-    assert first["elements"] == [{"label": "Line 1", "points": [[0.0, 0.0], [1.0, 1.0], [2.0, 4.0]]}]
+    assert first["elements"] == [{"label": "Line 0", "points": [[0.0, 0.0], [1.0, 1.0], [2.0, 4.0]]}]
     assert (second["type"], second["title"], second["x_label"], second["y_label"]) == ("scatter", "Scatter Plot", "X", "Y")
     assert second["elements"] == [{"label": "Dataset 1", "points": [[1.0, 3.0], [2.0, 4.0]]}]
 
