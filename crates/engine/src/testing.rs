@@ -193,3 +193,17 @@ impl crate::network::EgressControl for RecordingEgress {
         self.links.lock().unwrap().remove(sandbox_id);
     }
 }
+
+/// A `base` template (alias `debian`) for engine tests; the [`FakeDriver`] never reads its rootfs.
+pub fn base_template() -> crate::TemplateInfo {
+    crate::TemplateInfo {
+        id: "base".into(),
+        aliases: vec!["debian".into()],
+        rootfs: std::path::PathBuf::from("/nonexistent"),
+        content_hash: "h".into(),
+        cpu_count: 2,
+        memory_mb: 512,
+        disk_size_mb: 1024,
+        pids_max: 64,
+    }
+}

@@ -2,7 +2,6 @@
 //! The double runs a real HTTP agent stand-in over in-memory pipes so `/init` is exercised.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -23,16 +22,7 @@ fn base() -> CreateRequest {
 }
 
 fn template() -> TemplateInfo {
-    TemplateInfo {
-        id: "base".into(),
-        aliases: vec!["debian".into()],
-        rootfs: PathBuf::from("/nonexistent"),
-        content_hash: "h".into(),
-        cpu_count: 2,
-        memory_mb: 512,
-        disk_size_mb: 1024,
-        pids_max: 64,
-    }
+    bulkhead_engine::testing::base_template()
 }
 
 async fn setup(

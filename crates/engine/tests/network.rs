@@ -3,15 +3,13 @@
 //! the audit trail.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bulkhead_engine::network::{EgressControl, StoreAuditSink};
 use bulkhead_engine::testing::{FakeDriver, RecordingEgress};
 use bulkhead_engine::{
-    CreateRequest, Engine, EngineConfig, EngineError, NetworkRule, NetworkTransform,
-    SandboxNetwork, TemplateInfo,
+    CreateRequest, Engine, EngineConfig, EngineError, NetworkRule, NetworkTransform, SandboxNetwork,
 };
 use bulkhead_store::{ApiKeyRow, Store};
 
@@ -34,16 +32,7 @@ async fn setup(cfg: EngineConfig, with_egress: bool) -> Setup {
         engine.set_egress(egress.clone() as Arc<dyn EgressControl>, None);
     }
     engine
-        .register_template(TemplateInfo {
-            id: "base".into(),
-            aliases: vec![],
-            rootfs: PathBuf::from("/nonexistent"),
-            content_hash: "h".into(),
-            cpu_count: 1,
-            memory_mb: 256,
-            disk_size_mb: 1024,
-            pids_max: 64,
-        })
+        .register_template(bulkhead_engine::testing::base_template())
         .await
         .unwrap();
     let (owner, _) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
@@ -401,16 +390,7 @@ async fn restart_reattaches_links_of_readopted_sandboxes() {
     let egress2 = Arc::new(RecordingEgress::default());
     engine2.set_egress(egress2.clone() as Arc<dyn EgressControl>, None);
     engine2
-        .register_template(TemplateInfo {
-            id: "base".into(),
-            aliases: vec![],
-            rootfs: PathBuf::from("/nonexistent"),
-            content_hash: "h".into(),
-            cpu_count: 1,
-            memory_mb: 256,
-            disk_size_mb: 1024,
-            pids_max: 64,
-        })
+        .register_template(bulkhead_engine::testing::base_template())
         .await
         .unwrap();
     assert_eq!(engine2.recover().await.unwrap(), 2);
