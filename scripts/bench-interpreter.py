@@ -159,6 +159,13 @@ def main() -> int:
     ap.add_argument("--template", default=None, help="template (default: the SDK's code-interpreter-v1)")
     ap.add_argument("--bare-exec-file", action="append", default=[], help="exec_files for the host kernel")
     ap.add_argument("--json", help="also write the raw samples (ms) to this file")
+    ap.add_argument(
+        "--pause",
+        type=float,
+        default=0.0,
+        help="seconds to wait between creates, so the warm pool refills (its kernels start) and every "
+        "create is a pool claim; 0 measures back-to-back creates that drain the pool",
+    )
     args = ap.parse_args()
 
     if args.url:
@@ -178,12 +185,18 @@ def main() -> int:
     if args.template:
         create_kw["template"] = args.template
 
-    print(f"bench-interpreter: run_code(\"1+1\"), {args.n_create} creates, {args.n_warm} warm calls per side", flush=True)
+    print(
+        f"bench-interpreter: run_code(\"1+1\"), {args.n_create} creates (pause {args.pause:g} s), "
+        f"{args.n_warm} warm calls per side",
+        flush=True,
+    )
 
     warm_bare, cold_bare = bare_kernel(args.n_warm, max(3, min(args.n_create, 10)), args.bare_exec_file)
 
     create_first, create_only, failures = [], [], []
     for _ in range(args.n_create):
+        if args.pause:
+            time.sleep(args.pause)
         t0 = time.perf_counter()
         sbx = Sandbox.create(**create_kw)
         t1 = time.perf_counter()
