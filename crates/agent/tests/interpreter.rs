@@ -573,10 +573,24 @@ async fn contexts_restart_interrupt_and_kernel_death() {
         .request(
             "POST",
             "/execute",
-            Some(json!({"code": "time.sleep(1.5)", "context_id": id})),
+            Some(json!({"code": "print('busy', flush=True)\ntime.sleep(1.5)", "context_id": id})),
             &[],
         )
         .await;
+    // Only once the first execution holds the context is the second one really queued.
+    let mut running = running.into_body();
+    let mut buffer = String::new();
+    let mut seen = Vec::new();
+    loop {
+        let batch = next_lines(&mut running, &mut buffer)
+            .await
+            .expect("stream open");
+        let busy = batch.iter().any(|(_, l)| l["text"] == "busy\n");
+        seen.extend(batch.into_iter().map(|(_, l)| l));
+        if busy {
+            break;
+        }
+    }
     let queued = h
         .request(
             "POST",
@@ -586,8 +600,10 @@ async fn contexts_restart_interrupt_and_kernel_death() {
         )
         .await;
     drop(queued);
-    let lines = parse_lines(&read_all(running).await);
-    no_error(&lines);
+    while let Some(batch) = next_lines(&mut running, &mut buffer).await {
+        seen.extend(batch.into_iter().map(|(_, l)| l));
+    }
+    no_error(&seen);
     assert_eq!(
         main_text(&h.in_context(&id, "hits").await).as_deref(),
         Some("0")

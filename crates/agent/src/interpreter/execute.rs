@@ -101,6 +101,14 @@ async fn run(interpreter: &Interpreter, context: &Context, request: &ExecRequest
             return;
         }
     };
+    // The client may have left in the same instant the context became free.
+    if sink.tx.is_closed() {
+        tracing::info!(
+            context = context.id,
+            "client left while the execution was queued; not running it"
+        );
+        return;
+    }
     if context.is_deleted() {
         sink.finish_with_error(ErrorLine::synthetic(
             "ContextDeleted",
