@@ -1,6 +1,6 @@
 //! A throwaway network lab for the integration tests and the benchmark (root only): a sandbox
 //! network namespace wired to an [`Egress`] exactly as the jail driver does it, and an
-//! "upstream" namespace reached over a veth pair in TEST-NET-1 (192.0.2.0/24, a /30 per lab)
+//! "upstream" namespace reached over a veth pair in TEST-NET-3 (203.0.113.0/26, a /30 per lab)
 //! running local HTTP and HTTPS test servers. Names reach the upstream only through the egress
 //! `resolve_overrides` map, never by weakening the deny set. Everything is removed on drop.
 
@@ -134,7 +134,7 @@ pub fn resolve_in_sandbox(ns_path: &Path, name: &str) -> std::io::Result<Option<
     })?
 }
 
-/// The upstream side: its own namespace, a veth pair with a /30 from TEST-NET-1.
+/// The upstream side: its own namespace, a veth pair with a /30 from 203.0.113.0/26.
 pub struct UpstreamNet {
     pub ns: NetNs,
     /// Our end of the veth (a host address, hence in the deny set).
@@ -146,11 +146,14 @@ pub struct UpstreamNet {
 impl UpstreamNet {
     pub fn create() -> std::io::Result<Self> {
         let ns = NetNs::create("up")?;
-        // A /30 per lab so concurrent labs (parallel tests) never share a subnet. TEST-NET-1:
-        // on some hosts (ours) public names resolve into TEST-NET-3 (a TLS-inspecting gateway),
-        // and a lab route there would swallow real traffic; the SDK suites' lab uses TEST-NET-2.
-        let slot = (COUNTER.fetch_add(1, Ordering::SeqCst) + std::process::id() * 7) % 64;
-        let base = u32::from(Ipv4Addr::new(192, 0, 2, 0)) + slot * 4;
+        // A /30 per lab so concurrent labs (parallel tests) never share a subnet; consecutive
+        // slots from their own counter, so up to 16 labs at once never collide. Only the first
+        // quarter of TEST-NET-3: our machines sit in TEST-NET-1 (eth0, gateway) and resolve
+        // public names to 203.0.113.80 (a TLS-inspecting gateway) that a lab route must not
+        // shadow; the SDK suites' lab uses TEST-NET-2.
+        static SLOT: AtomicU32 = AtomicU32::new(0);
+        let slot = (SLOT.fetch_add(1, Ordering::SeqCst) + std::process::id()) % 16;
+        let base = u32::from(Ipv4Addr::new(203, 0, 113, 0)) + slot * 4;
         let host_addr = Ipv4Addr::from(base + 1);
         let addr = Ipv4Addr::from(base + 2);
         let host_if = format!("bhe{}h", slot + 100 * (std::process::id() % 100));
