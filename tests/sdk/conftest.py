@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bulkhead_testlib import (  # noqa: E402
     TEMPLATE,
     BulkheadServer,
+    kill_quietly,
 )
 import egresslab  # noqa: E402
 
@@ -128,11 +129,7 @@ def sandbox_factory(server):
         return sbx
 
     yield make
-    for sbx in made:
-        try:
-            sbx.kill()
-        except Exception:
-            pass
+    kill_quietly(made)
 
 
 @pytest.fixture

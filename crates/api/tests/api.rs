@@ -1,13 +1,12 @@
 //! The E2B REST surface and the routing proxy, driven in-process (tower `oneshot`) over the
 //! engine with a test double driver.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bulkhead_engine::testing::FakeDriver;
-use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
+use bulkhead_engine::{Engine, EngineConfig};
 use bulkhead_store::Store;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -31,16 +30,7 @@ async fn ctx() -> Ctx {
         },
     );
     engine
-        .register_template(TemplateInfo {
-            id: "base".into(),
-            aliases: vec![],
-            rootfs: PathBuf::from("/x"),
-            content_hash: "h".into(),
-            cpu_count: 2,
-            memory_mb: 512,
-            disk_size_mb: 1024,
-            pids_max: 64,
-        })
+        .register_template(bulkhead_engine::testing::base_template())
         .await
         .unwrap();
     Ctx {

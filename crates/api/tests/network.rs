@@ -1,14 +1,13 @@
 //! Network, secrets and audit endpoints in E2B's shapes, in-process over the engine with the
 //! test double driver and a recording egress proxy.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bulkhead_engine::network::EgressControl;
 use bulkhead_engine::testing::{FakeDriver, RecordingEgress};
-use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
+use bulkhead_engine::{Engine, EngineConfig};
 use bulkhead_store::{EgressEventRow, Store};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -37,16 +36,7 @@ async fn ctx() -> Ctx {
     let egress = Arc::new(RecordingEgress::default());
     engine.set_egress(egress.clone() as Arc<dyn EgressControl>, None);
     engine
-        .register_template(TemplateInfo {
-            id: "base".into(),
-            aliases: vec![],
-            rootfs: PathBuf::from("/x"),
-            content_hash: "h".into(),
-            cpu_count: 2,
-            memory_mb: 512,
-            disk_size_mb: 1024,
-            pids_max: 64,
-        })
+        .register_template(bulkhead_engine::testing::base_template())
         .await
         .unwrap();
     Ctx {

@@ -15,26 +15,14 @@ pub enum SandboxCmd {
         /// Time to live in seconds.
         #[arg(long, default_value_t = 300)]
         timeout: u64,
-        /// Allow internet access (default: the server's `--network-default`).
-        #[arg(long)]
-        allow_internet: Option<bool>,
-        /// Allowed destination (domain, `*.domain`, IP or CIDR); repeatable.
-        #[arg(long = "allow-out", value_name = "DEST")]
-        allow_out: Vec<String>,
-        /// Denied destination (IP or CIDR); repeatable.
-        #[arg(long = "deny-out", value_name = "DEST")]
-        deny_out: Vec<String>,
+        #[command(flatten)]
+        net: NetFlags,
     },
     /// Replace a sandbox's network policy (PUT semantics: flags not given are cleared).
     Network {
         id: String,
-        /// Allow internet access (default: the server's `--network-default`).
-        #[arg(long)]
-        allow_internet: Option<bool>,
-        #[arg(long = "allow-out", value_name = "DEST")]
-        allow_out: Vec<String>,
-        #[arg(long = "deny-out", value_name = "DEST")]
-        deny_out: Vec<String>,
+        #[command(flatten)]
+        net: NetFlags,
     },
     /// Show a sandbox's egress audit trail (allowed and denied connections, bytes).
     #[command(alias = "audit")]
@@ -60,22 +48,46 @@ pub enum SandboxCmd {
     Kill { id: String },
 }
 
+/// Network policy flags shared by `create` and `network`.
+#[derive(clap::Args)]
+pub struct NetFlags {
+    /// Allow internet access (default: the server's `--network-default`).
+    #[arg(long)]
+    allow_internet: Option<bool>,
+    /// Allowed destination (domain, `*.domain`, IP or CIDR); repeatable.
+    #[arg(long = "allow-out", value_name = "DEST")]
+    allow_out: Vec<String>,
+    /// Denied destination (IP or CIDR); repeatable.
+    #[arg(long = "deny-out", value_name = "DEST")]
+    deny_out: Vec<String>,
+}
+
+impl NetFlags {
+    /// E2B's `SandboxNetworkConfig` body (`allowOut`/`denyOut`).
+    fn network(&self) -> serde_json::Value {
+        serde_json::json!({ "allowOut": self.allow_out, "denyOut": self.deny_out })
+    }
+
+    /// Sets `allow_internet_access` on `body` when the flag was given.
+    fn apply_internet(&self, body: &mut serde_json::Value) {
+        if let Some(a) = self.allow_internet {
+            body["allow_internet_access"] = a.into();
+        }
+    }
+}
+
 pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     let client = args.client()?;
     match cmd {
         SandboxCmd::Create {
             template,
             timeout,
-            allow_internet,
-            allow_out,
-            deny_out,
+            net,
         } => {
             let mut body = serde_json::json!({ "templateID": template, "timeout": timeout });
-            if let Some(a) = allow_internet {
-                body["allow_internet_access"] = a.into();
-            }
-            if !allow_out.is_empty() || !deny_out.is_empty() {
-                body["network"] = serde_json::json!({ "allowOut": allow_out, "denyOut": deny_out });
+            net.apply_internet(&mut body);
+            if !net.allow_out.is_empty() || !net.deny_out.is_empty() {
+                body["network"] = net.network();
             }
             let (_, _, b) = client
                 .api(http::Method::POST, "/v2/sandboxes", Some(body))
@@ -123,16 +135,9 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
             .await?;
             return Ok(ExitCode::from(code.clamp(0, 255) as u8));
         }
-        SandboxCmd::Network {
-            id,
-            allow_internet,
-            allow_out,
-            deny_out,
-        } => {
-            let mut body = serde_json::json!({ "allowOut": allow_out, "denyOut": deny_out });
-            if let Some(a) = allow_internet {
-                body["allow_internet_access"] = a.into();
-            }
+        SandboxCmd::Network { id, net } => {
+            let mut body = net.network();
+            net.apply_internet(&mut body);
             client
                 .api(
                     http::Method::PUT,

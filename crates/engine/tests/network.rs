@@ -9,7 +9,8 @@ use std::time::Duration;
 use bulkhead_engine::network::{EgressControl, StoreAuditSink};
 use bulkhead_engine::testing::{FakeDriver, RecordingEgress};
 use bulkhead_engine::{
-    CreateRequest, Engine, EngineConfig, EngineError, NetworkRule, NetworkTransform, SandboxNetwork,
+    CreateRequest, Engine, EngineConfig, EngineError, NetworkRule, NetworkTransform, SandboxInfo,
+    SandboxNetwork,
 };
 use bulkhead_store::{ApiKeyRow, Store};
 
@@ -46,6 +47,12 @@ async fn setup(cfg: EngineConfig, with_egress: bool) -> Setup {
     }
 }
 
+impl Setup {
+    async fn create(&self, req: CreateRequest) -> SandboxInfo {
+        self.engine.create(&self.owner, req).await.unwrap()
+    }
+}
+
 fn cfg(pool: usize) -> EngineConfig {
     EngineConfig {
         pool_size: pool,
@@ -70,11 +77,7 @@ fn links(s: &Setup) -> usize {
 async fn default_deny_gives_no_link_and_allow_out_does() {
     let s = setup(cfg(0), true).await;
     // Nothing asked: server default (deny) → no link at all.
-    let a = s
-        .engine
-        .create(&s.owner, CreateRequest::default())
-        .await
-        .unwrap();
+    let a = s.create(CreateRequest::default()).await;
     assert!(!a.allow_internet_access);
     assert_eq!(a.network, None);
     assert_eq!(links(&s), 0);
@@ -82,16 +85,11 @@ async fn default_deny_gives_no_link_and_allow_out_does() {
 
     // allowOut given → a link, with the policy the proxy needs.
     let b = s
-        .engine
-        .create(
-            &s.owner,
-            CreateRequest {
-                network: Some(net(&["pypi.org", "*.pythonhosted.org"], &["10.0.0.0/8"])),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        .create(CreateRequest {
+            network: Some(net(&["pypi.org", "*.pythonhosted.org"], &["10.0.0.0/8"])),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(links(&s), 1);
     let p = s.egress.attached.lock().unwrap()[&b.id].clone();
     assert!(!p.allow_internet);
@@ -108,16 +106,11 @@ async fn default_deny_gives_no_link_and_allow_out_does() {
 
     // allow_internet_access: true → link.
     let c = s
-        .engine
-        .create(
-            &s.owner,
-            CreateRequest {
-                allow_internet_access: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        .create(CreateRequest {
+            allow_internet_access: Some(true),
+            ..Default::default()
+        })
+        .await;
     assert!(c.allow_internet_access);
     assert!(s.egress.attached.lock().unwrap()[&c.id].allow_internet);
     assert_eq!(links(&s), 2);
@@ -144,25 +137,16 @@ async fn operator_default_allow_applies_when_the_request_is_silent() {
         true,
     )
     .await;
-    let a = s
-        .engine
-        .create(&s.owner, CreateRequest::default())
-        .await
-        .unwrap();
+    let a = s.create(CreateRequest::default()).await;
     assert!(a.allow_internet_access);
     assert_eq!(links(&s), 1);
     // An explicit false wins over the default.
     let b = s
-        .engine
-        .create(
-            &s.owner,
-            CreateRequest {
-                allow_internet_access: Some(false),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        .create(CreateRequest {
+            allow_internet_access: Some(false),
+            ..Default::default()
+        })
+        .await;
     assert!(!b.allow_internet_access);
     assert_eq!(links(&s), 1);
 }
@@ -180,16 +164,11 @@ async fn pooled_sandboxes_get_their_link_only_when_claimed() {
     assert_eq!(s.engine.pool_len("base"), 2);
     assert_eq!(links(&s), 0, "pool members must have no network");
     let a = s
-        .engine
-        .create(
-            &s.owner,
-            CreateRequest {
-                network: Some(net(&["example.com"], &[])),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        .create(CreateRequest {
+            network: Some(net(&["example.com"], &[])),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(links(&s), 1);
     assert!(s.egress.attached.lock().unwrap().contains_key(&a.id));
     s.engine.shutdown().await;
@@ -257,20 +236,13 @@ async fn network_access_needs_an_egress_proxy() {
         "{err:?}"
     );
     // Deny-all still works without one.
-    s.engine
-        .create(&s.owner, CreateRequest::default())
-        .await
-        .unwrap();
+    s.create(CreateRequest::default()).await;
 }
 
 #[tokio::test]
 async fn updates_replace_the_policy_and_add_or_remove_the_link() {
     let s = setup(cfg(0), true).await;
-    let a = s
-        .engine
-        .create(&s.owner, CreateRequest::default())
-        .await
-        .unwrap();
+    let a = s.create(CreateRequest::default()).await;
     assert_eq!(links(&s), 0);
 
     // deny → allowOut: a link appears.
@@ -342,17 +314,12 @@ async fn ttl_expiry_detaches_the_link() {
     let s = setup(cfg(0), true).await;
     s.engine.start_background();
     let a = s
-        .engine
-        .create(
-            &s.owner,
-            CreateRequest {
-                timeout: Some(1),
-                allow_internet_access: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        .create(CreateRequest {
+            timeout: Some(1),
+            allow_internet_access: Some(true),
+            ..Default::default()
+        })
+        .await;
     assert!(s.egress.attached.lock().unwrap().contains_key(&a.id));
     for _ in 0..300 {
         if !s.egress.attached.lock().unwrap().contains_key(&a.id) {
@@ -368,21 +335,12 @@ async fn ttl_expiry_detaches_the_link() {
 async fn restart_reattaches_links_of_readopted_sandboxes() {
     let s = setup(cfg(0), true).await;
     let with = s
-        .engine
-        .create(
-            &s.owner,
-            CreateRequest {
-                network: Some(net(&["example.com"], &[])),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let without = s
-        .engine
-        .create(&s.owner, CreateRequest::default())
-        .await
-        .unwrap();
+        .create(CreateRequest {
+            network: Some(net(&["example.com"], &[])),
+            ..Default::default()
+        })
+        .await;
+    let without = s.create(CreateRequest::default()).await;
     s.engine.shutdown().await;
 
     // A new engine over the same store and (still running) sandboxes.
@@ -541,16 +499,11 @@ async fn default_sandbox_env_is_sent_and_overridable() {
         true,
     )
     .await;
-    s.engine
-        .create(
-            &s.owner,
-            CreateRequest {
-                env_vars: BTreeMap::from([("PIP_CERT".into(), "/mine.pem".into())]),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    s.create(CreateRequest {
+        env_vars: BTreeMap::from([("PIP_CERT".into(), "/mine.pem".into())]),
+        ..Default::default()
+    })
+    .await;
     let init = s.driver.inits.lock().unwrap().last().cloned().unwrap();
     assert_eq!(
         init["envVars"]["SSL_CERT_FILE"],

@@ -38,11 +38,7 @@ def ci_factory(server):
         return sbx
 
     yield make
-    for sbx in made:
-        try:
-            sbx.kill()
-        except Exception:
-            pass
+    bulkhead_testlib.kill_quietly(made)
 
 
 @pytest.fixture(scope="module")
@@ -51,10 +47,7 @@ def shared(ci_factory):
     per test would mostly measure kernel start-up. Killed when the module is done."""
     sbx = ci_factory()
     yield sbx
-    try:
-        sbx.kill()
-    except Exception:
-        pass
+    bulkhead_testlib.kill_quietly([sbx])
 
 
 @pytest.fixture
@@ -68,11 +61,7 @@ def sandbox_factory(ci_factory):
         return sbx
 
     yield make
-    for sbx in mine:
-        try:
-            sbx.kill()
-        except Exception:
-            pass
+    bulkhead_testlib.kill_quietly(mine)
 
 
 @pytest.fixture

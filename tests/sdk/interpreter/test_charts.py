@@ -66,6 +66,11 @@ def probe(sbx, expr: str) -> dict:
     return json.loads(r.text)
 
 
+def bars(chart) -> list:
+    """A bar chart's elements as (label, group, value)."""
+    return [(e.label, e.group, float(e.value)) for e in chart.elements]
+
+
 def assert_ticks(chart, exp, norm=lambda v: v):
     """Ticks and their labels: all locator ticks (E2B) or exactly the visible ones, as matplotlib
     itself reports them for this figure."""
@@ -192,7 +197,7 @@ def test_bar_chart_grouped(mpl):
     assert chart.title == "Revenue"
     assert (chart.x_label, chart.x_unit) == ("Quarter", None)
     assert (chart.y_label, chart.y_unit) == ("Revenue (USD)", "USD")
-    got = [(e.label, e.group, float(e.value)) for e in chart.elements]
+    got = bars(chart)
     assert got == [
         ("Q1", "2023", 1.0),
         ("Q2", "2023", 2.0),
@@ -214,7 +219,7 @@ def test_bar_chart_unnamed_group(mpl):
     assert isinstance(chart, BarChart)
     internal = ex.text
     assert internal.startswith("_container"), internal
-    assert [(e.label, e.group, float(e.value)) for e in chart.elements] == [
+    assert bars(chart) == [
         (name, "Group " + internal.removeprefix("_container"), v)
         for name, v in [("apples", 30.0), ("pears", 10.0), ("plums", 20.0)]
     ]
@@ -234,7 +239,7 @@ def test_bar_chart_horizontal(mpl):
     # Horizontal bars are reported with the axes swapped: x is the category axis.
     assert (chart.x_label, chart.x_unit) == ("Region", None)
     assert (chart.y_label, chart.y_unit) == ("Units (k)", "k")
-    assert [(e.label, e.group, float(e.value)) for e in chart.elements] == [
+    assert bars(chart) == [
         ("north", "sales", 7.0),
         ("south", "sales", 3.0),
         ("east", "sales", 5.0),
@@ -296,7 +301,7 @@ def test_superchart(mpl):
     line, bar = chart.elements
     assert line.title == "Line part" and bar.title == "Bar part"
     assert [tuple(map(float, p)) for p in line.elements[0].points] == [(1, 1), (2, 4), (3, 9)]
-    assert [(e.label, e.group, float(e.value)) for e in bar.elements] == [("x", "b", 3.0), ("y", "b", 4.0)]
+    assert bars(bar) == [("x", "b", 3.0), ("y", "b", 4.0)]
 
 
 def test_mixed_axes_are_unknown(mpl):

@@ -2,12 +2,11 @@
 // subset of tests/sdk/interpreter): state, streaming callbacks, errors, a chart, DataFrame data,
 // contexts, JS/TS/bash/SQL, env vars, timeout with state kept.
 import './env.mjs'
-import { test, before, after } from 'node:test'
+import { before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox, TimeoutError, NotFoundError } from '@e2b/code-interpreter'
-import { setup, teardown, track, SUITE_METADATA } from '../js/helpers.mjs'
+import { setup, teardown, tester, track, SUITE_METADATA } from '../js/helpers.mjs'
 
-let failed = false
 let sbx
 before(async () => {
   await setup()
@@ -15,19 +14,10 @@ before(async () => {
   sbx = track(await Sandbox.create({ timeoutMs: 900_000, metadata: SUITE_METADATA }))
 })
 after(async () => {
-  await teardown({ failed })
+  await teardown()
 })
 
-function t(name, fn, timeout = 120_000) {
-  test(name, { timeout }, async (ctx) => {
-    try {
-      await fn(ctx)
-    } catch (e) {
-      failed = true
-      throw e
-    }
-  })
-}
+const t = tester()
 
 function ok(ex) {
   assert.equal(ex.error, undefined, ex.error && `${ex.error.name}: ${ex.error.value}\n${ex.error.traceback}`)

@@ -1,30 +1,20 @@
 // sandbox.commands through the npm `e2b` SDK.
-import { test, before, after } from 'node:test'
+import { before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createHash, randomBytes } from 'node:crypto'
 import { Sandbox, CommandExitError, TimeoutError, NotFoundError } from 'e2b'
-import { setup, teardown, track, poll, sleep, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
+import { setup, teardown, tester, track, poll, sleep, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
 
-let failed = false
 let sbx
 before(async () => {
   await setup()
   sbx = track(await Sandbox.create(TEMPLATE, { timeoutMs: 600_000, metadata: SUITE_METADATA }))
 })
 after(async () => {
-  await teardown({ failed })
+  await teardown()
 })
 
-function t(name, fn, timeout = 120_000) {
-  test(name, { timeout }, async (ctx) => {
-    try {
-      await fn(ctx)
-    } catch (e) {
-      failed = true
-      throw e
-    }
-  })
-}
+const t = tester()
 
 const psArgs = async () => (await sbx.commands.run('ps -eo args', { user: 'root' })).stdout
 const pids = async () => new Set((await sbx.commands.list()).map((p) => p.pid))

@@ -1,11 +1,10 @@
 // sandbox.files through the npm `e2b` SDK, plus uploadUrl/downloadUrl used with plain fetch.
-import { test, before, after } from 'node:test'
+import { before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createHash, randomBytes } from 'node:crypto'
 import { Sandbox, FileType, FilesystemEventType, NotFoundError, FileNotFoundError } from 'e2b'
-import { setup, teardown, track, sleep, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
+import { setup, teardown, tester, track, sleep, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
 
-let failed = false
 let sbx
 let server
 before(async () => {
@@ -13,19 +12,10 @@ before(async () => {
   sbx = track(await Sandbox.create(TEMPLATE, { timeoutMs: 600_000, metadata: SUITE_METADATA }))
 })
 after(async () => {
-  await teardown({ failed })
+  await teardown()
 })
 
-function t(name, fn, timeout = 120_000) {
-  test(name, { timeout }, async (ctx) => {
-    try {
-      await fn(ctx)
-    } catch (e) {
-      failed = true
-      throw e
-    }
-  })
-}
+const t = tester()
 
 const sha = (buf) => createHash('sha256').update(buf).digest('hex')
 const shaIn = async (path) => (await sbx.commands.run(`sha256sum '${path}' | cut -d' ' -f1`, { timeoutMs: 120_000 })).stdout.trim()

@@ -6,6 +6,7 @@
 // The SDK is pointed at the server only through E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY.
 
 import { spawn, spawnSync } from 'node:child_process'
+import { test } from 'node:test'
 import { randomBytes } from 'node:crypto'
 import { chmodSync, mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, existsSync } from 'node:fs'
 import net from 'node:net'
@@ -127,7 +128,8 @@ export async function startServer() {
     async stop() {
       if (proc.exitCode === null) {
         proc.kill('SIGTERM')
-        const exited = await Promise.race([new Promise((r) => proc.once('exit', () => r(true))), sleep(60000).then(() => false)])
+        // An unref'd timer: a referenced one would hold the process open for the full minute.
+        const exited = await Promise.race([new Promise((r) => proc.once('exit', () => r(true))), sleep(60000, false, { ref: false })])
         if (!exited) proc.kill('SIGKILL')
       }
     },
@@ -173,7 +175,22 @@ export function track(sbx) {
   return sbx
 }
 
-export async function teardown({ failed = false } = {}) {
+let failed = false
+/** A `test()` maker with a per-file default timeout; a failing test makes teardown() print the
+ * server log tail and keep the data dir. */
+export function tester(defaultTimeout = 120_000) {
+  return (name, fn, timeout = defaultTimeout) =>
+    test(name, { timeout }, async (ctx) => {
+      try {
+        await fn(ctx)
+      } catch (e) {
+        failed = true
+        throw e
+      }
+    })
+}
+
+export async function teardown() {
   for (const s of tracked.splice(0)) {
     try {
       await s.kill()
@@ -200,7 +217,7 @@ function mountsUnder(root) {
 }
 
 /** rm -rf that never walks into a mount (the server's idmapped lower layers live in the data dir). */
-function removeTree(root) {
+export function removeTree(root) {
   for (const mp of mountsUnder(root).sort((a, b) => b.length - a.length)) {
     spawnSync('umount', ['-l', mp], { stdio: 'ignore' })
   }

@@ -1,12 +1,11 @@
 // A light isolation check through the npm `e2b` SDK (the thorough one is tests/sdk/python/test_isolation.py).
-import { test, before, after } from 'node:test'
+import { before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { createServer } from 'node:http'
 import { randomBytes } from 'node:crypto'
 import { Sandbox } from 'e2b'
-import { setup, teardown, track, REPO, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
+import { setup, teardown, tester, track, REPO, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
 
-let failed = false
 let a
 let b
 let server
@@ -18,19 +17,10 @@ before(async () => {
   ])
 })
 after(async () => {
-  await teardown({ failed })
+  await teardown()
 })
 
-function t(name, fn, timeout = 60_000) {
-  test(name, { timeout }, async (ctx) => {
-    try {
-      await fn(ctx)
-    } catch (e) {
-      failed = true
-      throw e
-    }
-  })
-}
+const t = tester(60_000)
 
 t('host processes and files are invisible', async () => {
   for (const user of ['user', 'root']) {

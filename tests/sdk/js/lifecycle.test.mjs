@@ -1,29 +1,19 @@
 // Control plane through the npm `e2b` SDK: create (v2), getInfo, list (filters, pagination),
 // setTimeout, connect, kill, metrics; two sandboxes at once.
-import { test, before, after } from 'node:test'
+import { before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 import { Sandbox, SandboxNotFoundError, NotFoundError, SandboxError } from 'e2b'
-import { setup, teardown, track, poll, sleep, recordingLogger, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
+import { setup, teardown, tester, track, poll, sleep, recordingLogger, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
 
-let failed = false
 before(async () => {
   await setup()
 })
 after(async () => {
-  await teardown({ failed })
+  await teardown()
 })
 
-function t(name, fn, timeout = 120_000) {
-  test(name, { timeout }, async (ctx) => {
-    try {
-      await fn(ctx)
-    } catch (e) {
-      failed = true
-      throw e
-    }
-  })
-}
+const t = tester()
 
 const create = (opts = {}) =>
   Sandbox.create(TEMPLATE, { timeoutMs: 180_000, ...opts, metadata: { ...SUITE_METADATA, ...(opts.metadata ?? {}) } }).then(track)

@@ -1,29 +1,19 @@
 // sandbox.pty through the npm `e2b` SDK: create, input, resize, kill.
-import { test, before, after } from 'node:test'
+import { before, after } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox, CommandExitError } from 'e2b'
-import { setup, teardown, track, sleep, enc, dec, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
+import { setup, teardown, tester, track, sleep, enc, dec, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
 
-let failed = false
 let sbx
 before(async () => {
   await setup()
   sbx = track(await Sandbox.create(TEMPLATE, { timeoutMs: 300_000, metadata: SUITE_METADATA }))
 })
 after(async () => {
-  await teardown({ failed })
+  await teardown()
 })
 
-function t(name, fn, timeout = 60_000) {
-  test(name, { timeout }, async (ctx) => {
-    try {
-      await fn(ctx)
-    } catch (e) {
-      failed = true
-      throw e
-    }
-  })
-}
+const t = tester(60_000)
 
 function terminal() {
   let out = ''

@@ -4,7 +4,7 @@ import { spawnSync } from 'node:child_process'
 import { readdirSync } from 'node:fs'
 import path from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { startServer } from './helpers.mjs'
+import { removeTree, startServer } from './helpers.mjs'
 
 const here = path.dirname(fileURLToPath(import.meta.url))
 const files = process.argv.slice(2).length
@@ -22,7 +22,8 @@ if (!env.BULKHEAD_TEST_URL) {
 }
 const r = spawnSync(process.execPath, ['--test', '--test-concurrency=1', ...files], { stdio: 'inherit', env })
 if (srv) {
-  if (r.status !== 0) console.error(`\n--- bulkhead server log (tail) ---\n${srv.logTail(150)}`)
   await srv.stop()
+  if (r.status !== 0) console.error(`\n--- bulkhead server log (tail) ---\n${srv.logTail(150)}\n(data kept at ${srv.tmpRoot})`)
+  else if (!process.env.BULKHEAD_KEEP_DATA) removeTree(srv.tmpRoot)
 }
 process.exit(r.status ?? 1)

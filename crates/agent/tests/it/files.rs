@@ -56,6 +56,28 @@ async fn download(
     agent.call(request.body(full(Bytes::new())).unwrap()).await
 }
 
+/// POSTs `parts` as a multipart upload to `/files?{query}` (empty query: no `?`).
+async fn upload_multipart(
+    agent: &Agent,
+    query: &str,
+    parts: &[(&str, &str, &[u8])],
+) -> (StatusCode, http::HeaderMap, Bytes) {
+    let (content_type, body) = multipart(parts);
+    let uri = if query.is_empty() {
+        "/files".to_owned()
+    } else {
+        format!("/files?{query}")
+    };
+    agent
+        .call(
+            Request::post(uri)
+                .header("content-type", content_type)
+                .body(full(body))
+                .unwrap(),
+        )
+        .await
+}
+
 #[tokio::test]
 async fn multipart_upload_of_several_files_keeps_directories() {
     let agent = Agent::start(&[]).await;
@@ -63,19 +85,16 @@ async fn multipart_upload_of_several_files_keeps_directories() {
     let a = dir.join("up/a.txt");
     let b = dir.join("up/deep/er/b.bin");
     let binary: Vec<u8> = (0..=255).cycle().take(70_000).collect();
-    let (content_type, body) = multipart(&[
-        ("file", &a.display().to_string(), b"alpha"),
-        ("other", "ignored.txt", b"not a file part"),
-        ("file", &b.display().to_string(), &binary),
-    ]);
-    let (status, _, response) = agent
-        .call(
-            Request::post("/files")
-                .header("content-type", content_type)
-                .body(full(body))
-                .unwrap(),
-        )
-        .await;
+    let (status, _, response) = upload_multipart(
+        &agent,
+        "",
+        &[
+            ("file", &a.display().to_string(), b"alpha"),
+            ("other", "ignored.txt", b"not a file part"),
+            ("file", &b.display().to_string(), &binary),
+        ],
+    )
+    .await;
     assert_eq!(
         status,
         StatusCode::OK,
@@ -109,28 +128,22 @@ async fn multipart_upload_of_several_files_keeps_directories() {
     assert_eq!(body.as_ref(), binary.as_slice());
 
     // Overwrite truncates; the `path` query overrides the part's filename.
-    let (content_type, body) = multipart(&[("file", "whatever-name", b"A")]);
-    let (status, _, _) = agent
-        .call(
-            Request::post(format!("/files?path={}", q(&a)))
-                .header("content-type", content_type)
-                .body(full(body))
-                .unwrap(),
-        )
-        .await;
+    let (status, _, _) = upload_multipart(
+        &agent,
+        &format!("path={}", q(&a)),
+        &[("file", "whatever-name", b"A")],
+    )
+    .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(std::fs::read(&a).unwrap(), b"A");
 
     // Two parts to one destination are refused.
-    let (content_type, body) = multipart(&[("file", "x", b"1"), ("file", "x", b"2")]);
-    let (status, _, body) = agent
-        .call(
-            Request::post(format!("/files?path={}", q(&dir.join("dup"))))
-                .header("content-type", content_type)
-                .body(full(body))
-                .unwrap(),
-        )
-        .await;
+    let (status, _, body) = upload_multipart(
+        &agent,
+        &format!("path={}", q(&dir.join("dup"))),
+        &[("file", "x", b"1"), ("file", "x", b"2")],
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let error: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(error["code"], 400);
@@ -338,15 +351,12 @@ async fn transfers_use_the_users_identity() {
     );
 
     let target = shared.join("new/dir/by-nobody.txt");
-    let (content_type, body) = multipart(&[("file", &target.display().to_string(), b"hi")]);
-    let (status, _, response) = agent
-        .call(
-            Request::post("/files?username=nobody")
-                .header("content-type", content_type)
-                .body(full(body))
-                .unwrap(),
-        )
-        .await;
+    let (status, _, response) = upload_multipart(
+        &agent,
+        "username=nobody",
+        &[("file", &target.display().to_string(), b"hi")],
+    )
+    .await;
     assert_eq!(
         status,
         StatusCode::OK,
