@@ -10,12 +10,14 @@
 //!   HTTP status mapping.
 //! - [`rest`]: the plain-HTTP routes (`/files`, `/init`, `/metrics`), signed file URLs and the
 //!   routing/auth headers.
+//! - [`protocol`]: the host↔agent protocol version (`AgentInfo`, the oldest supported agent).
 //! - [`json`]: the proto3 JSON mapping helpers the message types are built from.
 
 pub mod connect;
 pub mod filesystem;
 pub mod json;
 pub mod process;
+pub mod protocol;
 pub mod rest;
 
 pub use connect::{Code, ConnectError};
