@@ -113,9 +113,9 @@ impl Capability {
                 _ => Err(format!("{POSTGRES_ENV} is not set")),
             },
             Capability::ExtraCaBundle => match std::env::var_os(EXTRA_CA_ENV) {
-                Some(path) => std::fs::metadata(&path).map(|_| ()).map_err(|e| {
-                    format!("{EXTRA_CA_ENV}={} is unreadable: {e}", path.display())
-                }),
+                Some(path) => std::fs::metadata(&path)
+                    .map(|_| ())
+                    .map_err(|e| format!("{EXTRA_CA_ENV}={} is unreadable: {e}", path.display())),
                 None => Err(format!("{EXTRA_CA_ENV} is not set")),
             },
             Capability::Criu => runs("criu", &["--version"]),
@@ -128,9 +128,11 @@ impl Capability {
     /// How to provide the capability.
     pub fn remedy(self) -> String {
         match self {
-            Capability::Root => "run the tests as root (`sudo -E cargo test -- --include-ignored`, \
+            Capability::Root => {
+                "run the tests as root (`sudo -E cargo test -- --include-ignored`, \
                                  or scripts/test.sh)"
-                .to_owned(),
+                    .to_owned()
+            }
             Capability::Tun => "load the tun module (`modprobe tun`); in a container, pass \
                                 `--device /dev/net/tun`"
                 .to_owned(),
@@ -222,7 +224,8 @@ pub fn extra_ca_bundle() -> PathBuf {
 }
 
 fn kernel_venv_dir() -> PathBuf {
-    std::env::var_os(KERNEL_VENV_ENV).map_or_else(|| PathBuf::from(DEFAULT_KERNEL_VENV), PathBuf::from)
+    std::env::var_os(KERNEL_VENV_ENV)
+        .map_or_else(|| PathBuf::from(DEFAULT_KERNEL_VENV), PathBuf::from)
 }
 
 fn open_rw(path: &str) -> Result<(), String> {
@@ -241,7 +244,11 @@ fn runs(program: &str, args: &[&str]) -> Result<(), String> {
         .output()
     {
         Ok(o) if o.status.success() => Ok(()),
-        Ok(o) => Err(format!("`{program} {}` exited with {}", args.join(" "), o.status)),
+        Ok(o) => Err(format!(
+            "`{program} {}` exited with {}",
+            args.join(" "),
+            o.status
+        )),
         Err(e) => Err(format!("cannot run `{program}`: {e}")),
     }
 }
@@ -270,7 +277,10 @@ mod tests {
         })
         .unwrap_err();
         let msg = err.downcast_ref::<String>().unwrap();
-        assert!(msg.contains("a thing: it is broken.") && msg.contains("Fix: mend it."), "{msg}");
+        assert!(
+            msg.contains("a thing: it is broken.") && msg.contains("Fix: mend it."),
+            "{msg}"
+        );
         require_host::<&str>("a thing", &[], "mend it");
     }
 
