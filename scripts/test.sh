@@ -8,12 +8,22 @@
 # store tests via .ci/postgres.sh, Python venvs under $BULKHEAD_CACHE_DIR, npm packages in
 # tests/sdk/js). Exits non-zero if any step failed.
 #
+# Every test runs: cargo test gets `--include-ignored`, so the tests gated on a host capability
+# with `#[bulkhead_testkit::requires(...)]` (root, /dev/net/tun, kernel venv, PostgreSQL, ...)
+# run and fail when it is missing, and a skipped pytest or node test, or an ignored Rust test,
+# fails the run. The log ends with the step summary and a table of tests run per suite
+# (scripts/test-counts).
+#
 # Environment:
 #   BULKHEAD_CACHE_DIR     venvs and the template image cache   (default /var/cache/bulkhead)
 #   BULKHEAD_IMAGE_CACHE   template images                      (default $BULKHEAD_CACHE_DIR/images)
 #   PYTEST_ADDOPTS         extra pytest options, e.g. -m "not slow" to skip the leak test locally
 #   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk js
 #                          interpreter-module interpreter-python interpreter-js
+#                          (local use only: listed as SKIP in the summary; .ci/run unsets it)
+#   BULKHEAD_TEST_EXTRA_CA PEM bundle for the images extra-CA test (default: a throwaway CA
+#                          made once in $BULKHEAD_CACHE_DIR)
+#   BULKHEAD_TEST_LOG_DIR  where the per-suite reports go (default: a new dir under /var/tmp)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,6 +37,10 @@ SKIP=" ${BULKHEAD_TEST_SKIP:-} "
 
 RESULTS=()
 FAILED=0
+LOGDIR="${BULKHEAD_TEST_LOG_DIR:-$(mktemp -d /var/tmp/bulkhead-test-XXXXXX)}"
+mkdir -p "$LOGDIR"
+SUITES="$LOGDIR/suites.tsv"   # one line per test report, for scripts/test-counts
+: >"$SUITES"
 
 section() { printf '\n======== %s ========\n' "$*"; }
 record() { # record NAME STATUS
@@ -40,12 +54,25 @@ run_step() { # run_step NAME CMD...   (runs the command, records the result, nev
     record "$name" "$rc"
     return 0
 }
-skipped() { [[ "$SKIP" == *" $1 "* ]]; }
+skipped() { # skipped STEP: true (and listed in the summary) when BULKHEAD_TEST_SKIP names it
+    [[ "$SKIP" == *" $1 "* ]] || return 1
+    RESULTS+=("SKIP  $1 (BULKHEAD_TEST_SKIP)")
+}
+slug() { tr -c 'A-Za-z0-9\n' '-' <<<"$1" | tr -s '-' | sed 's/-$//'; }
 summary() {
     section "Summary"
     printf '%s\n' "${RESULTS[@]}"
-    local passed=$(( ${#RESULTS[@]} - FAILED ))
-    echo "steps: $passed passed, $FAILED failed"
+    local skips
+    skips="$(printf '%s\n' "${RESULTS[@]}" | grep -c '^SKIP' || true)"
+    echo "steps: $(( ${#RESULTS[@]} - FAILED - skips )) passed, $FAILED failed, $skips skipped"
+}
+counts() { # the last section: tests per suite; any skipped test fails the run
+    local rc=0
+    scripts/test-counts "$SUITES" >"$LOGDIR/counts.txt" 2>&1 || rc=$?
+    record "every test ran (no skipped or ignored tests; table below)" "$rc"
+    summary
+    section "Tests per suite (reports in $LOGDIR)"
+    cat "$LOGDIR/counts.txt"
 }
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -78,7 +105,7 @@ PY="${BULKHEAD_PYTHON:-python3}"
 echo "python: $($PY --version 2>&1) ($(command -v "$PY")); node: $(node -v); cargo: $(cargo --version)"
 
 # ---- PostgreSQL for the store tests ---------------------------------------------------------
-if [ -x .ci/postgres.sh ] && ! skipped unit; then
+if [ -x .ci/postgres.sh ] && [[ "$SKIP" != *" unit "* ]]; then
     section "PostgreSQL (for store tests)"
     if url="$(.ci/postgres.sh)"; then
         export BULKHEAD_TEST_POSTGRES_URL="$url"
@@ -106,10 +133,24 @@ section "Test environments"
 VENV="$(make_venv tests/sdk/python/requirements.txt)"
 OLD_VENV="$(make_venv tests/sdk/python_old/requirements-old.txt)"
 CI_VENV="$(make_venv tests/sdk/interpreter/requirements.txt)"
-# Real kernels for the agent's interpreter tests (cargo test); they skip loudly without it.
+# Real kernels for the agent's interpreter tests (cargo test; `#[requires(KernelVenv)]`).
 BULKHEAD_TEST_KERNEL_VENV="$(make_venv crates/agent/tests/kernel-requirements.txt)"
 export BULKHEAD_TEST_KERNEL_VENV
 echo "agent kernel venv: $BULKHEAD_TEST_KERNEL_VENV"
+# A CA bundle for the images extra-CA test (`#[requires(ExtraCaBundle)]`): a throwaway
+# self-signed CA whose key is discarded, made once so the cached image's hash stays stable.
+if [ -z "${BULKHEAD_TEST_EXTRA_CA:-}" ]; then
+    BULKHEAD_TEST_EXTRA_CA="$CACHE/test-extra-ca.pem"
+    if [ ! -s "$BULKHEAD_TEST_EXTRA_CA" ]; then
+        mkdir -p "$CACHE"
+        openssl req -x509 -newkey rsa:2048 -nodes -keyout /dev/null -days 36500 \
+            -subj "/CN=Bulkhead test CA (throwaway, key discarded)" \
+            -out "$BULKHEAD_TEST_EXTRA_CA.tmp" 2>/dev/null
+        mv "$BULKHEAD_TEST_EXTRA_CA.tmp" "$BULKHEAD_TEST_EXTRA_CA"
+    fi
+fi
+export BULKHEAD_TEST_EXTRA_CA
+echo "extra CA bundle: $BULKHEAD_TEST_EXTRA_CA"
 echo "python SDK venv: $VENV (e2b $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "old SDK venv:    $OLD_VENV (e2b $("$OLD_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "interpreter venv: $CI_VENV (e2b-code-interpreter $("$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))'))"
@@ -123,6 +164,7 @@ mkdir -p "$BULKHEAD_IMAGE_CACHE"
 if ! skipped lint; then
     run_step "cargo fmt --check" cargo fmt --all -- --check
     run_step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
+    run_step "module import loops (scripts/check-module-cycles)" scripts/check-module-cycles
 fi
 section "cargo build"
 build_rc=0
@@ -133,14 +175,24 @@ if [ "$build_rc" -ne 0 ]; then
     summary
     exit 1
 fi
+cargo_test() { # every test, the capability-gated (#[ignore]d) ones included; counts per binary
+    # Which package each test binary belongs to (its "Running" line names only the file).
+    cargo test --workspace --no-run --message-format=json-render-diagnostics >"$LOGDIR/cargo-artifacts.json" || return
+    printf 'cargo\t%s\t%s\n' "$LOGDIR/cargo-test.log" "$LOGDIR/cargo-artifacts.json" >>"$SUITES"
+    cargo test --workspace --no-fail-fast -- --include-ignored 2>&1 | tee "$LOGDIR/cargo-test.log"
+    return "${PIPESTATUS[0]}"
+}
 if ! skipped unit; then
-    run_step "cargo test" cargo test --workspace
+    run_step "cargo test (--include-ignored)" cargo_test
 fi
 
 # ---- SDK suites -----------------------------------------------------------------------------
-pytest_step() { # pytest_step NAME VENV TIMEOUT ARGS...
-    local name="$1" venv="$2" secs="$3"; shift 3
-    run_step "$name" timeout --kill-after=30 "$secs" "$venv/bin/python" -m pytest -p no:cacheprovider "$@"
+pytest_step() { # pytest_step NAME VENV TIMEOUT ARGS...   (-rs: each skip's reason in the log)
+    local name="$1" venv="$2" secs="$3" xml; shift 3
+    xml="$LOGDIR/$(slug "$name").xml"
+    printf 'junit\t%s\t%s\n' "$name" "$xml" >>"$SUITES"
+    run_step "$name" timeout --kill-after=30 "$secs" "$venv/bin/python" -m pytest -p no:cacheprovider \
+        -rs --junitxml="$xml" "$@"
 }
 if ! skipped python; then
     pytest_step "Python SDK: conformance, isolation, leak (tests/sdk/python)" "$VENV" 3000 tests/sdk/python
@@ -149,8 +201,10 @@ if ! skipped old-sdk; then
     pytest_step "Older Python SDK, POST /sandboxes generation (tests/sdk/python_old)" "$OLD_VENV" 900 tests/sdk/python_old
 fi
 
-js_suite() { # js_suite TEST_FILES...
-    local tmp port key pid rc=0
+js_suite() { # js_suite NAME TEST_FILES...
+    local name="$1" tmp port key pid rc=0 tap; shift
+    tap="$LOGDIR/$(slug "$name").tap"
+    printf 'tap\t%s\t%s\n' "$name" "$tap" >>"$SUITES"
     tmp="$(mktemp -d /var/tmp/bulkhead-js-XXXXXX)"
     chmod 711 "$tmp"   # sandbox uids must traverse to their slot dirs
     port="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
@@ -173,7 +227,9 @@ js_suite() { # js_suite TEST_FILES...
         return 1
     fi
     BULKHEAD_TEST_URL="http://127.0.0.1:$port" BULKHEAD_TEST_API_KEY="$key" BULKHEAD_TEST_DATA_DIR="$tmp/data" \
-        timeout --kill-after=30 1500 node --test --test-concurrency=1 "$@" || rc=$?
+        timeout --kill-after=30 1500 node --test --test-concurrency=1 \
+        --test-reporter=spec --test-reporter-destination=stdout \
+        --test-reporter=tap --test-reporter-destination="$tap" "$@" || rc=$?
     kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     if [ "$rc" -ne 0 ]; then
@@ -188,21 +244,25 @@ js_suite() { # js_suite TEST_FILES...
     return "$rc"
 }
 if ! skipped js; then
-    run_step "JS SDK: conformance (tests/sdk/js, node --test)" js_suite tests/sdk/js/*.test.mjs
+    name="JS SDK: conformance (tests/sdk/js, node --test)"
+    run_step "$name" js_suite "$name" tests/sdk/js/*.test.mjs
 fi
 
 # ---- code interpreter (template code-interpreter-v1, port-49999 API) ---------------------------
 if [ -x crates/images/interpreter/python/tests/run.sh ] && ! skipped interpreter-module; then
-    run_step "Interpreter startup module (crates/images/interpreter/python/tests)" \
-        crates/images/interpreter/python/tests/run.sh
+    name="Interpreter startup module (crates/images/interpreter/python/tests)"
+    printf 'junit\t%s\t%s\n' "$name" "$LOGDIR/interpreter-module.xml" >>"$SUITES"
+    # (run.sh exits 77 when it cannot run at all: recorded as a failure like any other)
+    run_step "$name" crates/images/interpreter/python/tests/run.sh -rs --junitxml="$LOGDIR/interpreter-module.xml"
 fi
 if ! skipped interpreter-python; then
     pytest_step "Python code-interpreter SDK (tests/sdk/interpreter)" "$CI_VENV" 2400 tests/sdk/interpreter
 fi
 if ! skipped interpreter-js; then
     # (tests/sdk/js-interpreter/env.mjs points the readiness probe at code-interpreter-v1)
-    run_step "JS code-interpreter SDK (tests/sdk/js-interpreter, node --test)" js_suite tests/sdk/js-interpreter/*.test.mjs
+    name="JS code-interpreter SDK (tests/sdk/js-interpreter, node --test)"
+    run_step "$name" js_suite "$name" tests/sdk/js-interpreter/*.test.mjs
 fi
 
-summary
+counts
 [ "$FAILED" -eq 0 ]

@@ -129,13 +129,9 @@ mod tests {
         assert_eq!(run_as(&me, || 41 + 1).await.unwrap(), 42);
     }
 
+    #[bulkhead_testkit::requires(Root)]
     #[tokio::test]
     async fn switched_thread_creates_files_as_the_user_and_others_stay_root() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: needs root");
-            return;
-        }
         let dir = tempfile::tempdir().unwrap();
         std::fs::set_permissions(
             dir.path(),

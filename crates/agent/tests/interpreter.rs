@@ -4,7 +4,8 @@
 //!
 //! The venv: `python3 -m venv /var/cache/bulkhead/venv-agent-kernels &&
 //! /var/cache/bulkhead/venv-agent-kernels/bin/pip install ipykernel bash_kernel duckdb`
-//! (or `BULKHEAD_TEST_KERNEL_VENV=<dir>`). Without it every test prints why and passes.
+//! (or `BULKHEAD_TEST_KERNEL_VENV=<dir>`). The tests are gated with `#[requires(KernelVenv)]`:
+//! plain `cargo test` reports them as ignored, `--include-ignored` fails them without the venv.
 //! Kernels run as the test's own user (`KernelUser::Current`), with HOME in a temp dir.
 
 use std::path::{Path, PathBuf};
@@ -22,27 +23,6 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn venv() -> Option<PathBuf> {
-    let dir = std::env::var_os("BULKHEAD_TEST_KERNEL_VENV").map_or_else(
-        || PathBuf::from("/var/cache/bulkhead/venv-agent-kernels"),
-        PathBuf::from,
-    );
-    let python = dir.join("bin/python");
-    let ok = std::process::Command::new(&python)
-        .args(["-c", "import ipykernel, bash_kernel, duckdb"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if ok {
-        Some(dir)
-    } else {
-        eprintln!(
-            "SKIPPED: no kernel venv at {} (create it with `python3 -m venv {0} && {0}/bin/pip install ipykernel bash_kernel duckdb`, or set BULKHEAD_TEST_KERNEL_VENV)",
-            dir.display()
-        );
-        None
-    }
-}
 
 /// The SQL context's startup module, a minimal stand-in for the template's `bulkhead_sql`:
 /// one persistent DuckDB connection, the last statement's rows displayed with `e2b/data`.
@@ -66,8 +46,8 @@ struct Harness {
 }
 
 impl Harness {
-    async fn new(default_contexts: &[&str]) -> Option<Self> {
-        let venv = venv()?;
+    async fn new(default_contexts: &[&str]) -> Self {
+        let venv = bulkhead_testkit::kernel_venv();
         let python = venv.join("bin/python").to_string_lossy().into_owned();
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("home");
@@ -107,11 +87,11 @@ impl Harness {
         interpreter.start_default_contexts();
         let router =
             bulkhead_agent::server::app_with_interpreter(state, Some(Arc::clone(&interpreter)));
-        Some(Self {
+        Self {
             router,
             interpreter,
             dir,
-        })
+        }
     }
 
     fn home(&self) -> PathBuf {
@@ -261,11 +241,10 @@ async fn next_lines(body: &mut Body, buffer: &mut String) -> Option<Vec<(Instant
     Some(out)
 }
 
+#[bulkhead_testkit::requires(KernelVenv)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_outputs_state_errors_and_env() {
-    let Some(h) = Harness::new(&["python"]).await else {
-        return;
-    };
+    let h = Harness::new(&["python"]).await;
     let (status, body) = h.call("GET", "/health", None).await;
     assert_eq!((status, body.as_str()), (StatusCode::OK, "\"OK\""));
 
@@ -474,11 +453,10 @@ async fn python_outputs_state_errors_and_env() {
     assert_eq!(h.call("GET", "/contexts", None).await.0, StatusCode::OK);
 }
 
+#[bulkhead_testkit::requires(KernelVenv)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contexts_restart_interrupt_and_kernel_death() {
-    let Some(h) = Harness::new(&[]).await else {
-        return;
-    };
+    let h = Harness::new(&[]).await;
     let sub = h.home().join("sub dir");
     std::fs::create_dir_all(&sub).unwrap();
     let cwd = sub.to_string_lossy().into_owned();
@@ -695,11 +673,10 @@ async fn contexts_restart_interrupt_and_kernel_death() {
     }
 }
 
+#[bulkhead_testkit::requires(KernelVenv)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bash_and_sql_contexts() {
-    let Some(h) = Harness::new(&[]).await else {
-        return;
-    };
+    let h = Harness::new(&[]).await;
     // bash: state persists across executions; env vars via export/unset.
     let lines = h
         .run(json!({"code": "export A=1\necho \"A=$A\"", "language": "bash"}))
@@ -748,11 +725,10 @@ async fn bash_and_sql_contexts() {
     assert_eq!(languages, ["bash", "sql"]);
 }
 
+#[bulkhead_testkit::requires(KernelVenv)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_execute_latency() {
-    let Some(h) = Harness::new(&["python"]).await else {
-        return;
-    };
+    let h = Harness::new(&["python"]).await;
     // Wait for the default context the agent starts at launch.
     let started = Instant::now();
     let context = loop {

@@ -1,7 +1,8 @@
 //! End-to-end tests as root: a real sandbox network namespace with the TUN link from
 //! `open_tun_in_netns`, real clients (curl via `ip netns exec`, std sockets on a thread inside
 //! the namespace) and local upstream servers in another namespace (TEST-NET-3 over veth).
-//! Skipped loudly when not root or without /dev/net/tun.
+//! Gated with `#[requires(Root, Tun)]`: ignored by plain `cargo test`, failed by
+//! `--include-ignored` on a host without them (or without iproute2).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
@@ -10,14 +11,16 @@ use std::time::{Duration, Instant};
 
 use bulkhead_egress::netlab::{Lab, in_netns, resolve_in_sandbox, unavailable_reason};
 use bulkhead_egress::{AuditEvent, HeaderRule, NetworkPolicy};
+use bulkhead_testkit::requires;
 
-macro_rules! require_lab {
-    () => {
-        if let Some(why) = unavailable_reason() {
-            eprintln!("SKIPPED (egress netns test): {why}");
-            return;
-        }
-    };
+/// Fails the test when the lab cannot run here; `#[requires]` checks root and TUN before it,
+/// this adds what only the lab knows (iproute2's `ip`).
+fn require_lab() {
+    bulkhead_testkit::require_host(
+        "the egress network lab",
+        unavailable_reason().as_slice(),
+        "install iproute2 (`apt-get install iproute2`)",
+    );
 }
 
 fn policy(allow: &[&str]) -> NetworkPolicy {
@@ -84,9 +87,10 @@ fn has(events: &[AuditEvent], pred: impl Fn(&AuditEvent) -> bool) -> bool {
     events.iter().any(pred)
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_domain_and_wildcard_http_and_https() {
-    require_lab!();
+    require_lab();
     let lab = Lab::start(policy(&["api.allowed.test", "*.wild.test"]), HashMap::new())
         .await
         .unwrap();
@@ -151,9 +155,10 @@ async fn allowed_domain_and_wildcard_http_and_https() {
         && e.host.as_deref() == Some("api.allowed.test")));
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_destinations_fail_fast() {
-    require_lab!();
+    require_lab();
     let host_veth = lab_host_addr_policy();
     let lab = Lab::start(NetworkPolicy::default(), HashMap::new())
         .await
@@ -255,9 +260,10 @@ fn lab_host_addr_policy() -> &'static str {
     Box::leak(s.into_boxed_str())
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udp_other_than_dns_and_ipv6_go_nowhere() {
-    require_lab!();
+    require_lab();
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let host_before = (
         read("/proc/sys/net/ipv6/conf/all/disable_ipv6"),
@@ -352,9 +358,10 @@ async fn udp_other_than_dns_and_ipv6_go_nowhere() {
     assert!(String::from_utf8_lossy(&r.stdout).contains("default via 10.200.0.1 dev eth0"));
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_and_host_mismatch_refused() {
-    require_lab!();
+    require_lab();
     let lab = Lab::start(policy(&["api.allowed.test", "x.wild.test"]), HashMap::new())
         .await
         .unwrap();
@@ -419,9 +426,10 @@ async fn sni_and_host_mismatch_refused() {
     assert!(lab.seen.lock().unwrap().is_empty());
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_policy_flips_access_for_next_connection() {
-    require_lab!();
+    require_lab();
     let lab = Lab::start(policy(&["api.allowed.test"]), HashMap::new())
         .await
         .unwrap();
@@ -451,9 +459,10 @@ async fn set_policy_flips_access_for_next_connection() {
     );
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allow_out_wins_over_deny_out() {
-    require_lab!();
+    require_lab();
     let p = NetworkPolicy {
         allow_internet: true,
         allow_out: vec!["api.allowed.test".into()],
@@ -501,9 +510,10 @@ async fn allow_out_wins_over_deny_out() {
     );
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "current_thread")]
 async fn attach_requires_multi_thread_runtime() {
-    require_lab!();
+    require_lab();
     let dir = tempfile::tempdir().unwrap();
     let eg = bulkhead_egress::Egress::new(
         bulkhead_egress::EgressConfig {
@@ -536,9 +546,10 @@ fn inject_policy(header_value: &str) -> NetworkPolicy {
     p
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injection_sets_secret_header_upstream() {
-    require_lab!();
+    require_lab();
     let secrets = HashMap::from([("tok".to_string(), "s3cr3t-VALUE-42".to_string())]);
     let lab = Lab::start(inject_policy("Bearer ${e2b.secrets.tok}"), secrets)
         .await
@@ -658,9 +669,10 @@ async fn injection_sets_secret_header_upstream() {
     assert!(!lab.seen.lock().unwrap().iter().any(|s| s.contains("${e2b")));
 }
 
+#[requires(Root, Tun)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn detach_closes_connections_and_link() {
-    require_lab!();
+    require_lab();
     let lab = Lab::start(policy(&["api.allowed.test"]), HashMap::new())
         .await
         .unwrap();

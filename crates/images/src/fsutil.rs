@@ -192,12 +192,9 @@ mod tests {
         remove_tree(&t).unwrap();
     }
 
+    #[bulkhead_testkit::requires(Root)]
     #[test]
     fn refuses_to_cross_mounts() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("SKIPPED: refuses_to_cross_mounts needs root to mount a tmpfs");
-            return;
-        }
         let dir = tempfile::tempdir().unwrap();
         let m = dir.path().join("m");
         fs::create_dir(&m).unwrap();

@@ -1,4 +1,6 @@
-//! Real sandboxes, as root. Each test skips loudly (stderr) when the host lacks a capability.
+//! Real sandboxes, as root. Each test is gated with `#[requires(Root, ...)]`: reported as
+//! ignored by plain `cargo test`, failed (naming what is missing) by `--include-ignored` on a
+//! host the jail driver does not support.
 
 mod common;
 
@@ -8,11 +10,12 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::time::{Duration, Instant};
 
 use bulkhead_engine::driver::{Driver, DriverError};
+use bulkhead_testkit::requires;
 use common::{Env, ask, sh, stats};
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_is_isolated_and_hardened() {
-    require_jail_host!("sandbox_is_isolated_and_hardened");
     let env = Env::new();
     let d = env.driver();
     let h = d.start(&env.spec(256, 128)).await.expect("start");
@@ -254,9 +257,9 @@ async fn sandbox_is_isolated_and_hardened() {
     assert!(env.mounts().is_empty());
 }
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_limit_kills_a_hog_and_spares_the_neighbour() {
-    require_jail_host!("memory_limit_kills_a_hog_and_spares_the_neighbour");
     let env = Env::new();
     let d = env.driver();
     let small = d.start(&env.spec(64, 64)).await.expect("start small");
@@ -278,9 +281,9 @@ async fn memory_limit_kills_a_hog_and_spares_the_neighbour() {
     env.assert_clean();
 }
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pids_limit_contains_a_fork_bomb() {
-    require_jail_host!("pids_limit_contains_a_fork_bomb");
     let env = Env::new();
     let d = env.driver();
     let h = d.start(&env.spec(128, 32)).await.expect("start");
@@ -297,9 +300,9 @@ async fn pids_limit_contains_a_fork_bomb() {
     env.assert_clean();
 }
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_resolves_when_the_init_dies_and_stop_is_idempotent() {
-    require_jail_host!("wait_resolves_when_the_init_dies_and_stop_is_idempotent");
     let env = Env::new();
     let d = env.driver();
     let h = d.start(&env.spec(128, 64)).await.expect("start");
@@ -319,9 +322,9 @@ async fn wait_resolves_when_the_init_dies_and_stop_is_idempotent() {
         .unwrap();
 }
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_failures_are_reported_and_cleaned_up() {
-    require_jail_host!("start_failures_are_reported_and_cleaned_up");
     let mut env = Env::new();
     env.cfg.agent_args = vec!["--fail".into()];
     let d = env.driver();
@@ -349,9 +352,9 @@ async fn start_failures_are_reported_and_cleaned_up() {
     d.prune_lowers().unwrap();
 }
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adopt_after_the_driver_is_recreated() {
-    require_jail_host!("adopt_after_the_driver_is_recreated");
     let env = Env::new();
     let h = {
         let d1 = env.driver();
@@ -390,9 +393,9 @@ async fn adopt_after_the_driver_is_recreated() {
     env.assert_clean();
 }
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reclaim_orphans_cleans_up_after_a_lost_driver() {
-    require_jail_host!("reclaim_orphans_cleans_up_after_a_lost_driver");
     let env = Env::new();
     {
         let d1 = env.driver();
@@ -405,9 +408,9 @@ async fn reclaim_orphans_cleans_up_after_a_lost_driver() {
     env.assert_clean();
 }
 
+#[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_stop_loop_leaves_nothing_behind() {
-    require_jail_host!("start_stop_loop_leaves_nothing_behind");
     let rounds: usize = std::env::var("BULKHEAD_JAIL_LOOP")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -450,13 +453,9 @@ async fn start_stop_loop_leaves_nothing_behind() {
     assert!(env.mounts().is_empty());
 }
 
+#[requires(Root, Tun, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_link_dns_config_and_trust_bundle() {
-    require_jail_host!("network_link_dns_config_and_trust_bundle");
-    if !std::path::Path::new("/dev/net/tun").exists() {
-        eprintln!("SKIPPED: network_link_dns_config_and_trust_bundle: /dev/net/tun is missing");
-        return;
-    }
     let mut env = Env::new();
     // The template's own bundle is an absolute symlink: it must be read inside the template.
     let certs = env.rootfs.join("etc/ssl/certs");

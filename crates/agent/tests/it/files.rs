@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use serde_json::{Value, json};
 
-use crate::harness::{Agent, full, is_root};
+use crate::harness::{Agent, full};
 
 /// A multipart/form-data body with the given `(field name, filename, content)` parts.
 pub fn multipart(parts: &[(&str, &str, &[u8])]) -> (String, Vec<u8>) {
@@ -321,12 +321,9 @@ async fn download_errors() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
+#[bulkhead_testkit::requires(Root)]
 #[tokio::test]
 async fn transfers_use_the_users_identity() {
-    if !is_root() {
-        eprintln!("skipped: needs root to switch users");
-        return;
-    }
     let agent = Agent::start(&[]).await;
     let shared = agent.path().join("shared");
     std::fs::create_dir(&shared).unwrap();

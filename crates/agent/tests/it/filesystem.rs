@@ -13,7 +13,7 @@ use bulkhead_envd::filesystem::{
 use http::StatusCode;
 use serde_json::{Value, json};
 
-use crate::harness::{Agent, EventStream, basic_auth, is_root};
+use crate::harness::{Agent, EventStream, basic_auth};
 
 async fn rpc<T: serde::de::DeserializeOwned>(
     agent: &Agent,
@@ -446,12 +446,9 @@ async fn polling_watchers() {
     );
 }
 
+#[bulkhead_testkit::requires(Root)]
 #[tokio::test]
 async fn operations_use_the_requesting_users_permissions() {
-    if !is_root() {
-        eprintln!("skipped: needs root to switch users");
-        return;
-    }
     let agent = Agent::start(&[]).await;
     let shared = agent.path().join("shared");
     std::fs::create_dir(&shared).unwrap();

@@ -306,9 +306,3 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
-
-/// Whether the tests run as root (needed for user switching).
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}

@@ -2,23 +2,30 @@
 
 use bulkhead_envd::process::{ProcessConfig, StartRequest};
 
-use crate::harness::{Agent, is_root};
+use crate::harness::Agent;
 use crate::process::collect;
 
-fn unshare_works() -> bool {
-    std::process::Command::new("unshare")
+/// Fails the test when `unshare --pid` cannot run here (it needs root, checked before).
+fn require_unshare() {
+    let out = std::process::Command::new("unshare")
         .args(["--pid", "--fork", "--kill-child", "--mount-proc", "true"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+        .output();
+    let problem = match out {
+        Ok(o) if o.status.success() => return,
+        Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+        Err(e) => e.to_string(),
+    };
+    bulkhead_testkit::missing(
+        "`unshare --pid` (to run the agent as pid 1)",
+        &problem,
+        "install util-linux and allow PID namespaces",
+    );
 }
 
+#[bulkhead_testkit::requires(Root, "`unshare --pid`")]
 #[tokio::test]
 async fn as_pid_1_it_reaps_orphans() {
-    if !is_root() || !unshare_works() {
-        eprintln!("skipped: needs root and `unshare --pid` to run the agent as pid 1");
-        return;
-    }
+    require_unshare();
     let agent = Agent::start_with(
         Some(&["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]),
         &[],

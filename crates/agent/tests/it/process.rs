@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use serde_json::json;
 
-use crate::harness::{Agent, EventStream, basic_auth, eventually, is_root};
+use crate::harness::{Agent, EventStream, basic_auth, eventually};
 
 const START: &str = "/process.Process/Start";
 const CONNECT: &str = "/process.Process/Connect";
@@ -733,12 +733,9 @@ async fn environment_cwd_and_global_env() {
     );
 }
 
+#[bulkhead_testkit::requires(Root)]
 #[tokio::test]
 async fn processes_run_as_the_requested_user() {
-    if !is_root() {
-        eprintln!("skipped: needs root to switch users");
-        return;
-    }
     let agent = Agent::start(&[]).await;
     let mut request = bash("id -u; id -g; echo $USER $HOME; touch owned");
     let shared = agent.path().join("shared");

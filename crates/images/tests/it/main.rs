@@ -1,8 +1,11 @@
-//! Real builds. They need root and a reachable Debian mirror, and skip loudly otherwise.
+//! Real builds. They need root and a reachable Debian mirror (unless the image is cached), so
+//! each is gated with `#[requires(Root, ...)]`: plain `cargo test` reports them as ignored,
+//! `--include-ignored` runs them and fails when a need is missing.
 //!
 //! `BULKHEAD_TEST_IMAGE_CACHE` picks the cache (default /var/cache/bulkhead/images, so a run
-//! leaves the cache warm for the other crates' tests). `BULKHEAD_TEST_EXTRA_CA` (a PEM bundle,
-//! e.g. the TLS-inspecting proxy's CA) enables the extra-CA build.
+//! leaves the cache warm for the other crates' tests). `BULKHEAD_TEST_EXTRA_CA` is the PEM
+//! bundle the extra-CA build trusts (e.g. a TLS-inspecting proxy's CA; scripts/test.sh makes a
+//! throwaway one when it is unset).
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
@@ -13,6 +16,7 @@ use std::time::{Duration, Instant};
 use bulkhead_images::{
     BootstrapTool, DEFAULT_CACHE_ROOT, ImageCache, ImageError, LogProgress, TemplateRecipe,
 };
+use bulkhead_testkit::requires;
 
 fn cache_dir() -> PathBuf {
     std::env::var_os("BULKHEAD_TEST_IMAGE_CACHE")
@@ -25,22 +29,15 @@ fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
-fn skip(test: &str, why: &str) {
-    say(&format!("\n*** SKIPPED: {test}: {why} ***\n"));
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
-
-/// Builds, or returns None (after a loud skip) when the mirror cannot be reached.
-async fn build_or_skip(test: &str, cache: &ImageCache, recipe: &TemplateRecipe) -> Option<PathBuf> {
+/// Builds, failing the test (with what to do) when the mirror cannot be reached.
+async fn build(cache: &ImageCache, recipe: &TemplateRecipe) -> PathBuf {
     match cache.build(recipe, &LogProgress::quiet()).await {
-        Ok(p) => Some(p),
-        Err(e @ ImageError::MirrorUnreachable { .. }) => {
-            skip(test, &e.to_string());
-            None
-        }
+        Ok(p) => p,
+        Err(e @ ImageError::MirrorUnreachable { .. }) => bulkhead_testkit::missing(
+            "a reachable Debian mirror",
+            &e.to_string(),
+            "give the host network access to the mirror",
+        ),
         Err(e) => panic!("build failed: {e}"),
     }
 }
@@ -119,25 +116,16 @@ fn check_base_tree(rootfs: &Path) {
     );
 }
 
+#[requires(Root, "a reachable Debian mirror unless the image is cached")]
 #[tokio::test]
 async fn builds_the_base_template_and_caches_it() {
-    const TEST: &str = "builds_the_base_template_and_caches_it";
-    if !is_root() {
-        return skip(TEST, "building root filesystems needs root");
-    }
     let cache = ImageCache::new(cache_dir());
     let recipe = TemplateRecipe::base();
     let was_cached = cache.is_ready(&recipe);
 
     // Two builds at once: one bootstraps, the other waits on the lock and reuses the result.
     let started = Instant::now();
-    let (a, b) = tokio::join!(
-        build_or_skip(TEST, &cache, &recipe),
-        build_or_skip(TEST, &cache, &recipe)
-    );
-    let (Some(rootfs), Some(rootfs2)) = (a, b) else {
-        return;
-    };
+    let (rootfs, rootfs2) = tokio::join!(build(&cache, &recipe), build(&cache, &recipe));
     let elapsed = started.elapsed();
     assert_eq!(rootfs, rootfs2);
     assert_eq!(rootfs, cache.rootfs_path(&recipe));
@@ -181,24 +169,19 @@ async fn builds_the_base_template_and_caches_it() {
     ));
 }
 
+#[requires(
+    Root,
+    ExtraCaBundle,
+    "a reachable Debian mirror unless the image is cached",
+    "pypi.org reachable"
+)]
 #[tokio::test]
 async fn extra_ca_bundle_is_trusted_inside_the_template() {
-    const TEST: &str = "extra_ca_bundle_is_trusted_inside_the_template";
-    let Some(bundle) = std::env::var_os("BULKHEAD_TEST_EXTRA_CA") else {
-        return skip(
-            TEST,
-            "BULKHEAD_TEST_EXTRA_CA (a PEM bundle to trust) is not set",
-        );
-    };
-    if !is_root() {
-        return skip(TEST, "building root filesystems needs root");
-    }
+    let bundle = bulkhead_testkit::extra_ca_bundle();
     let cache = ImageCache::new(cache_dir());
     let recipe = TemplateRecipe::base().with_extra_ca_bundle(&bundle);
     assert_ne!(recipe.content_hash(), TemplateRecipe::base().content_hash());
-    let Some(rootfs) = build_or_skip(TEST, &cache, &recipe).await else {
-        return;
-    };
+    let rootfs = build(&cache, &recipe).await;
     let installed =
         std::fs::read_to_string(rootfs.join("usr/local/share/ca-certificates/bulkhead-extra.crt"))
             .unwrap();
@@ -220,7 +203,11 @@ async fn extra_ca_bundle_is_trusted_inside_the_template() {
         .status()
         .is_ok_and(|s| s.success());
     if !host_ok {
-        return skip(TEST, "(TLS part) the host cannot reach pypi.org");
+        bulkhead_testkit::missing(
+            "pypi.org reachable (the TLS part)",
+            &format!("`curl {url}` failed on the host"),
+            "give the host HTTPS access to pypi.org (through the proxy whose CA this is)",
+        );
     }
     let script = format!(
         "mount --bind /etc/resolv.conf {r}/etc/resolv.conf && \
@@ -243,18 +230,13 @@ async fn extra_ca_bundle_is_trusted_inside_the_template() {
     ));
 }
 
+#[requires(
+    Root,
+    "debootstrap (a second full base build, ~1 min)",
+    "a reachable Debian mirror"
+)]
 #[tokio::test]
 async fn debootstrap_fallback_builds_the_same_template() {
-    const TEST: &str = "debootstrap_fallback_builds_the_same_template";
-    if std::env::var_os("BULKHEAD_TEST_DEBOOTSTRAP").is_none() {
-        return skip(
-            TEST,
-            "set BULKHEAD_TEST_DEBOOTSTRAP=1 to also build with debootstrap (~1 min)",
-        );
-    }
-    if !is_root() {
-        return skip(TEST, "building root filesystems needs root");
-    }
     // A private cache: the hash does not include the tool, so the shared cache would answer.
     let dir = tempfile::Builder::new()
         .prefix("bulkhead-debootstrap-")
@@ -263,9 +245,7 @@ async fn debootstrap_fallback_builds_the_same_template() {
     let cache = ImageCache::new(dir.path()).with_tool(BootstrapTool::Debootstrap);
     let recipe = TemplateRecipe::base();
     let started = Instant::now();
-    let Some(rootfs) = build_or_skip(TEST, &cache, &recipe).await else {
-        return;
-    };
+    let rootfs = build(&cache, &recipe).await;
     check_base_tree(&rootfs);
     let info = cache.info(&recipe).unwrap();
     assert_eq!(info.tool, "debootstrap");
@@ -304,25 +284,27 @@ fn reachable(host: &str) -> bool {
     addrs.any(|a| std::net::TcpStream::connect_timeout(&a, Duration::from_secs(5)).is_ok())
 }
 
+#[requires(
+    Root,
+    "pypi.org, files.pythonhosted.org, registry.npmjs.org and a Debian mirror reachable unless the image is cached"
+)]
 #[tokio::test]
 async fn builds_the_code_interpreter_template_on_base() {
-    const TEST: &str = "builds_the_code_interpreter_template_on_base";
-    if !is_root() {
-        return skip(TEST, "building root filesystems needs root");
-    }
     let cache = ImageCache::new(cache_dir());
     let recipe = TemplateRecipe::code_interpreter();
     if !cache.is_ready(&recipe) {
         for host in ["pypi.org", "files.pythonhosted.org", "registry.npmjs.org"] {
             if !reachable(host) {
-                return skip(TEST, &format!("{host}:443 is not reachable"));
+                bulkhead_testkit::missing(
+                    "the package registries (to build the image)",
+                    &format!("{host}:443 is not reachable"),
+                    "give the host HTTPS access to it, or build the image once where it is",
+                );
             }
         }
     }
     let started = Instant::now();
-    let Some(rootfs) = build_or_skip(TEST, &cache, &recipe).await else {
-        return;
-    };
+    let rootfs = build(&cache, &recipe).await;
     let info = cache.info(&recipe).expect("READY written");
     say(&format!(
         "code-interpreter-v1 {}: {:.1} MB, {} files, built in {:.0} s (this run {:.1} s)",

@@ -1,6 +1,7 @@
 //! Shared harness for the jail integration tests: a tiny template root filesystem made of host
-//! binaries, a private state dir / uid range / cgroup parent per test, leak checks, and a loud
-//! skip when the host cannot run jail sandboxes.
+//! binaries, a private state dir / uid range / cgroup parent per test, leak checks, and a
+//! failure naming the problem when the host cannot run jail sandboxes (the tests are gated with
+//! `#[requires(Root, ...)]`, so plain `cargo test` reports them as ignored).
 
 #![allow(dead_code)]
 
@@ -20,34 +21,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 pub const AGENT: &str = env!("CARGO_BIN_EXE_bulkhead-jail-test-agent");
 pub const LAUNCHER: &str = env!("CARGO_BIN_EXE_bulkhead-jail-launcher");
 pub const MAX_SLOTS: u32 = 8;
-
-/// Why this host cannot run the tests, if it cannot.
-pub fn skip_reason() -> Option<String> {
-    let report = JailDriver::probe();
-    if report.supported() {
-        None
-    } else {
-        Some(report.problems.join("; "))
-    }
-}
-
-/// Skip the calling test with a loud message when the host lacks a capability. Written to the
-/// stderr handle directly: libtest captures `eprintln!` of passing tests, which would hide it.
-#[macro_export]
-macro_rules! require_jail_host {
-    ($name:expr) => {
-        if let Some(reason) = common::skip_reason() {
-            use std::io::Write as _;
-            let _ = writeln!(
-                std::io::stderr(),
-                "\n*** SKIPPED jail integration test `{}`: {} ***\n",
-                $name,
-                reason
-            );
-            return;
-        }
-    };
-}
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -138,7 +111,14 @@ pub fn build_rootfs(root: &Path) {
 }
 
 impl Env {
+    /// Fails the test when the host cannot run jail sandboxes (see [`JailDriver::probe`]).
     pub fn new() -> Env {
+        bulkhead_testkit::require_host(
+            "a host the jail driver supports",
+            &JailDriver::probe().problems,
+            "run as root on Linux >= 5.19 with user namespaces, overlayfs, seccomp and a \
+             writable cgroup hierarchy",
+        );
         let n = COUNTER.fetch_add(1, Ordering::SeqCst);
         let tmp = tempfile::Builder::new().prefix("bhj").tempdir().unwrap();
         // Sandbox uids must be able to traverse to their slot and to the template view.

@@ -1,13 +1,11 @@
-use std::io::Write;
-use std::sync::Once;
+//! One store per test: SQLite in a temp dir, or a private schema in the PostgreSQL database
+//! `BULKHEAD_TEST_POSTGRES_URL` names (dropped afterwards, even when the test fails).
+
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bulkhead_store::Store;
+use bulkhead_testkit::POSTGRES_ENV;
 use sqlx::Connection;
-
-pub const POSTGRES_ENV: &str = "BULKHEAD_TEST_POSTGRES_URL";
-/// Set in CI so a missing database fails the run instead of silently skipping.
-pub const REQUIRE_POSTGRES_ENV: &str = "BULKHEAD_REQUIRE_POSTGRES";
 
 pub struct Harness {
     pub store: Store,
@@ -35,24 +33,9 @@ impl Harness {
         }
     }
 
-    /// None (after a loud message) when no PostgreSQL is configured.
-    pub async fn postgres(test: &str) -> Option<Harness> {
-        let Ok(admin_url) = std::env::var(POSTGRES_ENV) else {
-            if std::env::var_os(REQUIRE_POSTGRES_ENV).is_some() {
-                panic!("{REQUIRE_POSTGRES_ENV} is set but {POSTGRES_ENV} is not");
-            }
-            static ONCE: Once = Once::new();
-            ONCE.call_once(|| {
-                // Straight to the stderr handle: libtest captures eprintln! of passing tests.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "\n*** SKIPPED: PostgreSQL store tests: {POSTGRES_ENV} is not set. \
-                     Run `export {POSTGRES_ENV}=$(.ci/postgres.sh)` to run them. ***\n"
-                );
-            });
-            eprintln!("SKIPPED: postgres::{test}: {POSTGRES_ENV} is not set");
-            return None;
-        };
+    /// A private schema in `BULKHEAD_TEST_POSTGRES_URL`'s database; fails the test without one.
+    pub async fn postgres() -> Harness {
+        let admin_url = bulkhead_testkit::postgres_url();
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -77,11 +60,11 @@ impl Harness {
         let sep = if admin_url.contains('?') { '&' } else { '?' };
         let url = format!("{admin_url}{sep}options=-c%20search_path%3D{schema}");
         let store = Store::open(&url).await.expect("open postgres store");
-        Some(Harness {
+        Harness {
             store,
             url,
             cleanup: Cleanup::Postgres { admin_url, schema },
-        })
+        }
     }
 }
 

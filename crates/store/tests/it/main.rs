@@ -1,6 +1,7 @@
-//! The store's behaviour, run once against SQLite (a temp dir) and once against PostgreSQL when
-//! `BULKHEAD_TEST_POSTGRES_URL` is set (see `.ci/postgres.sh`). Every Postgres test gets its own
-//! schema, so the tests run in parallel against one database.
+//! The store's behaviour, run once against SQLite (a temp dir) and once against PostgreSQL
+//! (`BULKHEAD_TEST_POSTGRES_URL`, see `.ci/postgres.sh`). The PostgreSQL half is gated with
+//! `#[requires(Postgres)]`: ignored by plain `cargo test`, failed by `--include-ignored` without
+//! a database. Every Postgres test gets its own schema, so they run in parallel on one database.
 
 mod harness;
 mod suite;
@@ -19,11 +20,10 @@ macro_rules! store_tests {
         }
         mod postgres {
             $(
+                #[bulkhead_testkit::requires(Postgres)]
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    let Some(h) = crate::harness::Harness::postgres(stringify!($name)).await else {
-                        return;
-                    };
+                    let h = crate::harness::Harness::postgres().await;
                     crate::suite::$name(&h).await;
                 }
             )*
