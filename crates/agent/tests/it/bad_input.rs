@@ -1,5 +1,5 @@
 //! Bad input gets a 4xx (E2B's error shape for REST, `invalid_argument` for Connect), never a
-//! 5xx: overlong paths and names, NUL bytes, invalid UTF-8, malformed queries, huge headers.
+//! 5xx: overlong paths and names, NUL bytes, invalid UTF-8, malformed queries, too many headers.
 //!
 //! Requests are written as raw JSON so these tests do not depend on the message types.
 
@@ -139,25 +139,16 @@ async fn nul_bytes_bad_utf8_and_malformed_queries_are_bad_requests() {
 }
 
 #[tokio::test]
-async fn huge_headers_are_refused_with_a_4xx() {
+async fn too_many_headers_are_refused_with_a_4xx() {
+    // hyper answers `431` itself (over 100 headers, or a head over its buffer); the agent's
+    // routes never see such a request.
     let agent = Agent::start(&[]).await;
-    let (status, _, _) = agent
-        .call(
-            Request::get("/files?path=%2Fetc%2Fhostname")
-                .header("x-big", "b".repeat(1 << 20))
-                .body(full(Bytes::new()))
-                .unwrap(),
-        )
-        .await;
+    let mut request = Request::get("/files?path=%2Fetc%2Fhostname");
+    for i in 0..150 {
+        request = request.header(format!("x-h{i}"), "v");
+    }
+    let (status, _, _) = agent.call(request.body(full(Bytes::new())).unwrap()).await;
     assert_eq!(status, StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
-    let (status, _, _) = agent
-        .call(
-            Request::get(format!("/files?path=%2F{}", "q".repeat(1 << 20)))
-                .body(full(Bytes::new()))
-                .unwrap(),
-        )
-        .await;
-    assert!(status.is_client_error(), "{status}");
 }
 
 async fn connect_code(agent: &Agent, method: &str, body: Value) -> (StatusCode, String, String) {
