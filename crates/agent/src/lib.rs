@@ -11,9 +11,17 @@
 //! - [`process`]: processes, PTYs, output streaming, exit history;
 //! - [`filesystem`]: filesystem RPCs and inotify watches;
 //! - [`files`]: streaming upload/download with signed URLs;
-//! - [`control`]: `/health`, `/init`, `/envs`, `/metrics`;
+//! - [`control`]: `/health`, `/init`, `/envs`, `/metrics` and the host-only agent info route;
 //! - [`interpreter`]: the code-interpreter API on port 49999 (Jupyter kernels);
-//! - [`creds`], [`users`], [`paths`]: acting as the requesting user.
+//! - [`creds`], [`users`], [`paths`]: acting as the requesting user;
+//! - [`state`]: the hub every handler shares (settings, process table, watchers, CPU sampler).
+//!
+//! Leaves, which import nothing from the crate and may be used by any module: [`http`] (error
+//! body, constant-time compare), [`metrics`] (the `/metrics` figures and CPU sampler),
+//! [`report`] (error chains), [`users`], and [`paths`] (path resolution, directory creation).
+//! The hub [`state`] imports only leaves and the state-owning modules `process::table` and
+//! `filesystem::watch`, which never import the hub back.
+//! `tests/module_graph.rs` checks that no module imports another in a loop.
 
 pub mod cli;
 pub mod connect;
@@ -21,10 +29,13 @@ pub mod control;
 pub mod creds;
 pub mod files;
 pub mod filesystem;
+pub mod http;
 pub mod init;
 pub mod interpreter;
+pub mod metrics;
 pub mod paths;
 pub mod process;
+pub mod report;
 pub mod server;
 pub mod state;
 pub mod users;
@@ -35,22 +46,8 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use axum::serve::ListenerExt;
 
 pub use cli::{Args, ListenAddr};
+pub use report::error_chain;
 pub use state::{AppState, Config, SharedState};
-
-/// Renders an error and its chain of sources as `outer: inner: innermost`.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let next = e.to_string();
-        if !text.ends_with(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = e.source();
-    }
-    text
-}
 
 /// Errors starting the server.
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +89,7 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
         Ok(None) => None,
         Err(e) => {
             // The envd API must work even when the template's interpreter is broken.
-            tracing::error!(error = %error_chain(&e), "code interpreter disabled");
+            tracing::error!(error = %report::error_chain(&e), "code interpreter disabled");
             None
         }
     };

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use bulkhead_envd::protocol::AGENT_INFO_PATH;
 use bulkhead_envd::rest::{
     ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, HEADER_SANDBOX_PORT, PortClosedBody,
 };
@@ -18,7 +19,7 @@ use bulkhead_envd::{ConnectError, filesystem, process};
 use tower::ServiceExt as _;
 
 use crate::connect;
-use crate::files::{constant_time_eq, error_json};
+use crate::http::{constant_time_eq, error_json};
 use crate::state::SharedState;
 
 /// Routes requests to a per-port router; requests without a port header go to envd.
@@ -118,6 +119,7 @@ pub fn envd_router(state: SharedState) -> Router {
         .route("/init", post(crate::control::init))
         .route("/envs", get(crate::control::envs))
         .route("/metrics", get(crate::control::metrics))
+        .route(AGENT_INFO_PATH, get(crate::control::agent_info))
         .route(
             &format!("/{}/{{method}}", process::SERVICE),
             post(process_rpc),
@@ -155,14 +157,17 @@ fn unknown_method(path: &str) -> Response {
     )
 }
 
-/// When an access token is set, every route except `GET /health` and `/files` (which also
-/// accepts URL signatures and checks itself) needs `X-Access-Token`.
+/// When an access token is set, every route except `GET /health`, `GET` [`AGENT_INFO_PATH`]
+/// (host-only, reveals only the version) and `/files` (which also accepts URL signatures and
+/// checks itself) needs `X-Access-Token`.
 async fn require_token(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let Some(token) = state.access_token() else {
         return next.run(request).await;
     };
     let path = request.uri().path();
-    let exempt = (request.method() == Method::GET && path == "/health") || path == "/files";
+    let exempt = (request.method() == Method::GET
+        && (path == "/health" || path == AGENT_INFO_PATH))
+        || path == "/files";
     let sent = request
         .headers()
         .get(HEADER_ACCESS_TOKEN)

@@ -1,4 +1,10 @@
-//! State shared by all request handlers.
+//! The hub: state shared by all request handlers.
+//!
+//! Each part of the state is owned by the module that works on it ([`ProcessTable`] in
+//! `process::table`, [`WatcherRegistry`] in `filesystem::watch`, [`CpuSampler`] in `metrics`);
+//! this module only holds them together. It imports nothing but those modules and leaves
+//! (`users`, `report`), and none of them imports it back, so handlers depend on the hub
+//! and the hub never on a handler.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -7,8 +13,8 @@ use std::sync::{Arc, RwLock};
 use axum::http::HeaderMap;
 use bulkhead_envd::ConnectError;
 
-use crate::control::CpuSampler;
 use crate::filesystem::watch::WatcherRegistry;
+use crate::metrics::CpuSampler;
 use crate::process::table::ProcessTable;
 use crate::users::{User, UserDb, UserError};
 
@@ -109,7 +115,7 @@ impl AppState {
             UserError::Unknown(_) | UserError::BadHeader => {
                 ConnectError::unauthenticated(e.to_string())
             }
-            UserError::Io { .. } => ConnectError::internal(crate::error_chain(&e)),
+            UserError::Io { .. } => ConnectError::internal(crate::report::error_chain(&e)),
         })
     }
 }

@@ -363,7 +363,7 @@ async fn python_outputs_state_errors_and_env() {
         ))
         .unwrap();
     let response = h.router.clone().oneshot(init).await.unwrap();
-    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
         main_text(&h.py("os.environ['GLOBAL_X']").await).as_deref(),
         Some("g")
@@ -432,7 +432,7 @@ async fn python_outputs_state_errors_and_env() {
         .body(Body::from(json!({"accessToken": "secret"}).to_string()))
         .unwrap();
     let response = h.router.clone().oneshot(init).await.unwrap();
-    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    assert_eq!(response.status(), StatusCode::OK);
     let response = h
         .request("POST", "/execute", Some(json!({"code": "1"})), &[])
         .await;

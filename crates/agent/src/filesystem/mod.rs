@@ -99,7 +99,7 @@ impl FsError {
                 Code::Internal
             }
         };
-        ConnectError::new(code, crate::error_chain(self))
+        ConnectError::new(code, crate::report::error_chain(self))
     }
 }
 
@@ -114,6 +114,7 @@ pub fn classify(user: &str, operation: &'static str, path: &Path, error: io::Err
     match error.raw_os_error() {
         Some(libc::ENOENT | libc::ENOTDIR) => FsError::NotFound(path.to_owned()),
         Some(libc::ELOOP) => FsError::SymlinkLoop(path.to_owned()),
+        Some(libc::ENAMETOOLONG) => FsError::Path(PathError::KernelTooLong),
         Some(libc::EACCES | libc::EPERM) => FsError::PermissionDenied {
             user: user.to_owned(),
             operation,
@@ -192,7 +193,8 @@ pub async fn make_dir(state: SharedState, headers: HeaderMap, body: Body) -> Res
                     Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                     Err(e) => return Err(classify(&name, "inspect", &path, e)),
                 }
-                create_dirs(&path).map_err(|e| classify(&name, "create directory", &path, e))?;
+                paths::create_dirs(&path)
+                    .map_err(|e| classify(&name, "create directory", &path, e))?;
                 entry::entry_info(&path, &r.users).map_err(|e| classify(&name, "stat", &path, e))
             })
             .await?;
@@ -200,15 +202,6 @@ pub async fn make_dir(state: SharedState, headers: HeaderMap, body: Body) -> Res
         },
     )
     .await
-}
-
-/// Creates `path` and missing parents with mode 0755 (before umask).
-pub fn create_dirs(path: &Path) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(path)
 }
 
 /// `Move`: renames, creating the destination's parents; falls back to copy-and-delete across
@@ -222,7 +215,8 @@ pub async fn move_entry(state: SharedState, headers: HeaderMap, body: Body) -> R
         let entry = as_user(&r.user, move || {
             std::fs::symlink_metadata(&source).map_err(|e| classify(&name, "move", &source, e))?;
             if let Some(parent) = destination.parent() {
-                create_dirs(parent).map_err(|e| classify(&name, "create directory", parent, e))?;
+                paths::create_dirs(parent)
+                    .map_err(|e| classify(&name, "create directory", parent, e))?;
             }
             match std::fs::rename(&source, &destination) {
                 Ok(()) => {}

@@ -122,7 +122,7 @@ async fn run(interpreter: &Interpreter, context: &Context, request: &ExecRequest
         if let Err(e) = interpreter.start_kernel(context, &mut slot).await {
             sink.finish_with_error(ErrorLine::synthetic(
                 "KernelStartError",
-                crate::error_chain(&e),
+                crate::report::error_chain(&e),
             ))
             .await;
             return;
@@ -153,7 +153,7 @@ async fn run(interpreter: &Interpreter, context: &Context, request: &ExecRequest
                     "EnvironmentError",
                     format!(
                         "Could not set the environment variables: {}",
-                        crate::error_chain(&e)
+                        crate::report::error_chain(&e)
                     ),
                 ))
                 .await;
@@ -180,8 +180,11 @@ async fn run(interpreter: &Interpreter, context: &Context, request: &ExecRequest
             after_death(interpreter, context, &mut slot).await;
         }
         Outcome::Failed(e) => {
-            sink.finish_with_error(ErrorLine::synthetic("KernelError", crate::error_chain(&e)))
-                .await;
+            sink.finish_with_error(ErrorLine::synthetic(
+                "KernelError",
+                crate::report::error_chain(&e),
+            ))
+            .await;
         }
     }
 }
@@ -235,7 +238,7 @@ async fn restore_env(kernel: &mut Kernel, restore: Option<&str>) {
         Ok(None) => {}
         Ok(Some(e)) => tracing::warn!(error = %e.value, "restoring environment variables failed"),
         Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "restoring environment variables failed")
+            tracing::warn!(error = %crate::report::error_chain(&e), "restoring environment variables failed")
         }
     }
 }
@@ -265,7 +268,7 @@ async fn after_death(interpreter: &Interpreter, context: &Context, slot: &mut Sl
         return;
     }
     if let Err(e) = interpreter.start_kernel(context, slot).await {
-        tracing::warn!(context = context.id, error = %crate::error_chain(&e), "could not restart a dead kernel");
+        tracing::warn!(context = context.id, error = %crate::report::error_chain(&e), "could not restart a dead kernel");
     }
 }
 

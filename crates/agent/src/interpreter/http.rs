@@ -16,7 +16,7 @@ use serde::de::DeserializeOwned;
 
 use super::execute::{self, ExecRequest};
 use super::{Interpreter, snippets};
-use crate::files::constant_time_eq;
+use crate::http::constant_time_eq;
 use crate::state::SharedState;
 
 /// Router state.

@@ -99,7 +99,7 @@ pub enum ContextError {
     #[error("Failed to set working directory: {0} is not an existing directory")]
     Cwd(String),
     /// The kernel did not start.
-    #[error("Failed to create context: {}", crate::error_chain(.0))]
+    #[error("Failed to create context: {}", crate::report::error_chain(.0))]
     Kernel(#[from] KernelError),
 }
 

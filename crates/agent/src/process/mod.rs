@@ -139,7 +139,7 @@ impl ProcessError {
             ) => Code::FailedPrecondition,
             ProcessError::Input(_) | ProcessError::Signal { .. } => Code::Internal,
         };
-        ConnectError::new(code, crate::error_chain(self))
+        ConnectError::new(code, crate::report::error_chain(self))
     }
 }
 
@@ -264,7 +264,7 @@ pub async fn start(state: SharedState, headers: HeaderMap, body: Body) -> Respon
             )
         }
         Err(e) => {
-            tracing::info!(error = %crate::error_chain(&e), "start failed");
+            tracing::info!(error = %crate::report::error_chain(&e), "start failed");
             connect::stream_error_response(&e.to_connect())
         }
     }

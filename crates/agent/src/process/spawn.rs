@@ -84,6 +84,16 @@ pub enum SpawnError {
         /// User id.
         uid: u32,
     },
+    /// The kernel refused the command line: a name or path over its limits
+    /// (`ENAMETOOLONG`), or arguments and environment too large (`E2BIG`).
+    #[error(
+        "Could not start the command: the program path, an argument or the environment is too long"
+    )]
+    TooLong {
+        /// Cause.
+        #[source]
+        source: io::Error,
+    },
     /// Another failure.
     #[error("Could not start {program:?}")]
     Other {
@@ -193,6 +203,13 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
             cwd: spec.cwd.clone(),
             uid,
         },
+        _ if matches!(
+            source.raw_os_error(),
+            Some(libc::ENAMETOOLONG | libc::E2BIG)
+        ) =>
+        {
+            SpawnError::TooLong { source }
+        }
         _ => SpawnError::Other {
             program: spec.program.clone(),
             source,

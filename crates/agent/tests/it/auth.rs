@@ -1,6 +1,7 @@
 //! Access token, signed URLs, `/init`, and routing by port.
 
 use bulkhead_envd::connect::Code;
+use bulkhead_envd::protocol::{AGENT_INFO_PATH, AgentInfo};
 use bulkhead_envd::rest::{FileOperation, file_signature};
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -8,19 +9,27 @@ use serde_json::{Value, json};
 
 use crate::harness::{Agent, full};
 
+/// `POST /init`; a successful answer must carry the agent's protocol version.
 async fn init(agent: &Agent, body: Value, token: Option<&str>) -> StatusCode {
     let mut request = Request::post("/init").header("content-type", "application/json");
     if let Some(t) = token {
         request = request.header("x-access-token", t);
     }
-    agent
+    let (status, headers, body) = agent
         .call(
             request
                 .body(full(serde_json::to_vec(&body).unwrap()))
                 .unwrap(),
         )
-        .await
-        .0
+        .await;
+    if status == StatusCode::OK {
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(
+            serde_json::from_slice::<AgentInfo>(&body).unwrap(),
+            AgentInfo::current()
+        );
+    }
+    status
 }
 
 async fn get(agent: &Agent, path: &str, token: Option<&str>) -> (StatusCode, Bytes) {
@@ -47,7 +56,7 @@ async fn access_token_is_required_once_set() {
             None
         )
         .await,
-        StatusCode::NO_CONTENT
+        StatusCode::OK
     );
 
     let (status, body) = agent
@@ -89,7 +98,7 @@ async fn access_token_is_required_once_set() {
     );
     assert_eq!(
         init(&agent, json!({"accessToken": "next"}), Some("s3cret")).await,
-        StatusCode::NO_CONTENT
+        StatusCode::OK
     );
     assert_eq!(
         get(&agent, "/envs", Some("s3cret")).await.0,
@@ -114,7 +123,7 @@ async fn files_accept_the_header_or_a_valid_signature() {
     std::fs::write(&file, "signed content").unwrap();
     assert_eq!(
         init(&agent, json!({"accessToken": "tok"}), None).await,
-        StatusCode::NO_CONTENT
+        StatusCode::OK
     );
     let path = file.display().to_string();
     let enc = |s: &str| urlencoding::encode(s).into_owned();
@@ -297,4 +306,64 @@ async fn routing_by_port_and_protocol_errors() {
     assert!(metrics.cpu_count >= 1 && metrics.mem_total > 0 && metrics.disk_total > 0);
     assert!(metrics.mem_used <= metrics.mem_total && metrics.disk_used <= metrics.disk_total);
     assert!((0.0..=100.0).contains(&metrics.cpu_used_pct));
+}
+
+async fn info(agent: &Agent, token: Option<&str>) -> (StatusCode, http::HeaderMap, Bytes) {
+    let mut request = Request::get(AGENT_INFO_PATH);
+    if let Some(t) = token {
+        request = request.header("x-access-token", t);
+    }
+    agent.call(request.body(full(Bytes::new())).unwrap()).await
+}
+
+#[tokio::test]
+async fn the_agent_announces_its_protocol_version() {
+    let agent = Agent::start(&[]).await;
+    let (status, headers, body) = info(&agent, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/json");
+    let announced: AgentInfo = serde_json::from_slice(&body).unwrap();
+    assert_eq!(announced, AgentInfo::current());
+    assert!(announced.is_supported());
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["protocolVersion"],
+        bulkhead_envd::protocol::AGENT_PROTOCOL_VERSION
+    );
+
+    // `/init` answers with the same description (checked by `init`), and the info route needs
+    // no access token once one is set: it reveals only the version.
+    assert_eq!(
+        init(&agent, json!({"accessToken": "s3cret"}), None).await,
+        StatusCode::OK
+    );
+    let (status, _, body) = info(&agent, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_slice::<AgentInfo>(&body).unwrap(),
+        AgentInfo::current()
+    );
+    assert_eq!(info(&agent, Some("wrong")).await.0, StatusCode::OK);
+    // Only GET is exempt.
+    let (status, _, _) = agent
+        .call(
+            Request::post(AGENT_INFO_PATH)
+                .body(full(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    // An empty body is still a valid `/init`.
+    let (status, _, body) = agent
+        .call(
+            Request::post("/init")
+                .header("x-access-token", "s3cret")
+                .body(full(Bytes::new()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_slice::<AgentInfo>(&body).unwrap(),
+        AgentInfo::current()
+    );
 }

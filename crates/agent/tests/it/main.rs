@@ -2,6 +2,7 @@
 //! the way the E2B SDKs drive envd.
 
 mod auth;
+mod bad_input;
 mod files;
 mod filesystem;
 mod harness;

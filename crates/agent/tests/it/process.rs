@@ -675,7 +675,7 @@ async fn environment_cwd_and_global_env() {
                 .unwrap(),
         )
         .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(status, StatusCode::OK);
     let (_, _, envs) = agent.get("/envs").await;
     assert_eq!(
         serde_json::from_slice::<serde_json::Value>(&envs).unwrap()["GLOBAL"],
