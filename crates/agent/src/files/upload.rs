@@ -28,71 +28,6 @@ use crate::paths;
 use crate::state::SharedState;
 use crate::users::User;
 
-/// Creates missing parents, then opens `path` for writing (created or truncated) and stores the
-/// metadata. Runs with the user's credentials.
-fn open_for_write(
-    user: &str,
-    path: &Path,
-    metadata: Option<&[(String, String)]>,
-) -> Result<std::fs::File, FilesError> {
-    if let Some(parent) = path.parent() {
-        paths::create_dirs(parent)
-            .map_err(|e| FilesError::from_io(user, "create directories for", path, e))?;
-    }
-    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
-        return Err(FilesError::IsDirectory(path.to_owned()));
-    }
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o666)
-        .open(path)
-        .map_err(|e| FilesError::from_io(user, "write", path, e))?;
-    if let Some(metadata) = metadata {
-        set_metadata(&file, metadata).map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOTSUP) => FilesError::BadRequest(format!(
-                "the filesystem of '{}' does not support file metadata (extended attributes)",
-                path.display()
-            )),
-            _ => FilesError::from_io(user, "set metadata on", path, e),
-        })?;
-    }
-    Ok(file)
-}
-
-/// Streams `data` into `path` as `user`.
-async fn write_file<S, E>(
-    user: &User,
-    path: PathBuf,
-    data: S,
-    metadata: Option<Vec<(String, String)>>,
-) -> Result<(), FilesError>
-where
-    S: futures::Stream<Item = Result<Bytes, E>> + Unpin,
-    E: std::fmt::Display,
-{
-    let name = user.name.clone();
-    let open_path = path.clone();
-    let file = as_user(user, move || {
-        open_for_write(&name, &open_path, metadata.as_deref())
-    })
-    .await?;
-    let mut file = tokio::fs::File::from_std(file);
-    let mut data = data;
-    while let Some(chunk) = data.next().await {
-        let chunk =
-            chunk.map_err(|e| FilesError::BadRequest(format!("reading the upload failed: {e}")))?;
-        file.write_all(&chunk)
-            .await
-            .map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
-    }
-    file.flush()
-        .await
-        .map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
-    Ok(())
-}
-
 /// How much of an abandoned upload body is read (and discarded) before answering; beyond
 /// this the connection is closed instead.
 const MAX_DRAIN: usize = 64 << 20;
@@ -264,4 +199,69 @@ async fn upload_inner(
         written.push(entry_for(&path));
     }
     Ok(written)
+}
+
+/// Creates missing parents, then opens `path` for writing (created or truncated) and stores the
+/// metadata. Runs with the user's credentials.
+fn open_for_write(
+    user: &str,
+    path: &Path,
+    metadata: Option<&[(String, String)]>,
+) -> Result<std::fs::File, FilesError> {
+    if let Some(parent) = path.parent() {
+        paths::create_dirs(parent)
+            .map_err(|e| FilesError::from_io(user, "create directories for", path, e))?;
+    }
+    if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
+        return Err(FilesError::IsDirectory(path.to_owned()));
+    }
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o666)
+        .open(path)
+        .map_err(|e| FilesError::from_io(user, "write", path, e))?;
+    if let Some(metadata) = metadata {
+        set_metadata(&file, metadata).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOTSUP) => FilesError::BadRequest(format!(
+                "the filesystem of '{}' does not support file metadata (extended attributes)",
+                path.display()
+            )),
+            _ => FilesError::from_io(user, "set metadata on", path, e),
+        })?;
+    }
+    Ok(file)
+}
+
+/// Streams `data` into `path` as `user`.
+async fn write_file<S, E>(
+    user: &User,
+    path: PathBuf,
+    data: S,
+    metadata: Option<Vec<(String, String)>>,
+) -> Result<(), FilesError>
+where
+    S: futures::Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let name = user.name.clone();
+    let open_path = path.clone();
+    let file = as_user(user, move || {
+        open_for_write(&name, &open_path, metadata.as_deref())
+    })
+    .await?;
+    let mut file = tokio::fs::File::from_std(file);
+    let mut data = data;
+    while let Some(chunk) = data.next().await {
+        let chunk =
+            chunk.map_err(|e| FilesError::BadRequest(format!("reading the upload failed: {e}")))?;
+        file.write_all(&chunk)
+            .await
+            .map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
+    }
+    file.flush()
+        .await
+        .map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
+    Ok(())
 }
