@@ -384,7 +384,7 @@ pub async fn handle_format_round_trips<H: Harness>(t: &H) {
 /// One `#[tokio::test]` per conformance case. `$harness` makes a fresh [`Harness`] for each
 /// case; the optional block runs first (e.g. to skip when the host lacks a capability).
 ///
-/// ```ignore
+/// ```text
 /// bulkhead_driver::conformance_tests!(FakeHarness::new());
 /// bulkhead_driver::conformance_tests!(JailHarness::new(); { require_jail_host!("conformance") });
 /// ```
