@@ -21,6 +21,7 @@ pub mod cgroup;
 mod child;
 pub mod confine;
 mod driver;
+pub mod freezer;
 pub mod launcher;
 pub mod mountplan;
 mod probe;
@@ -33,10 +34,10 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bulkhead_engine::driver::DriverError;
+use bulkhead_driver::{DriverError, StartError};
 
 pub use cgroup::CgroupVersion;
-pub use driver::JailDriver;
+pub use driver::{JailDriver, LaunchError};
 pub use probe::HostReport;
 
 /// Size of each slot's uid/gid range.
@@ -118,11 +119,11 @@ impl JailError {
 impl From<JailError> for DriverError {
     fn from(e: JailError) -> DriverError {
         match e {
-            JailError::Unsupported(reason) => DriverError::Unsupported {
+            JailError::Unsupported(reason) => DriverError::HostUnsupported {
                 driver: "jail",
                 reason,
             },
-            JailError::Config(m) => DriverError::Start(m),
+            JailError::Config(m) => DriverError::Start(StartError::Config(m)),
             JailError::Io { context, source } => DriverError::Io { context, source },
         }
     }

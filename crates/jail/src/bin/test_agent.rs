@@ -7,6 +7,8 @@
 //! probe <name>      -> "ok", "errno <n>" or "signal <n>" (a syscall the sandbox should deny)
 //! hog <mib>         -> how a child that touches <mib> MiB of memory ended
 //! forkbomb <n>      -> "forked <a> failed <b>" (children are killed afterwards)
+//! GET /health ...   -> an HTTP/1.1 204 response (the driver conformance suite's probe;
+//!                      other paths get 404)
 //! ```
 //!
 //! `--fail` makes it exit with status 3 right away (tests the driver's start error path).
@@ -56,6 +58,15 @@ fn reap_orphans() {
 fn handle(req: &str) -> String {
     let (cmd, arg) = req.split_once(' ').unwrap_or((req, ""));
     match cmd {
+        // Only the request line is read; the connection is closed after the reply.
+        "GET" => {
+            let status = if arg.split(' ').next() == Some("/health") {
+                "204 No Content"
+            } else {
+                "404 Not Found"
+            };
+            format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        }
         "ping" => "pong".into(),
         "sh" => sh(arg),
         "probe" => probe(arg),

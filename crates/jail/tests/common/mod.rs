@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use bulkhead_engine::driver::{Driver, DriverHandle, SandboxSpec};
+use bulkhead_driver::{Driver, DriverHandle, SandboxSpec};
 use bulkhead_jail::cgroup::{self, CgroupBackend};
 use bulkhead_jail::{JailConfig, JailDriver};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -280,4 +280,16 @@ pub fn stats(label: &str, mut v: Vec<Duration>) -> String {
         ms(v[v.len() * 9 / 10]),
         ms(v[v.len() - 1])
     )
+}
+
+/// An error and its causes, joined by `: ` (driver errors keep their causes in `source()`).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }

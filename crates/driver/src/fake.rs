@@ -1,0 +1,299 @@
+//! [`FakeDriver`] (feature `testing`): "sandboxes" are in-memory HTTP agents answering
+//! `/health` and `/init`, so code built on the [`Driver`] trait is tested without root.
+//!
+//! The sandboxes live on a [`FakeHost`] that several driver instances can share, which is how
+//! a test restarts the server: a fresh `FakeDriver` on the same host adopts what the old one
+//! started. It freezes and thaws (a frozen agent accepts connections and answers once thawed)
+//! and offers a stand-in network link; it cannot checkpoint.
+
+use std::collections::{HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::capability::{Capabilities, NetworkLink};
+use crate::driver::{AgentStream, Driver, ResourceUsage};
+use crate::error::DriverError;
+use crate::handle::{DriverHandle, SandboxSpec};
+
+const NAME: &str = "fake";
+
+/// The machine the fake sandboxes run on; clones share it.
+#[derive(Clone, Default)]
+pub struct FakeHost(Arc<HostState>);
+
+#[derive(Default)]
+struct HostState {
+    next_pid: AtomicI32,
+    next_start_time: AtomicU64,
+    /// Pids of the sandboxes whose "process" exists.
+    alive: Arc<Mutex<HashSet<i32>>>,
+    sandboxes: Mutex<HashMap<i32, FakeSandbox>>,
+}
+
+struct FakeSandbox {
+    start_time: u64,
+    spec: SandboxSpec,
+    /// true once it has died.
+    dead: watch::Sender<bool>,
+    frozen: watch::Sender<bool>,
+}
+
+pub struct FakeDriver {
+    host: FakeHost,
+    /// Pids of live sandboxes on the host (shared by every driver on it). Removing one makes
+    /// its process vanish silently (no `wait` wake-up), like a death the server missed.
+    pub alive: Arc<Mutex<HashSet<i32>>>,
+    /// Bodies of the `/init` requests the agents received, in order.
+    pub inits: Arc<Mutex<Vec<serde_json::Value>>>,
+    pub started: AtomicI32,
+    pub stopped: AtomicI32,
+    /// `open_network` calls (pids), and the peer ends of the fake links handed out.
+    pub networks: Mutex<Vec<(i32, UnixDatagram)>>,
+}
+
+impl Default for FakeDriver {
+    fn default() -> Self {
+        FakeDriver::on_host(&FakeHost::default())
+    }
+}
+
+impl FakeDriver {
+    /// A driver instance over `host` (a fresh one per simulated server run).
+    pub fn on_host(host: &FakeHost) -> FakeDriver {
+        FakeDriver {
+            host: host.clone(),
+            alive: host.0.alive.clone(),
+            inits: Arc::default(),
+            started: AtomicI32::new(0),
+            stopped: AtomicI32::new(0),
+            networks: Mutex::default(),
+        }
+    }
+
+    /// The host this driver runs its sandboxes on.
+    pub fn host(&self) -> FakeHost {
+        self.host.clone()
+    }
+
+    /// Simulate the sandbox dying on its own.
+    pub fn crash(&self, pid: i32) {
+        self.alive.lock().unwrap().remove(&pid);
+        if let Some(sb) = self.host.0.sandboxes.lock().unwrap().get(&pid) {
+            sb.frozen.send_replace(false);
+            sb.dead.send_replace(true);
+        }
+    }
+
+    /// Is `h` a live sandbox of this host (pid alive and started at the handle's time)?
+    fn live(&self, h: &DriverHandle) -> bool {
+        self.alive.lock().unwrap().contains(&h.pid)
+            && self
+                .host
+                .0
+                .sandboxes
+                .lock()
+                .unwrap()
+                .get(&h.pid)
+                .is_some_and(|sb| sb.start_time == h.pid_start_time)
+    }
+
+    fn frozen_rx(&self, pid: i32) -> Option<watch::Receiver<bool>> {
+        let sbs = self.host.0.sandboxes.lock().unwrap();
+        sbs.get(&pid).map(|sb| sb.frozen.subscribe())
+    }
+
+    fn set_frozen(&self, h: &DriverHandle, frozen: bool) -> Result<(), DriverError> {
+        if !self.live(h) {
+            return Err(DriverError::NotRunning);
+        }
+        if let Some(sb) = self.host.0.sandboxes.lock().unwrap().get(&h.pid) {
+            sb.frozen.send_replace(frozen);
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Driver for FakeDriver {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            freeze: true,
+            // A datagram pair stands in for the TUN device.
+            network: NetworkLink::TunInNetns,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        let host = &self.host.0;
+        let pid = host.next_pid.fetch_add(1, Ordering::SeqCst) + 100;
+        let start_time = host.next_start_time.fetch_add(1, Ordering::SeqCst) + 1000;
+        host.sandboxes.lock().unwrap().insert(
+            pid,
+            FakeSandbox {
+                start_time,
+                spec: spec.clone(),
+                dead: watch::Sender::new(false),
+                frozen: watch::Sender::new(false),
+            },
+        );
+        self.alive.lock().unwrap().insert(pid);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        Ok(DriverHandle::new(
+            NAME,
+            pid,
+            start_time,
+            pid as u32,
+            serde_json::Value::Null,
+        ))
+    }
+
+    async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        self.stopped.fetch_add(1, Ordering::SeqCst);
+        // Like a pidfd check: a handle whose start time is wrong names some other process.
+        let ours = self
+            .host
+            .0
+            .sandboxes
+            .lock()
+            .unwrap()
+            .get(&h.pid)
+            .is_some_and(|sb| sb.start_time == h.pid_start_time);
+        if ours {
+            self.crash(h.pid);
+        }
+        Ok(())
+    }
+
+    async fn wait(&self, h: &DriverHandle) {
+        let dead = {
+            let sbs = self.host.0.sandboxes.lock().unwrap();
+            match sbs.get(&h.pid) {
+                Some(sb) if sb.start_time == h.pid_start_time => sb.dead.subscribe(),
+                _ => return,
+            }
+        };
+        if !self.alive.lock().unwrap().contains(&h.pid) {
+            return;
+        }
+        let mut dead = dead;
+        let _ = dead.wait_for(|d| *d).await;
+    }
+
+    async fn adopt(&self, h: &DriverHandle) -> bool {
+        h.driver == NAME && h.is_readable() && self.live(h)
+    }
+
+    async fn connect(&self, h: &DriverHandle) -> Result<AgentStream, DriverError> {
+        if !self.live(h) {
+            return Err(DriverError::NotRunning);
+        }
+        let frozen = self.frozen_rx(h.pid).ok_or(DriverError::NotRunning)?;
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let sink = Arc::clone(&self.inits);
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let sink = sink.clone();
+                    let mut frozen = frozen.clone();
+                    async move {
+                        use http_body_util::BodyExt;
+                        // A frozen agent does not run: the request waits in its socket.
+                        let _ = frozen.wait_for(|f| !*f).await;
+                        let path = req.uri().path().to_string();
+                        let body = req.into_body().collect().await?.to_bytes();
+                        if path == "/init" {
+                            sink.lock()
+                                .unwrap()
+                                .push(serde_json::from_slice::<serde_json::Value>(&body).unwrap());
+                        }
+                        let status = if path == "/init" || path == "/health" {
+                            204
+                        } else {
+                            404
+                        };
+                        Ok::<_, hyper::Error>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                                .unwrap(),
+                        )
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(server), svc)
+                .await;
+        });
+        Ok(Box::new(client))
+    }
+
+    async fn open_network(&self, h: &DriverHandle) -> Result<OwnedFd, DriverError> {
+        if !self.live(h) {
+            return Err(DriverError::NotRunning);
+        }
+        // A datagram pair stands in for the TUN device: packet-shaped, and the test keeps the
+        // peer to see whether the engine still holds (or has closed) its end.
+        let (ours, peer) =
+            UnixDatagram::pair().map_err(|e| DriverError::io("Cannot create a socket pair", e))?;
+        self.networks.lock().unwrap().push((h.pid, peer));
+        Ok(ours.into())
+    }
+
+    async fn usage(&self, h: &DriverHandle) -> Result<ResourceUsage, DriverError> {
+        if !self.live(h) {
+            return Err(DriverError::NotRunning);
+        }
+        let limit = self
+            .host
+            .0
+            .sandboxes
+            .lock()
+            .unwrap()
+            .get(&h.pid)
+            .map_or(0, |sb| sb.spec.memory_mb << 20);
+        Ok(ResourceUsage {
+            cpu_usage_ns: 5_000_000,
+            mem_used_bytes: 1 << 20,
+            mem_limit_bytes: limit,
+            pids_current: 1,
+            ..Default::default()
+        })
+    }
+
+    async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
+        let keep: HashSet<(i32, u64)> = keep.iter().map(|h| (h.pid, h.pid_start_time)).collect();
+        let orphans: Vec<i32> = {
+            let alive = self.alive.lock().unwrap();
+            let sbs = self.host.0.sandboxes.lock().unwrap();
+            alive
+                .iter()
+                .copied()
+                .filter(|p| {
+                    let st = sbs.get(p).map_or(0, |sb| sb.start_time);
+                    !keep.contains(&(*p, st))
+                })
+                .collect()
+        };
+        for p in &orphans {
+            self.crash(*p);
+        }
+        Ok(orphans.len())
+    }
+
+    async fn freeze(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        self.set_frozen(h, true)
+    }
+
+    async fn thaw(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        self.set_frozen(h, false)
+    }
+}

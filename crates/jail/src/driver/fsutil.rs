@@ -1,0 +1,161 @@
+//! Filesystem helpers of the driver: directories with exact modes, ownership, the agent's
+//! private copy, template keys and disk usage. Leaf module (no driver state).
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::{JailError, sys};
+
+/// Every ancestor of `path` must be searchable by "others": the sandbox's root is an
+/// unprivileged uid on the host and resolves these paths itself when it mounts.
+pub(super) fn check_searchable(path: &Path, what: &str) -> Result<(), JailError> {
+    let mut p = Some(path);
+    while let Some(dir) = p {
+        if dir.as_os_str().is_empty() {
+            break;
+        }
+        let m =
+            fs::metadata(dir).map_err(|e| JailError::io(format!("stat {}", dir.display()), e))?;
+        if m.is_dir() && m.mode() & 0o001 == 0 {
+            return Err(JailError::Config(format!(
+                "{what} {} is not reachable by sandbox uids: {} has mode {:o} (needs o+x; try \
+                 chmod o+x {})",
+                path.display(),
+                dir.display(),
+                m.mode() & 0o7777,
+                dir.display()
+            )));
+        }
+        p = dir.parent();
+    }
+    Ok(())
+}
+
+pub(super) fn mkdir_mode(path: &Path, mode: u32) -> Result<(), JailError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .map_err(|e| JailError::io(format!("mkdir {}", path.display()), e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| JailError::io(format!("chmod {}", path.display()), e))
+}
+
+pub(super) fn chown(path: &Path, uid: u32) -> io::Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(uid))
+}
+
+/// Copy the agent into the state directory. The bind mount's source path shows in the
+/// sandbox's mountinfo, so it should be the neutral state path rather than wherever the binary
+/// was built or installed; the copy also pins the version for this server's lifetime. The
+/// rename leaves the inode that running sandboxes have bind-mounted untouched.
+pub(super) fn install_agent(src: &Path, state_dir: &Path) -> Result<PathBuf, JailError> {
+    let dst = state_dir.join("agent");
+    let tmp = state_dir.join(format!(".agent.{}", std::process::id()));
+    fs::copy(src, &tmp)
+        .map_err(|e| JailError::io(format!("copy the agent binary {}", src.display()), e))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+        .map_err(|e| JailError::io(format!("chmod {}", tmp.display()), e))?;
+    fs::rename(&tmp, &dst).map_err(|e| JailError::io(format!("install {}", dst.display()), e))?;
+    Ok(dst)
+}
+
+/// Short stable id of a template root: its path plus device and inode, so a template rebuilt
+/// into a fresh directory at the same path gets a fresh idmapped view. FNV-1a, 48 bits.
+pub(super) fn template_key(rootfs: &Path) -> io::Result<String> {
+    let m = fs::metadata(rootfs)?;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |b: &[u8]| {
+        for x in b {
+            h ^= u64::from(*x);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    feed(rootfs.as_os_str().as_encoded_bytes());
+    feed(&m.dev().to_le_bytes());
+    feed(&m.ino().to_le_bytes());
+    Ok(format!("{:012x}", h & 0xffff_ffff_ffff))
+}
+
+pub(super) fn fnv32(b: &[u8]) -> u32 {
+    b.iter().fold(0x811c_9dc5_u32, |h, x| {
+        (h ^ u32::from(*x)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Bytes allocated under `dir` (not following symlinks, not crossing mounts).
+pub(super) fn disk_usage(dir: &Path) -> u64 {
+    let Ok(root) = fs::symlink_metadata(dir) else {
+        return 0;
+    };
+    let dev = root.dev();
+    let mut total = root.blocks() * 512;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.dev() != dev {
+                continue;
+            }
+            total += m.blocks() * 512;
+            if m.is_dir() {
+                stack.push(e.path());
+            }
+        }
+    }
+    total
+}
+
+pub(super) fn statvfs_total(path: &Path) -> u64 {
+    let Ok(c) = sys::cpath(path) else { return 0 };
+    // SAFETY: zeroed statvfs is a valid out-parameter.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    st.f_blocks.saturating_mul(st.f_frsize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_keys_are_stable_and_short() {
+        let t = tempfile::tempdir().unwrap();
+        let a = template_key(t.path()).unwrap();
+        assert_eq!(a, template_key(t.path()).unwrap());
+        assert_eq!(a.len(), 12);
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(a, template_key(other.path()).unwrap());
+    }
+
+    #[test]
+    fn unsearchable_ancestors_are_reported() {
+        let t = tempfile::tempdir().unwrap();
+        let inner = t.path().join("a/b");
+        fs::create_dir_all(&inner).unwrap();
+        fs::set_permissions(t.path().join("a"), fs::Permissions::from_mode(0o700)).unwrap();
+        let e = check_searchable(&inner, "state_dir")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs o+x"), "{e}");
+        fs::set_permissions(t.path().join("a"), fs::Permissions::from_mode(0o711)).unwrap();
+        fs::set_permissions(t.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        check_searchable(&inner, "state_dir").unwrap();
+    }
+
+    #[test]
+    fn disk_usage_counts_allocated_blocks() {
+        let t = tempfile::tempdir().unwrap();
+        fs::create_dir(t.path().join("d")).unwrap();
+        fs::write(t.path().join("d/f"), vec![1u8; 64 * 1024]).unwrap();
+        let u = disk_usage(t.path());
+        assert!(u >= 64 * 1024, "{u}");
+        assert!(statvfs_total(t.path()) > u);
+    }
+}

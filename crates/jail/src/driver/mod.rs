@@ -1,0 +1,34 @@
+//! [`JailDriver`]: the `Driver` implementation. Runs inside the multi-threaded server, so every
+//! step that needs `clone` goes through the launcher process.
+//!
+//! Modules, leaves first (each imports only modules above it; none imports this one):
+//!
+//! - [`fsutil`], [`pidfd`], [`agent_sock`]: helpers (directories and disk usage, verified
+//!   pidfds, the agent's socket and log tail);
+//! - [`launch`]: launcher I/O and its [`LaunchError`];
+//! - [`ca`], [`resolv`]: the sandbox's CA bundle and `/etc/resolv.conf`;
+//! - [`state`]: the driver, its slot table and the sandboxes it owns;
+//! - [`setup`]: making a driver; [`lowers`]: the idmapped template views;
+//! - [`watch`]: owning a running sandbox (pidfd, reaper) and waiting for its death;
+//! - [`teardown`]: killing a sandbox and removing what it held;
+//! - [`freeze`]: freeze and thaw through the cgroup freezer;
+//! - [`start`]: a slot's start as one pipeline;
+//! - [`imp`]: the `Driver` trait over all of the above.
+
+mod agent_sock;
+mod ca;
+mod freeze;
+mod fsutil;
+mod imp;
+mod launch;
+mod lowers;
+mod pidfd;
+mod resolv;
+mod setup;
+mod start;
+mod state;
+mod teardown;
+mod watch;
+
+pub use launch::LaunchError;
+pub use state::JailDriver;

@@ -1,0 +1,96 @@
+//! Making a [`JailDriver`]: validate the configuration, prepare the state directory, install
+//! the agent, detect the cgroup layout, become a child subreaper.
+
+use std::fs;
+use std::io;
+use std::sync::{Arc, Mutex};
+
+use super::fsutil::{check_searchable, install_agent, mkdir_mode};
+use super::state::{Inner, JailDriver};
+use crate::cgroup;
+use crate::mountplan::SOCK_NAME;
+use crate::slots::{self, SlotTable};
+use crate::{IDS_PER_SLOT, JailConfig, JailError};
+
+impl JailDriver {
+    /// Validate the configuration, prepare the state directory, detect the cgroup layout and
+    /// make this process a child subreaper (sandbox inits are re-parented to it when their
+    /// launcher exits).
+    pub fn new(cfg: JailConfig) -> Result<JailDriver, JailError> {
+        if cfg.launcher.is_empty() {
+            return Err(JailError::Config("launcher command is empty".into()));
+        }
+        if cfg.max_slots == 0 {
+            return Err(JailError::Config("max_slots must be at least 1".into()));
+        }
+        if !slots::uid_range_fits(cfg.uid_base, cfg.max_slots) {
+            return Err(JailError::Config(format!(
+                "{} slots of {IDS_PER_SLOT} ids from uid {} exceed the uid space",
+                cfg.max_slots, cfg.uid_base
+            )));
+        }
+        if cfg.uid_base == 0 {
+            return Err(JailError::Config(
+                "uid_base 0 would map sandbox root to host root".into(),
+            ));
+        }
+        if !cfg.state_dir.is_absolute() {
+            return Err(JailError::Config(format!(
+                "state_dir must be absolute: {}",
+                cfg.state_dir.display()
+            )));
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(JailError::Unsupported(
+                "the jail driver must run as root".into(),
+            ));
+        }
+        let agent = fs::metadata(&cfg.agent_binary).map_err(|e| {
+            JailError::io(format!("agent binary {}", cfg.agent_binary.display()), e)
+        })?;
+        if !agent.is_file() {
+            return Err(JailError::Config(format!(
+                "agent binary {} is not a regular file",
+                cfg.agent_binary.display()
+            )));
+        }
+        // 0711: the sandbox uids may traverse (to reach their own slot), not list.
+        for d in [
+            cfg.state_dir.clone(),
+            cfg.state_dir.join("s"),
+            cfg.state_dir.join("l"),
+            cfg.state_dir.join("ca"),
+        ] {
+            mkdir_mode(&d, 0o711)?;
+        }
+        check_searchable(&cfg.state_dir, "state_dir")?;
+        let agent = install_agent(&cfg.agent_binary, &cfg.state_dir)?;
+        let sock = cfg
+            .state_dir
+            .join(format!("s/{}/sock/{SOCK_NAME}", cfg.max_slots - 1));
+        if sock.as_os_str().len() >= 108 {
+            return Err(JailError::Config(format!(
+                "state_dir is too long: agent socket paths ({}) exceed the 107-byte Unix socket limit",
+                sock.display()
+            )));
+        }
+        let cgroups = cgroup::detect(&cfg.cgroup_parent).map_err(JailError::Unsupported)?;
+        // SAFETY: prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+            return Err(JailError::io(
+                "PR_SET_CHILD_SUBREAPER",
+                io::Error::last_os_error(),
+            ));
+        }
+        let slots = Mutex::new(SlotTable::new(cfg.max_slots));
+        Ok(JailDriver {
+            inner: Arc::new(Inner {
+                cfg,
+                agent,
+                cgroups,
+                slots,
+            }),
+        })
+    }
+}
