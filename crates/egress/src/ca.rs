@@ -18,7 +18,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use time::{Duration, OffsetDateTime};
 
-use crate::EgressError;
+use crate::error::EgressError;
 
 const CA_CERT: &str = "ca.pem";
 const CA_KEY: &str = "ca.key";

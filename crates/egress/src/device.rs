@@ -13,7 +13,7 @@ use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::{GATEWAY_ADDR, SANDBOX_ADDR};
+use crate::config::{GATEWAY_ADDR, SANDBOX_ADDR};
 
 #[derive(Debug, PartialEq)]
 pub(crate) enum Action {

@@ -2,60 +2,12 @@
 //! 198.18.0.0/15 (so the proxy learns the name from the destination address), NXDOMAIN for
 //! denied names, and empty NOERROR for AAAA and other types (no IPv6 inside sandboxes).
 
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
-
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType, rdata::A};
 
+use crate::config::DNS_TTL_SECS;
 use crate::policy::{NameCheck, Verdict, is_valid_hostname, normalize_name};
-use crate::stack::Sandbox;
-use crate::{DNS_TTL_SECS, FAKE_IP_BASE, FAKE_IP_PREFIX_LEN};
-
-const POOL_SIZE: u32 = 1 << (32 - FAKE_IP_PREFIX_LEN as u32);
-
-/// Per-sandbox name ↔ fake IP mapping. Stable per name; when the pool wraps, the oldest
-/// assignment is reused (131k names per sandbox before that happens).
-#[derive(Debug, Default)]
-pub(crate) struct FakePool {
-    next: u32,
-    by_name: HashMap<String, Ipv4Addr>,
-    by_ip: HashMap<Ipv4Addr, String>,
-}
-
-pub(crate) fn is_fake(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            (u32::from(v4) >> (32 - FAKE_IP_PREFIX_LEN))
-                == (u32::from(FAKE_IP_BASE) >> (32 - FAKE_IP_PREFIX_LEN))
-        }
-        IpAddr::V6(_) => false,
-    }
-}
-
-impl FakePool {
-    pub fn assign(&mut self, name: &str) -> Ipv4Addr {
-        if let Some(ip) = self.by_name.get(name) {
-            return *ip;
-        }
-        // Skip .0 of the pool (network address) for readability of the mapping.
-        self.next = if self.next + 1 >= POOL_SIZE {
-            1
-        } else {
-            self.next + 1
-        };
-        let ip = Ipv4Addr::from(u32::from(FAKE_IP_BASE) + self.next);
-        if let Some(old) = self.by_ip.insert(ip, name.to_string()) {
-            self.by_name.remove(&old);
-        }
-        self.by_name.insert(name.to_string(), ip);
-        ip
-    }
-
-    pub fn lookup(&self, ip: Ipv4Addr) -> Option<String> {
-        self.by_ip.get(&ip).cloned()
-    }
-}
+use crate::sandbox::Sandbox;
 
 fn response_for(req: &Message, code: ResponseCode) -> Message {
     let mut resp = Message::new(req.metadata.id, MessageType::Response, req.metadata.op_code);
@@ -116,10 +68,12 @@ async fn answer_query(sb: &Sandbox, req: &Message, q: &Query) -> Message {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::NetworkPolicy;
-    use crate::stack::tests::test_sandbox;
+    use crate::fakeip::is_fake;
+    use crate::policy::NetworkPolicy;
+    use crate::sandbox::tests::{test_sandbox, test_sandbox_with};
+    use std::net::IpAddr;
 
     pub(crate) fn query(name: &str, t: RecordType) -> Vec<u8> {
         let mut m = Message::new(0x1234, MessageType::Query, OpCode::Query);
@@ -131,25 +85,6 @@ pub(crate) mod tests {
 
     fn parse(b: &[u8]) -> Message {
         Message::from_vec(b).unwrap()
-    }
-
-    #[test]
-    fn pool_is_stable_and_wraps() {
-        let mut p = FakePool::default();
-        let a = p.assign("a.test");
-        assert_eq!(a, Ipv4Addr::new(198, 18, 0, 1));
-        assert_eq!(p.assign("a.test"), a);
-        let b = p.assign("b.test");
-        assert_ne!(a, b);
-        assert!(is_fake(IpAddr::V4(b)));
-        assert!(is_fake("198.19.255.255".parse().unwrap()));
-        assert!(!is_fake("198.20.0.1".parse().unwrap()));
-        assert_eq!(p.lookup(b).as_deref(), Some("b.test"));
-        p.next = POOL_SIZE - 1;
-        let w = p.assign("c.test");
-        assert_eq!(w, Ipv4Addr::new(198, 18, 0, 1));
-        assert_eq!(p.lookup(w).as_deref(), Some("c.test"));
-        assert!(!p.by_name.contains_key("a.test"));
     }
 
     #[tokio::test(flavor = "multi_thread")]
@@ -229,5 +164,145 @@ pub(crate) mod tests {
                 .unwrap(),
         );
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
+    }
+
+    mod props {
+        //! Property tests: the responder parses datagrams from an untrusted sandbox, so it must
+        //! never panic, and every well-formed query must get the answer its policy dictates.
+
+        use std::collections::HashMap;
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn rt() -> tokio::runtime::Runtime {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .unwrap()
+        }
+
+        /// Lowercase LDH labels; the sandbox's resolver may send any case, so tests vary it.
+        fn labels() -> impl Strategy<Value = String> {
+            prop::collection::vec("[a-z0-9]([a-z0-9-]{0,14}[a-z0-9])?", 1..4)
+                .prop_map(|l| l.join("."))
+        }
+
+        fn record_type() -> impl Strategy<Value = RecordType> {
+            prop::sample::select(vec![
+                RecordType::A,
+                RecordType::AAAA,
+                RecordType::TXT,
+                RecordType::MX,
+                RecordType::CNAME,
+                RecordType::HTTPS,
+            ])
+        }
+
+        fn shout(name: &str, mask: u64) -> String {
+            name.chars()
+                .enumerate()
+                .map(|(i, c)| {
+                    if mask >> (i % 64) & 1 == 1 {
+                        c.to_ascii_uppercase()
+                    } else {
+                        c
+                    }
+                })
+                .collect()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(64))]
+
+            #[test]
+            fn arbitrary_packets_never_panic(
+                packets in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..600), 1..16),
+                mutations in prop::collection::vec((any::<usize>(), any::<u8>()), 0..8),
+            ) {
+                let (sb, _audit) = test_sandbox(NetworkPolicy {
+                    allow_out: vec!["*.allowed.test".into()],
+                    ..Default::default()
+                });
+                // A real query with a few bytes overwritten reaches deeper into the parser.
+                let mut mutated = query("x.denied.test.", RecordType::A);
+                for (at, byte) in mutations {
+                    let n = mutated.len();
+                    mutated[at % n] = byte;
+                }
+                rt().block_on(async {
+                    for p in packets.iter().chain([&mutated]) {
+                        if let Some(resp) = answer(&sb, p).await {
+                            // Whatever we send back is a well-formed response to that id.
+                            let req = Message::from_vec(p).unwrap();
+                            let r = Message::from_vec(&resp).unwrap();
+                            assert_eq!(r.metadata.message_type, MessageType::Response);
+                            assert_eq!(r.metadata.id, req.metadata.id);
+                        }
+                    }
+                });
+            }
+
+            #[test]
+            fn queries_get_the_policy_answer(
+                allowed in labels(),
+                denied in labels(),
+                t in record_type(),
+                mask in any::<u64>(),
+                id in any::<u16>(),
+            ) {
+                let allowed = format!("{allowed}.allowed.test");
+                let denied = format!("{denied}.denied.test");
+                let (sb, _audit) = test_sandbox_with(
+                    NetworkPolicy {
+                        allow_out: vec!["*.allowed.test".into()],
+                        ..Default::default()
+                    },
+                    HashMap::from([(allowed.clone(), vec!["203.0.113.10".parse().unwrap()])]),
+                );
+                let ask = |name: &str| {
+                    let mut m = Message::new(id, MessageType::Query, OpCode::Query);
+                    m.metadata.recursion_desired = true;
+                    m.queries.push(Query::query(
+                        Name::from_ascii(format!("{}.", shout(name, mask))).unwrap(),
+                        t,
+                    ));
+                    m.to_vec().unwrap()
+                };
+                let (ok, no) = rt().block_on(async {
+                    (
+                        parse(&answer(&sb, &ask(&allowed)).await.unwrap()),
+                        parse(&answer(&sb, &ask(&denied)).await.unwrap()),
+                    )
+                });
+                for r in [&ok, &no] {
+                    prop_assert_eq!(r.metadata.id, id);
+                    prop_assert_eq!(r.metadata.message_type, MessageType::Response);
+                    prop_assert_eq!(r.queries.len(), 1);
+                    prop_assert_eq!(r.queries[0].query_type(), t);
+                }
+                // Denied names do not exist, whatever the type.
+                prop_assert_eq!(no.metadata.response_code, ResponseCode::NXDomain);
+                prop_assert!(no.answers.is_empty());
+                prop_assert_eq!(ok.metadata.response_code, ResponseCode::NoError);
+                if t == RecordType::A {
+                    // One fake address, short-lived, that maps back to the name.
+                    prop_assert_eq!(ok.answers.len(), 1);
+                    let RData::A(A(ip)) = ok.answers[0].data.clone() else {
+                        panic!("{ok:?}")
+                    };
+                    prop_assert!(is_fake(IpAddr::V4(ip)));
+                    prop_assert_eq!(ok.answers[0].ttl, DNS_TTL_SECS);
+                    prop_assert_eq!(ok.answers[0].name.to_ascii(), format!("{allowed}."));
+                    let mapped = sb.fakes.lock().unwrap().lookup(ip);
+                    prop_assert_eq!(mapped.as_deref(), Some(allowed.as_str()));
+                } else {
+                    // No IPv6 and no other records inside sandboxes: an empty answer.
+                    prop_assert!(ok.answers.is_empty());
+                }
+            }
+        }
     }
 }

@@ -20,11 +20,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 
-use crate::policy::NameCheck;
-use crate::proxy::{AuditGuard, Counted, connect_any};
+use crate::conn::{AuditGuard, Counted, connect_any};
+use crate::policy::{NameCheck, normalize_name};
+use crate::sandbox::Sandbox;
 use crate::secrets::render;
 use crate::sniff::host_without_port;
-use crate::stack::Sandbox;
 
 type Body = BoxBody<Bytes, hyper::Error>;
 
@@ -138,7 +138,7 @@ async fn handle(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Body> {
         .get(header::HOST)
         .and_then(|v| v.to_str().ok())
         .map(host_without_port)
-        .or_else(|| req.uri().host().map(crate::normalize_name));
+        .or_else(|| req.uri().host().map(normalize_name));
     if req_host.as_deref() != Some(host.as_str()) {
         let shown = req_host.unwrap_or_else(|| "(none)".into());
         let reason = format!("mismatch: request Host {shown} differs from TLS server name {host}");

@@ -10,124 +10,51 @@
 //! Runtime requirement: `attach` must run inside a **multi-threaded** tokio runtime (ipstack's
 //! TCP streams use `block_in_place` when dropped).
 
+mod audit;
+#[cfg(feature = "testing")]
 pub mod bench;
 mod ca;
+mod config;
+mod conn;
 mod denyset;
 mod device;
 mod dns;
+mod error;
+mod fakeip;
 mod inject;
+#[cfg(feature = "testing")]
 pub mod netlab;
 mod netns;
 mod policy;
 mod proxy;
+mod sandbox;
 mod secrets;
+mod shared;
 mod sniff;
 mod stack;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+pub use audit::{AuditEvent, AuditSink};
+pub use config::{
+    CONNECT_TIMEOUT, DNS_TTL_SECS, EgressConfig, FAKE_IP_BASE, FAKE_IP_PREFIX_LEN, GATEWAY_ADDR,
+    MTU, PREFIX_LEN, SANDBOX_ADDR,
+};
 pub use denyset::{DenySet, host_addresses};
+pub use error::EgressError;
 pub use netns::open_tun_in_netns;
 pub use policy::{HeaderRule, NetworkPolicy, PolicyError, Verdict, normalize_name};
 pub use secrets::{SecretRefError, SecretSource};
 
-/// The sandbox's address on its `eth0` TUN link.
-pub const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
-/// The link's peer: our userspace stack; DNS server for the sandbox (`nameserver 10.200.0.1`).
-pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
-pub const PREFIX_LEN: u8 = 24;
-pub const MTU: u16 = 1500;
-/// DNS answers for allowed names come from this pool (198.18.0.0/15, per-sandbox mapping).
-pub const FAKE_IP_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
-pub const FAKE_IP_PREFIX_LEN: u8 = 15;
-/// TTL of fake-IP answers: short, so policy changes are picked up by resolvers quickly.
-pub const DNS_TTL_SECS: u32 = 5;
-/// Upper bound on connecting to an upstream.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-#[derive(Clone, Debug, Default)]
-pub struct EgressConfig {
-    /// Where the CA lives (`ca.pem` 0644, `ca.key` 0600); created on first start.
-    pub state_dir: PathBuf,
-    /// Operator opt-in: let policies reach the fixed deny set (private ranges, loopback, host).
-    pub allow_private: bool,
-    /// Name → addresses used instead of real resolution (TEST-ONLY: local test upstreams).
-    pub resolve_overrides: HashMap<String, Vec<IpAddr>>,
-    /// Extra PEM CA bundles trusted for upstream TLS on injection domains (besides the host store).
-    pub upstream_extra_roots: Vec<PathBuf>,
-}
-
-/// One egress decision. `bytes_out` = sandbox → upstream, `bytes_in` = upstream → sandbox.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct AuditEvent {
-    pub sandbox_id: String,
-    pub at: DateTime<Utc>,
-    /// `tcp` | `tls` | `http` | `dns`
-    pub protocol: &'static str,
-    pub host: Option<String>,
-    pub ip: Option<IpAddr>,
-    pub port: u16,
-    pub allowed: bool,
-    pub rule: String,
-    pub bytes_out: u64,
-    pub bytes_in: u64,
-}
-
-/// Receives audit events; `record` is called on the proxy's hot path and must not block.
-pub trait AuditSink: Send + Sync {
-    fn record(&self, event: AuditEvent);
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EgressError {
-    #[error("egress CA at {path}: {message}")]
-    Ca { path: PathBuf, message: String },
-    #[error("upstream trust roots: {0}")]
-    Roots(String),
-    #[error("TLS setup: {0}")]
-    Tls(#[from] rustls::Error),
-    #[error(
-        "attach must be called from inside a tokio runtime (multi-threaded): the userspace stack runs on it"
-    )]
-    NoRuntime,
-    #[error("sandbox {0} is already attached to the egress proxy; detach it first")]
-    AlreadyAttached(String),
-    #[error("sandbox {0} is not attached to the egress proxy")]
-    NotAttached(String),
-    #[error("invalid network policy: {0}")]
-    Policy(#[from] PolicyError),
-    #[error("network namespace {path}: {message}")]
-    Netns { path: PathBuf, message: String },
-    #[error(
-        "creating the sandbox's eth0 TUN link: {0} (needs root/CAP_NET_ADMIN and /dev/net/tun)"
-    )]
-    Tun(String),
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-}
-
-/// State shared by every attached sandbox.
-pub(crate) struct Shared {
-    pub allow_private: bool,
-    pub overrides: HashMap<String, Vec<IpAddr>>,
-    pub secrets: Arc<dyn SecretSource>,
-    pub audit: Arc<dyn AuditSink>,
-    pub ca: ca::Ca,
-    pub upstream_tls: Arc<rustls::ClientConfig>,
-    pub deny: denyset::DenyCache,
-}
+use sandbox::Sandbox;
+use shared::Shared;
 
 struct Attached {
-    sandbox: Arc<stack::Sandbox>,
+    sandbox: Arc<Sandbox>,
     cancel: CancellationToken,
 }
 
@@ -143,27 +70,8 @@ impl Egress {
         secrets: Arc<dyn SecretSource>,
         audit: Arc<dyn AuditSink>,
     ) -> Result<Arc<Self>, EgressError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let ca = ca::Ca::load_or_create(&cfg.state_dir, provider.clone())?;
-        let upstream_tls = Arc::new(ca::upstream_client_config(
-            provider,
-            &cfg.upstream_extra_roots,
-        )?);
-        let overrides = cfg
-            .resolve_overrides
-            .iter()
-            .map(|(k, v)| (normalize_name(k), v.clone()))
-            .collect();
         Ok(Arc::new(Self {
-            shared: Arc::new(Shared {
-                allow_private: cfg.allow_private,
-                overrides,
-                secrets,
-                audit,
-                ca,
-                upstream_tls,
-                deny: denyset::DenyCache::new(Duration::from_secs(5)),
-            }),
+            shared: Arc::new(Shared::new(cfg, secrets, audit)?),
             attached: Mutex::new(HashMap::new()),
         }))
     }
@@ -190,7 +98,7 @@ impl Egress {
         if attached.contains_key(sandbox_id) {
             return Err(EgressError::AlreadyAttached(sandbox_id.to_string()));
         }
-        let sandbox = Arc::new(stack::Sandbox::new(sandbox_id, self.shared.clone(), policy));
+        let sandbox = Arc::new(Sandbox::new(sandbox_id, self.shared.clone(), policy));
         let cancel = CancellationToken::new();
         let _guard = handle.enter();
         stack::spawn(sandbox.clone(), tun, cancel.clone())?;

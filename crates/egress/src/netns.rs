@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 
 use nix::sched::{CloneFlags, setns};
 
-use crate::{EgressError, GATEWAY_ADDR, MTU, PREFIX_LEN, SANDBOX_ADDR};
+use crate::config::{GATEWAY_ADDR, MTU, PREFIX_LEN, SANDBOX_ADDR};
+use crate::error::EgressError;
 
 const IFNAME: &str = "eth0";
 

@@ -289,4 +289,168 @@ mod tests {
         assert_eq!(s, Sniffed::Other);
         assert!(t.elapsed() < Duration::from_millis(500));
     }
+
+    mod props {
+        //! Property tests: the sniffer reads bytes from an untrusted sandbox, so it must never
+        //! panic, must recognise every well-formed ClientHello and request however it is split,
+        //! and must keep asking for bytes while a header is incomplete.
+
+        use std::collections::VecDeque;
+        use std::pin::Pin;
+        use std::task::{Context, Poll};
+
+        use proptest::prelude::*;
+        use tokio::io::ReadBuf;
+
+        use super::*;
+
+        /// Yields the given chunks one read at a time, then EOF: the splits the sandbox chose.
+        struct Chunks(VecDeque<Vec<u8>>);
+
+        impl AsyncRead for Chunks {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                _cx: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<std::io::Result<()>> {
+                if let Some(mut chunk) = self.0.pop_front() {
+                    let n = chunk.len().min(buf.remaining());
+                    buf.put_slice(&chunk[..n]);
+                    if n < chunk.len() {
+                        self.0.push_front(chunk.split_off(n));
+                    }
+                }
+                Poll::Ready(Ok(()))
+            }
+        }
+
+        /// Cuts `bytes` at the given points (taken modulo the length).
+        fn split(bytes: &[u8], cuts: &[usize]) -> VecDeque<Vec<u8>> {
+            let mut at: Vec<usize> = cuts
+                .iter()
+                .map(|c| c % (bytes.len() + 1))
+                .chain([0, bytes.len()])
+                .collect();
+            at.sort_unstable();
+            at.dedup();
+            at.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).collect()
+        }
+
+        fn sniff_chunks(chunks: VecDeque<Vec<u8>>) -> (Sniffed, Vec<u8>) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let mut buf = Vec::new();
+                let s = sniff(
+                    &mut Chunks(chunks),
+                    &mut buf,
+                    Duration::from_secs(1),
+                    Duration::from_secs(2),
+                )
+                .await
+                .unwrap();
+                (s, buf)
+            })
+        }
+
+        /// DNS names as clients send them: LDH labels, mixed case, a letters-only top label.
+        fn hostname() -> impl Strategy<Value = String> {
+            (
+                prop::collection::vec("[a-zA-Z0-9]([a-zA-Z0-9-]{0,14}[a-zA-Z0-9])?", 1..4),
+                "[a-zA-Z]{2,6}",
+            )
+                .prop_map(|(labels, tld)| format!("{}.{tld}", labels.join(".")))
+        }
+
+        fn http_request() -> impl Strategy<Value = (String, Vec<u8>)> {
+            (
+                prop::sample::select(vec!["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS"]),
+                "/[a-zA-Z0-9/._-]{0,30}",
+                hostname(),
+                prop::option::of(1u16..),
+                prop::collection::vec(("X-[A-Za-z]{1,10}", "[ -~]{0,20}"), 0..4),
+            )
+                .prop_map(|(method, path, host, port, extra)| {
+                    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}");
+                    if let Some(p) = port {
+                        req.push_str(&format!(":{p}"));
+                    }
+                    req.push_str("\r\n");
+                    for (n, v) in extra {
+                        req.push_str(&format!("{n}: {v}\r\n"));
+                    }
+                    req.push_str("\r\n");
+                    (host, req.into_bytes())
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(128))]
+
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+                let _ = classify(&bytes);
+                // The same bytes behind a TLS record type or an HTTP method reach each parser.
+                let mut tls = vec![0x16];
+                tls.extend_from_slice(&bytes);
+                let _ = classify(&tls);
+                let mut http = b"GET ".to_vec();
+                http.extend_from_slice(&bytes);
+                let _ = classify(&http);
+            }
+
+            #[test]
+            fn arbitrary_splits_never_panic(
+                bytes in prop::collection::vec(any::<u8>(), 0..4096),
+                cuts in prop::collection::vec(any::<usize>(), 0..8),
+            ) {
+                let (_, buf) = sniff_chunks(split(&bytes, &cuts));
+                // What was peeked is exactly the start of what was sent, and bounded.
+                prop_assert!(bytes.starts_with(&buf));
+                prop_assert!(buf.len() < MAX_PEEK + 4096);
+            }
+
+            #[test]
+            fn client_hello_sni_is_recognised(
+                name in hostname(),
+                cuts in prop::collection::vec(any::<usize>(), 0..8),
+            ) {
+                let hello = client_hello(&name);
+                let want = Sniffed::Tls { sni: Some(name.to_ascii_lowercase()) };
+                prop_assert!(
+                    matches!(classify(&hello), Parse::Done(ref s) if *s == want)
+                );
+                let (got, buf) = sniff_chunks(split(&hello, &cuts));
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(buf, hello);
+            }
+
+            #[test]
+            fn incomplete_client_hello_asks_for_more(name in hostname(), cut in any::<usize>()) {
+                let hello = client_hello(&name);
+                let k = 1 + cut % (hello.len() - 1);
+                prop_assert!(matches!(classify(&hello[..k]), Parse::NeedMore));
+            }
+
+            #[test]
+            fn http_host_is_recognised(
+                (host, req) in http_request(),
+                cuts in prop::collection::vec(any::<usize>(), 0..8),
+            ) {
+                let want = Sniffed::Http { host: Some(host.to_ascii_lowercase()) };
+                prop_assert!(matches!(classify(&req), Parse::Done(ref s) if *s == want));
+                let (got, buf) = sniff_chunks(split(&req, &cuts));
+                prop_assert_eq!(got, want);
+                prop_assert_eq!(buf, req);
+            }
+
+            #[test]
+            fn incomplete_http_request_asks_for_more((_, req) in http_request(), cut in any::<usize>()) {
+                let k = 1 + cut % (req.len() - 1);
+                prop_assert!(matches!(classify(&req[..k]), Parse::NeedMore));
+            }
+        }
+    }
 }

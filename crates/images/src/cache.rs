@@ -8,11 +8,18 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use crate::bootstrap::{self, BootstrapTool, bootstrap_command, probe_mirror, run_streaming};
-use crate::finalize::{blocking, finalize};
+use crate::bootstrap::{BootstrapTool, DebianBootstrap};
+use crate::error::{ImageError, Result};
+use crate::exec::blocking;
 use crate::fsutil::{disk_usage, remove_tree, sync_dir, sync_filesystem, write_atomic};
-use crate::layer::{HOST_CA_BUNDLE, build_layer, host_ca_bundle};
-use crate::{DEFAULT_CACHE_ROOT, DEFAULT_MIRROR, ImageError, Progress, Result, TemplateRecipe};
+use crate::layer::{HOST_CA_BUNDLE, LayerBuild, host_ca_bundle};
+use crate::mirror::{self, DEFAULT_MIRROR};
+use crate::progress::Progress;
+use crate::recipe::TemplateRecipe;
+use crate::source::ImageSource;
+
+/// Default cache root for template root filesystems.
+pub const DEFAULT_CACHE_ROOT: &str = "/var/cache/bulkhead/images";
 
 const READY: &str = "READY";
 const LOCK: &str = "lock";
@@ -112,7 +119,7 @@ impl ImageCache {
     pub fn mirror_for(&self, suite: &str) -> String {
         self.mirror
             .clone()
-            .or_else(|| bootstrap::host_mirror(suite))
+            .or_else(|| mirror::host_mirror(suite))
             .unwrap_or_else(|| DEFAULT_MIRROR.to_owned())
     }
 
@@ -212,74 +219,23 @@ impl ImageCache {
         }
 
         let mirror = self.mirror_for(&recipe.suite);
-        let tool_name = match &parent_rootfs {
-            Some(parent) => {
-                if !recipe.packages.is_empty() {
-                    progress.stage(&format!("checking the mirror {mirror}"));
-                    probe_mirror(&mirror, &recipe.suite)
-                        .await
-                        .map_err(|reason| ImageError::MirrorUnreachable {
-                            mirror: mirror.clone(),
-                            reason,
-                        })?;
-                }
-                let host_ca = host_ca_bundle(self.build_ca_bundle.as_deref());
-                build_layer(recipe, parent, &tmp, host_ca.as_deref(), progress).await?;
-                "layer".to_owned()
-            }
-            None => {
-                let (tool, program) = match bootstrap::find_tool(self.tool) {
-                    Some(t) => t,
-                    None => {
-                        let wanted = self.tool.unwrap_or(BootstrapTool::Mmdebstrap);
-                        if !self.install_missing_tools {
-                            return Err(ImageError::ToolMissing {
-                                install_command: wanted.install_command(),
-                            });
-                        }
-                        bootstrap::install_tool(wanted, progress).await?;
-                        bootstrap::find_tool(Some(wanted)).ok_or_else(|| {
-                            ImageError::ToolMissing {
-                                install_command: wanted.install_command(),
-                            }
-                        })?
-                    }
-                };
-                progress.stage(&format!("checking the mirror {mirror}"));
-                probe_mirror(&mirror, &recipe.suite)
-                    .await
-                    .map_err(|reason| ImageError::MirrorUnreachable {
-                        mirror: mirror.clone(),
-                        reason,
-                    })?;
-
-                progress.stage(&format!(
-                    "bootstrapping {} {} with {} ({} packages)",
-                    recipe.id,
-                    recipe.suite,
-                    tool.name(),
-                    recipe.packages.len()
-                ));
-                let cmd = bootstrap_command(tool, &program, recipe, &tmp, &mirror);
-                let (status, tail) = run_streaming(cmd, tool.name(), progress).await?;
-                if !status.success() {
-                    let tmp2 = tmp.clone();
-                    // Keep the error even if cleanup fails; the next build retries the cleanup.
-                    if let Err(e) = blocking(move || remove_tree(&tmp2)).await {
-                        tracing::warn!(error = %e, "cannot remove the failed build");
-                    }
-                    return Err(ImageError::Bootstrap {
-                        tool: tool.name().to_owned(),
-                        suite: recipe.suite.clone(),
-                        status: status.to_string(),
-                        tail,
-                    });
-                }
-
-                finalize(&tmp, ca.as_deref(), progress).await?;
-                tool.name().to_owned()
-            }
+        let host_ca = host_ca_bundle(self.build_ca_bundle.as_deref());
+        let source = match &parent_rootfs {
+            Some(parent) => ImageSource::Layer(LayerBuild {
+                recipe,
+                parent_rootfs: parent,
+                mirror: &mirror,
+                host_ca: host_ca.as_deref(),
+            }),
+            None => ImageSource::Debian(DebianBootstrap {
+                recipe,
+                mirror: &mirror,
+                tool: self.tool,
+                install_missing_tools: self.install_missing_tools,
+                extra_ca: ca.as_deref(),
+            }),
         };
+        let tool_name = source.produce(&tmp, progress).await?;
 
         progress.stage("measuring and syncing to disk");
         let t = tmp.clone();

@@ -7,9 +7,10 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::bootstrap::{run_streaming, tool_command};
+use crate::error::{ImageError, Result};
+use crate::exec::{blocking, run_streaming, tool_command};
 use crate::fsutil::unmount_under;
-use crate::{ImageError, Progress, Result};
+use crate::progress::Progress;
 
 pub(crate) const USER_NAME: &str = "user";
 pub(crate) const USER_UID: u32 = 1000;
@@ -56,20 +57,6 @@ pub(crate) async fn finalize(
     progress.stage("removing documentation, caches and host-specific files");
     let r = root.to_owned();
     blocking(move || slim_and_neutralise(&r)).await
-}
-
-pub(crate) async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => Err(ImageError::Io {
-            action: "finish a background task for",
-            path: "the image build".into(),
-            source: std::io::Error::other(e),
-        }),
-    }
 }
 
 /// First `-----BEGIN CERTIFICATE-----` … `-----END CERTIFICATE-----` block, line endings

@@ -8,7 +8,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::{ImageError, Result};
+use crate::error::{ImageError, Result};
 
 /// Mount points at or below `path`, deepest first.
 pub(crate) fn mounts_under(path: &Path) -> Vec<PathBuf> {

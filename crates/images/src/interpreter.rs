@@ -14,8 +14,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::TemplateRecipe;
-use crate::layer::{BuildStep, FileAsset};
+use crate::recipe::{BuildStep, FileAsset};
 
 include!(concat!(env!("OUT_DIR"), "/interpreter_assets.rs"));
 
@@ -29,12 +28,12 @@ pub const KERNELS_JSON: &str = "/opt/bulkhead/interpreter/kernels.json";
 
 const PYTHON: &str = "/usr/bin/python3";
 const DENO: &str = "/usr/local/bin/deno";
-const STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_startup.py";
+pub(crate) const STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_startup.py";
 const SQL_STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_sql.py";
 
 /// Debian packages on top of `base`: pip for users' own installs, Node.js 18 and npm (E2B
 /// sandboxes have them; the npm step below needs npm).
-const DEBIAN_PACKAGES: &[&str] = &["nodejs", "npm", "python3-pip"];
+pub(crate) const DEBIAN_PACKAGES: &[&str] = &["nodejs", "npm", "python3-pip"];
 
 /// PyPI packages, each pinned, including every dependency, so one recipe hash always yields
 /// the same tree. Resolved for CPython 3.11 (bookworm) on manylinux wheels.
@@ -102,7 +101,7 @@ const NPM_PACKAGES: &[&str] = &["deno@2.9.6"];
 
 /// Debian marks its Python "externally managed"; E2B sandboxes let `pip install x` work, so the
 /// marker goes (pip then installs system-wide as root, into the user site as `user`).
-const REMOVE_EXTERNALLY_MANAGED: &str = "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED";
+pub(crate) const REMOVE_EXTERNALLY_MANAGED: &str = "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED";
 
 /// matplotlib builds its font cache on first import (seconds); do it once at build time in the
 /// sandbox user's cache so the first chart is fast. Also checks that every promised module
@@ -239,40 +238,29 @@ pub fn asset_paths() -> Vec<&'static str> {
     INTERPRETER_ASSETS.iter().map(|(rel, _)| *rel).collect()
 }
 
-impl TemplateRecipe {
-    /// `code-interpreter-v1`: [`base`](Self::base) plus the kernels of E2B's code interpreter.
-    pub fn code_interpreter() -> Self {
-        let base = TemplateRecipe::base();
-        let mut steps = vec![
-            BuildStep::Run {
-                command: REMOVE_EXTERNALLY_MANAGED.to_owned(),
-            },
-            BuildStep::Pip {
-                packages: PIP_PACKAGES.iter().map(|s| s.to_string()).collect(),
-            },
-            BuildStep::Npm {
-                packages: NPM_PACKAGES.iter().map(|s| s.to_string()).collect(),
-            },
-        ];
-        steps.extend(asset_steps());
-        steps.push(BuildStep::File(FileAsset::new(
-            KERNELS_JSON,
-            kernels_json(),
-            0o644,
-        )));
-        steps.push(BuildStep::Run {
-            command: WARM_UP.to_owned(),
-        });
-        TemplateRecipe {
-            id: TEMPLATE_ID.to_owned(),
-            suite: base.suite.clone(),
-            packages: DEBIAN_PACKAGES.iter().map(|s| s.to_string()).collect(),
-            extra_ca_bundle: None,
-            recipe_version: 1,
-            parent: Some(Box::new(base)),
-            steps,
-        }
-    }
+/// The build steps on top of `base`, in order (the order is part of the content hash).
+pub(crate) fn layer_steps() -> Vec<BuildStep> {
+    let mut steps = vec![
+        BuildStep::Run {
+            command: REMOVE_EXTERNALLY_MANAGED.to_owned(),
+        },
+        BuildStep::Pip {
+            packages: PIP_PACKAGES.iter().map(|s| s.to_string()).collect(),
+        },
+        BuildStep::Npm {
+            packages: NPM_PACKAGES.iter().map(|s| s.to_string()).collect(),
+        },
+    ];
+    steps.extend(asset_steps());
+    steps.push(BuildStep::File(FileAsset::new(
+        KERNELS_JSON,
+        kernels_json(),
+        0o644,
+    )));
+    steps.push(BuildStep::Run {
+        command: WARM_UP.to_owned(),
+    });
+    steps
 }
 
 #[cfg(test)]
@@ -344,35 +332,5 @@ mod tests {
                 .all(|p| !p.contains("tests/") && !p.ends_with(".pyc")),
             "{paths:?}"
         );
-    }
-
-    #[test]
-    fn recipe_is_valid_and_layered_on_base() {
-        let r = TemplateRecipe::code_interpreter();
-        r.validate().unwrap();
-        assert_eq!(r.id, "code-interpreter-v1");
-        assert_eq!(r.parent.as_deref(), Some(&TemplateRecipe::base()));
-        let files: Vec<&str> = r
-            .steps
-            .iter()
-            .filter_map(|s| match s {
-                BuildStep::File(f) => Some(f.path()),
-                _ => None,
-            })
-            .collect();
-        assert!(files.contains(&KERNELS_JSON));
-        assert!(files.contains(&STARTUP));
-        // EXTERNALLY-MANAGED goes before pip runs, or pip refuses to install.
-        let rm = r.steps.iter().position(|s| {
-            *s == BuildStep::Run {
-                command: REMOVE_EXTERNALLY_MANAGED.into(),
-            }
-        });
-        let pip = r
-            .steps
-            .iter()
-            .position(|s| matches!(s, BuildStep::Pip { .. }));
-        assert!(rm.unwrap() < pip.unwrap());
-        assert_eq!(TemplateRecipe::builtin(TEMPLATE_ID), Some(r));
     }
 }
