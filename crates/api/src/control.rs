@@ -380,8 +380,9 @@ fn list_request(query: Option<&str>) -> ApiResult<ListRequest> {
             }
             "state" => {
                 for s in v.split(',').filter(|s| !s.is_empty()) {
+                    // Clients filter on the two states E2B lists; the transient ones are ours.
                     let state = SandboxState::parse(s)
-                        .filter(|s| *s != SandboxState::Dead)
+                        .filter(|s| matches!(s, SandboxState::Running | SandboxState::Paused))
                         .ok_or_else(|| {
                             ApiError::bad_request(format!(
                                 "Invalid state {s:?}: use running or paused"

@@ -49,7 +49,8 @@ impl From<EngineError> for ApiError {
             EngineError::SandboxNotFound(_)
             | EngineError::TemplateNotFound(_)
             | EngineError::SecretNotFound(_) => (StatusCode::NOT_FOUND, None),
-            EngineError::Conflict(_) => (StatusCode::CONFLICT, None),
+            EngineError::Conflict(_) | EngineError::Refused { .. } => (StatusCode::CONFLICT, None),
+            EngineError::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, None),
             EngineError::Network(_) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 Some("internal_server_error"),

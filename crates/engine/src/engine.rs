@@ -19,6 +19,7 @@ use crate::driver::{AgentStream, Driver, DriverHandle, SandboxSpec};
 use crate::error::EngineError;
 use crate::ids;
 use crate::keys;
+use crate::lifecycle::{self, Operation, Refusal, Step};
 use crate::network::{self, EgressControl, SandboxNetwork, StoreAuditSink};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -189,6 +190,8 @@ pub struct Usage {
 }
 
 struct Live {
+    /// Where it is in its life; only [`lifecycle::transition`] decides the next one.
+    state: SandboxState,
     handle: DriverHandle,
     end_at_ms: i64,
     access_token: Option<String>,
@@ -345,6 +348,9 @@ impl Engine {
             return Err(EngineError::Capacity);
         }
 
+        // Validated before anything starts; the new sandbox is `starting` until it is recorded.
+        let created = lifecycle::transition(SandboxState::Starting, Operation::Create)
+            .expect("a starting sandbox can be created");
         let id = ids::sandbox_id();
         let token = req.secure.then(|| ids::random_hex(20));
         let mut env = self.cfg.sandbox_env.clone();
@@ -370,7 +376,7 @@ impl Engine {
             id: id.clone(),
             template_id: template.id.clone(),
             alias: template.aliases.first().cloned(),
-            state: SandboxState::Running,
+            state: created.after,
             owner_key_id: owner.id.clone(),
             metadata: req.metadata.clone(),
             env_vars: req.env_vars.clone(),
@@ -493,7 +499,7 @@ impl Engine {
         allow_internet_access: Option<bool>,
         net: SandboxNetwork,
     ) -> Result<()> {
-        let row = self.running_row(id).await?;
+        let row = self.running_row(id, Operation::UpdateNetwork).await?;
         let allow_internet = allow_internet_access.unwrap_or(self.cfg.network_default_allow);
         let policy = self.check_network(allow_internet, Some(&net))?;
         let wanted = network::egress_allowed(&policy);
@@ -517,11 +523,11 @@ impl Engine {
             (false, false) => {}
         }
         let still_live = match self.live.lock().expect("live lock").get_mut(&row.id) {
-            Some(l) => {
+            Some(l) if l.state != SandboxState::Killing => {
                 l.net_attached = wanted;
                 true
             }
-            None => false,
+            _ => false,
         };
         if !still_live {
             // Killed while the link was being made: do not leave it behind.
@@ -645,6 +651,7 @@ impl Engine {
     fn track(self: &Arc<Self>, row: &SandboxRow, handle: DriverHandle, net_attached: bool) {
         let cancel = CancellationToken::new();
         let live = Live {
+            state: row.state,
             handle: handle.clone(),
             end_at_ms: row.end_at,
             access_token: row.envd_access_token.clone(),
@@ -672,14 +679,24 @@ impl Engine {
     /// Remove a sandbox from the live set, tear it down and record why it ended.
     /// Returns false if it was not running.
     async fn finish(&self, id: &str, reason: &str) -> bool {
-        let Some(live) = self.live.lock().expect("live lock").remove(id) else {
-            return false;
+        // The sandbox stays in the live set as `killing` until it is torn down, so a second
+        // kill, the watcher and the reaper all see it is on its way out (and get a refusal).
+        let (handle, cancel) = {
+            let mut live = self.live.lock().expect("live lock");
+            let Some(l) = live.get_mut(id) else {
+                return false;
+            };
+            let Ok(step) = lifecycle::transition(l.state, Operation::Kill) else {
+                return false;
+            };
+            l.state = step.during;
+            (l.handle.clone(), l.cancel.clone())
         };
-        live.cancel.cancel();
+        cancel.cancel();
         // Unconditionally (idempotent): a concurrent network update may have attached a link
         // after this sandbox left the live set.
         self.detach_link(id);
-        if let Err(e) = self.driver.stop(&live.handle).await {
+        if let Err(e) = self.driver.stop(&handle).await {
             tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
         }
         if let Err(e) = self
@@ -690,6 +707,7 @@ impl Engine {
             tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
         }
         let _ = self.store.set_sandbox_driver_handle(id, None).await;
+        self.live.lock().expect("live lock").remove(id);
         tracing::info!(sandbox = %id, reason, "sandbox ended");
         true
     }
@@ -705,23 +723,53 @@ impl Engine {
         Ok(Duration::from_secs(secs.max(1)))
     }
 
-    async fn running_row(&self, id: &str) -> Result<SandboxRow> {
+    /// Ask the lifecycle whether `op` may run on sandbox `id` now and, if it moves the sandbox
+    /// through a transient state, put it there. Returns the normalized id and the step.
+    fn enter<'a>(&self, id: &'a str, op: Operation) -> Result<(&'a str, Step)> {
         let id = ids::normalize_sandbox_id(id);
         if !ids::is_valid_sandbox_id(id) {
             return Err(EngineError::SandboxNotFound(id.to_string()));
         }
+        let mut live = self.live.lock().expect("live lock");
+        let entry = live.get_mut(id);
+        let state = entry.as_ref().map_or(SandboxState::Dead, |l| l.state);
+        let step = lifecycle::transition(state, op).map_err(|reason| refused(id, op, reason))?;
+        if let Some(l) = entry {
+            l.state = step.during;
+        }
+        Ok((id, step))
+    }
+
+    /// Put a sandbox in `state` at the end of an operation (if it is still live and not being
+    /// killed meanwhile).
+    fn settle(&self, id: &str, state: SandboxState) {
+        if let Some(l) = self.live.lock().expect("live lock").get_mut(id)
+            && l.state != SandboxState::Killing
+        {
+            l.state = state;
+        }
+    }
+
+    /// The stored record of a sandbox `op` may run on (see [`Self::enter`]).
+    async fn running_row(&self, id: &str, op: Operation) -> Result<SandboxRow> {
+        let (id, _) = self.enter(id, op)?;
         match self.store.get_sandbox(id).await? {
-            Some(row) if row.state != SandboxState::Dead && self.is_live(id) => Ok(row),
+            Some(row) if row.state != SandboxState::Dead => Ok(row),
             _ => Err(EngineError::SandboxNotFound(id.to_string())),
         }
     }
 
+    /// Is the sandbox in the live set and not on its way out?
     pub fn is_live(&self, id: &str) -> bool {
-        self.live.lock().expect("live lock").contains_key(id)
+        self.live
+            .lock()
+            .expect("live lock")
+            .get(id)
+            .is_some_and(|l| l.state != SandboxState::Killing)
     }
 
     pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
-        let row = self.running_row(id).await?;
+        let row = self.running_row(id, Operation::Get).await?;
         Ok(self.info_from_row(&row))
     }
 
@@ -777,7 +825,7 @@ impl Engine {
 
     /// `POST /sandboxes/{id}/timeout`: end_at = now + timeout (may shorten).
     pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<()> {
-        let row = self.running_row(id).await?;
+        let row = self.running_row(id, Operation::SetTimeout).await?;
         let timeout = self.check_timeout(secs)?;
         let end_at = now_ms() + timeout.as_millis() as i64;
         self.set_end_at(&row.id, end_at).await
@@ -786,13 +834,20 @@ impl Engine {
     /// Connect to a running sandbox: extends the TTL to at least now + timeout, never shortens.
     /// Returns the info and whether the sandbox had to be resumed (never, until pause exists).
     pub async fn connect(&self, id: &str, secs: Option<u64>) -> Result<(SandboxInfo, bool)> {
-        let row = self.running_row(id).await?;
+        let (nid, step) = self.enter(id, Operation::Connect)?;
+        if step.during == SandboxState::Resuming {
+            // Nothing can be paused until the pause verb exists (a paused record adopted from
+            // a newer server, say): leave it paused and say so rather than half-resume it.
+            self.settle(nid, SandboxState::Paused);
+            return Err(EngineError::Unsupported(Operation::Resume));
+        }
+        let row = self.running_row(nid, Operation::Get).await?;
         let timeout = self.check_timeout(secs.unwrap_or(self.cfg.default_timeout.as_secs()))?;
         let wanted = now_ms() + timeout.as_millis() as i64;
         if wanted > row.end_at {
             self.set_end_at(&row.id, wanted).await?;
         }
-        let row = self.running_row(&row.id).await?;
+        let row = self.running_row(&row.id, Operation::Get).await?;
         Ok((self.info_from_row(&row), false))
     }
 
@@ -809,7 +864,7 @@ impl Engine {
     }
 
     pub async fn usage(&self, id: &str) -> Result<Usage> {
-        let row = self.running_row(id).await?;
+        let row = self.running_row(id, Operation::Metrics).await?;
         let handle = self.handle(&row.id)?;
         let u = self.driver.usage(&handle).await?;
         let now = now_ms();
@@ -855,7 +910,7 @@ impl Engine {
 
     /// A fresh byte stream to a running sandbox's agent (for the routing proxy).
     pub async fn agent_stream(&self, id: &str) -> Result<AgentStream> {
-        let id = ids::normalize_sandbox_id(id);
+        let (id, _) = self.enter(id, Operation::AgentTraffic)?;
         let handle = self.handle(id)?;
         Ok(self.driver.connect(&handle).await?)
     }
@@ -879,13 +934,13 @@ impl Engine {
     }
 
     fn info_from_row(&self, row: &SandboxRow) -> SandboxInfo {
-        let end_at = self
+        // The live set is ahead of the store (TTL changes, transient states).
+        let (end_at, state) = self
             .live
             .lock()
             .expect("live lock")
             .get(&row.id)
-            .map(|l| l.end_at_ms)
-            .unwrap_or(row.end_at);
+            .map_or((row.end_at, row.state), |l| (l.end_at_ms, l.state));
         SandboxInfo {
             id: row.id.clone(),
             template_id: row.template_id.clone(),
@@ -896,7 +951,7 @@ impl Engine {
             cpu_count: row.cpu_count,
             memory_mb: row.memory_mb,
             disk_size_mb: row.disk_size_mb,
-            state: row.state.as_str(),
+            state: lifecycle::e2b_state(state),
             envd_access_token: row.envd_access_token.clone(),
             envd_version: self.cfg.envd_version.clone(),
             allow_internet_access: row.allow_internet,
@@ -1097,6 +1152,19 @@ impl Engine {
             .expect("pool lock")
             .get(template)
             .map_or(0, |q| q.len())
+    }
+}
+
+/// The engine error for a refused operation: an ended sandbox is simply not found (the 404
+/// every SDK expects); anything else names the operation, the sandbox and why.
+fn refused(id: &str, op: Operation, reason: Refusal) -> EngineError {
+    match reason {
+        Refusal::Ended => EngineError::SandboxNotFound(id.to_string()),
+        reason => EngineError::Refused {
+            id: id.to_string(),
+            op,
+            reason,
+        },
     }
 }
 

@@ -21,6 +21,14 @@ pub enum EngineError {
     Conflict(String),
     #[error("Sandbox network setup failed: {0}")]
     Network(String),
+    #[error("Cannot {op} sandbox {id}: {reason}")]
+    Refused {
+        id: String,
+        op: crate::lifecycle::Operation,
+        reason: crate::lifecycle::Refusal,
+    },
+    #[error("This server cannot {0} sandboxes yet: upgrade Bulkhead or create a new sandbox")]
+    Unsupported(crate::lifecycle::Operation),
     #[error("Storage failure")]
     Store(#[from] bulkhead_store::StoreError),
 }

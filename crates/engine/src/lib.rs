@@ -12,6 +12,7 @@ mod engine;
 mod error;
 pub mod ids;
 pub mod keys;
+pub mod lifecycle;
 pub mod network;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -21,4 +22,5 @@ pub use engine::{
     SecretPage, TemplateInfo, Usage,
 };
 pub use error::EngineError;
+pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
