@@ -1,0 +1,136 @@
+//! What the engine's verbs take and give back: the engine-owned request and answer types
+//! front ends translate to and from their wire formats.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use bulkhead_store::SecretRow;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::clock::ms_to_dt;
+use crate::driver::SandboxSpec;
+use crate::lifecycle::SandboxState;
+use crate::network::SandboxNetwork;
+
+/// A template the engine can start sandboxes from (its rootfs is already built).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateInfo {
+    pub id: String,
+    pub aliases: Vec<String>,
+    pub rootfs: PathBuf,
+    pub content_hash: String,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+    pub pids_max: u64,
+}
+
+impl TemplateInfo {
+    pub(crate) fn spec(&self) -> SandboxSpec {
+        SandboxSpec {
+            template_id: self.id.clone(),
+            rootfs: self.rootfs.clone(),
+            cpu_count: self.cpu_count,
+            memory_mb: self.memory_mb,
+            pids_max: self.pids_max,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    /// Template id or alias (`base` when empty).
+    pub template: String,
+    /// TTL in seconds.
+    pub timeout: Option<u64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    /// Issue an envd access token (v2 create is always secure).
+    pub secure: bool,
+    /// E2B `allow_internet_access`; None = the server's default.
+    pub allow_internet_access: Option<bool>,
+    /// E2B `network` (allowOut, denyOut, rules).
+    pub network: Option<SandboxNetwork>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub template_id: String,
+    pub alias: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub started_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_size_mb: i64,
+    pub state: &'static str,
+    pub envd_access_token: Option<String>,
+    pub envd_version: String,
+    pub allow_internet_access: bool,
+    pub network: Option<SandboxNetwork>,
+}
+
+/// A secret as shown to clients: never the value.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SecretInfo {
+    pub id: String,
+    pub name: String,
+    pub version: i64,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<&SecretRow> for SecretInfo {
+    fn from(r: &SecretRow) -> Self {
+        SecretInfo {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            version: r.version,
+            metadata: r.metadata.clone(),
+            created_at: ms_to_dt(r.created_at),
+            updated_at: ms_to_dt(r.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SecretPage {
+    pub items: Vec<SecretInfo>,
+    pub next_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    /// Empty = running and paused.
+    pub states: Vec<SandboxState>,
+    pub metadata: BTreeMap<String, String>,
+    pub template: Option<String>,
+    pub started_after: Option<DateTime<Utc>>,
+    /// 1..=100, default 100.
+    pub limit: Option<usize>,
+    pub next_token: Option<String>,
+    pub order_desc: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ListPage {
+    pub items: Vec<SandboxInfo>,
+    pub next_token: Option<String>,
+    pub total_running: i64,
+}
+
+/// Resource usage with the CPU share already computed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Usage {
+    pub timestamp: DateTime<Utc>,
+    pub cpu_count: i64,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
