@@ -7,14 +7,19 @@ use crate::driver::AgentStream;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::lifecycle::Operation;
-use crate::types::SandboxInfo;
+use crate::types::{Caller, SandboxInfo};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
     /// Connect to a running sandbox: extends the TTL to at least now + timeout, never shortens.
     /// Returns the info and whether the sandbox had to be resumed (never, until pause exists).
-    pub async fn connect(&self, id: &str, secs: Option<u64>) -> Result<(SandboxInfo, bool)> {
+    pub async fn connect(
+        &self,
+        _caller: &Caller,
+        id: &str,
+        secs: Option<u64>,
+    ) -> Result<(SandboxInfo, bool)> {
         let (nid, step) = self.enter(id, Operation::Connect)?;
         if step.during == SandboxState::Resuming {
             // Nothing can be paused until the pause verb exists (a paused record adopted from

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use bulkhead_envd::rest::InitRequest;
-use bulkhead_store::{ApiKeyRow, SandboxRow, SandboxState};
+use bulkhead_store::{SandboxRow, SandboxState};
 
 use bulkhead_envd::protocol::AgentInfo;
 
@@ -16,7 +16,7 @@ use crate::driver::DriverHandle;
 use crate::ids;
 use crate::lifecycle::{self, Operation};
 use crate::network;
-use crate::types::{CreateRequest, SandboxInfo, TemplateInfo};
+use crate::types::{Caller, CreateRequest, SandboxInfo, TemplateInfo};
 use crate::validate::{validate_env, validate_metadata};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -24,7 +24,7 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 impl Engine {
     pub async fn create(
         self: &Arc<Self>,
-        owner: &ApiKeyRow,
+        caller: &Caller,
         req: CreateRequest,
     ) -> Result<SandboxInfo> {
         let template_name = if req.template.is_empty() {
@@ -86,7 +86,7 @@ impl Engine {
             template_id: template.id.clone(),
             alias: template.aliases.first().cloned(),
             state: created.after,
-            owner_key_id: owner.id.clone(),
+            owner_key_id: caller.key_id.clone(),
             metadata: req.metadata.clone(),
             env_vars: req.env_vars.clone(),
             envd_access_token: token.clone(),

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use bulkhead_store::{ApiKeyRow, Store};
+use bulkhead_store::Store;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -16,7 +16,7 @@ use crate::error::EngineError;
 use crate::keys;
 use crate::live::LiveSet;
 use crate::network::{EgressControl, StoreAuditSink};
-use crate::types::TemplateInfo;
+use crate::types::{Caller, TemplateInfo};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -67,12 +67,8 @@ impl Engine {
         }
     }
 
-    pub fn store(&self) -> &Store {
-        &self.store
-    }
-
-    /// Check an `X-API-Key` value.
-    pub async fn authenticate(&self, key: &str) -> Result<Option<ApiKeyRow>> {
+    /// Check an `X-API-Key` value; the caller every other verb is given.
+    pub async fn authenticate(&self, key: &str) -> Result<Option<Caller>> {
         Ok(keys::authenticate(&self.store, key).await?)
     }
 }

@@ -6,13 +6,19 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
 use crate::lifecycle::{self, Operation};
+use crate::types::Caller;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
-    pub async fn kill(&self, id: &str) -> Result<bool> {
+    /// Kill a sandbox; not found when it is not running (or already being killed).
+    pub async fn kill(&self, _caller: &Caller, id: &str) -> Result<()> {
         let id = ids::normalize_sandbox_id(id);
-        Ok(self.finish(id, "killed").await)
+        if self.finish(id, "killed").await {
+            Ok(())
+        } else {
+            Err(EngineError::SandboxNotFound(id.to_string()))
+        }
     }
 
     /// Remove a sandbox from the live set, tear it down and record why it ended.

@@ -3,13 +3,14 @@
 
 use crate::engine::Engine;
 use crate::error::EngineError;
-use bulkhead_store::{EgressEventRow, SandboxRow, SandboxState};
+use bulkhead_store::{SandboxRow, SandboxState};
 
 use crate::driver::DriverHandle;
 use crate::error::NetworkError;
 use crate::ids;
 use crate::lifecycle::Operation;
 use crate::network::{self, SandboxNetwork};
+use crate::types::{Caller, EgressEvent};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -72,6 +73,7 @@ impl Engine {
     /// loses it.
     pub async fn update_network(
         &self,
+        _caller: &Caller,
         id: &str,
         allow_internet_access: Option<bool>,
         net: SandboxNetwork,
@@ -124,7 +126,12 @@ impl Engine {
     }
 
     /// The newest `limit` egress decisions of a sandbox (running or ended), oldest first.
-    pub async fn network_events(&self, id: &str, limit: usize) -> Result<Vec<EgressEventRow>> {
+    pub async fn network_events(
+        &self,
+        _caller: &Caller,
+        id: &str,
+        limit: usize,
+    ) -> Result<Vec<EgressEvent>> {
         let id = ids::normalize_sandbox_id(id);
         if !ids::is_valid_sandbox_id(id) {
             return Err(EngineError::SandboxNotFound(id.to_string()));
@@ -139,7 +146,7 @@ impl Engine {
         if events.is_empty() && self.store.get_sandbox(id).await?.is_none() {
             return Err(EngineError::SandboxNotFound(id.to_string()));
         }
-        Ok(events)
+        Ok(events.iter().map(EgressEvent::from).collect())
     }
 
     pub(crate) async fn reattach_after_restart(&self, row: &SandboxRow, h: &DriverHandle) -> bool {

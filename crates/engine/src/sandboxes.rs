@@ -14,7 +14,7 @@ use crate::driver::DriverHandle;
 use crate::ids;
 use crate::lifecycle::{self, Operation, Step};
 use crate::live::Live;
-use crate::types::{ListPage, ListRequest, SandboxInfo};
+use crate::types::{Caller, ListPage, ListRequest, SandboxInfo};
 use crate::validate::{decode_token, encode_token};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -121,12 +121,14 @@ impl Engine {
         }
     }
 
-    pub async fn get(&self, id: &str) -> Result<SandboxInfo> {
+    pub async fn get(&self, _caller: &Caller, id: &str) -> Result<SandboxInfo> {
         let row = self.running_row(id, Operation::Get).await?;
         Ok(self.info_from_row(&row))
     }
 
-    pub async fn list(&self, req: &ListRequest) -> Result<ListPage> {
+    /// One page of sandboxes. Every key of a server without teams sees every sandbox; a
+    /// per-team filter attaches here, on `caller.team_id`.
+    pub async fn list(&self, _caller: &Caller, req: &ListRequest) -> Result<ListPage> {
         let states = if req.states.is_empty() {
             vec![SandboxState::Running, SandboxState::Paused]
         } else {
@@ -169,5 +171,19 @@ impl Engine {
             next_token,
             total_running,
         })
+    }
+
+    /// Every page of a listing (the deprecated v1 list returns them all at once).
+    pub async fn list_all(&self, caller: &Caller, req: &ListRequest) -> Result<Vec<SandboxInfo>> {
+        let mut req = req.clone();
+        let mut all = Vec::new();
+        loop {
+            let page = self.list(caller, &req).await?;
+            all.extend(page.items);
+            match page.next_token {
+                Some(t) => req.next_token = Some(t),
+                None => return Ok(all),
+            }
+        }
     }
 }

@@ -9,7 +9,7 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
 use crate::network;
-use crate::types::{SecretInfo, SecretPage};
+use crate::types::{Caller, SecretInfo, SecretPage};
 use crate::validate::{decode_token, encode_token, validate_metadata, validate_secret_value};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -17,6 +17,7 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 impl Engine {
     pub async fn create_secret(
         &self,
+        _caller: &Caller,
         name: &str,
         value: &str,
         metadata: BTreeMap<String, String>,
@@ -43,7 +44,7 @@ impl Engine {
     }
 
     /// By id or name.
-    pub async fn get_secret(&self, id_or_name: &str) -> Result<SecretInfo> {
+    pub async fn get_secret(&self, _caller: &Caller, id_or_name: &str) -> Result<SecretInfo> {
         self.store
             .get_secret(id_or_name)
             .await?
@@ -53,6 +54,7 @@ impl Engine {
 
     pub async fn update_secret(
         &self,
+        _caller: &Caller,
         id_or_name: &str,
         value: &str,
         metadata: Option<BTreeMap<String, String>>,
@@ -70,14 +72,18 @@ impl Engine {
         Ok(SecretInfo::from(&row))
     }
 
-    /// Returns false if there was no such secret.
-    pub async fn delete_secret(&self, id_or_name: &str) -> Result<bool> {
-        Ok(self.store.delete_secret(id_or_name).await?)
+    /// Delete a secret by id or name.
+    pub async fn delete_secret(&self, _caller: &Caller, id_or_name: &str) -> Result<()> {
+        if self.store.delete_secret(id_or_name).await? {
+            Ok(())
+        } else {
+            Err(EngineError::SecretNotFound(id_or_name.to_string()))
+        }
     }
 
-    /// Oldest first; `limit` 1..=100 (default 100).
     pub async fn list_secrets(
         &self,
+        _caller: &Caller,
         limit: Option<usize>,
         next_token: Option<&str>,
     ) -> Result<SecretPage> {

@@ -6,13 +6,14 @@ use crate::clock::now_ms;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::lifecycle::Operation;
+use crate::types::Caller;
 use crate::validate;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
     /// `POST /sandboxes/{id}/timeout`: end_at = now + timeout (may shorten).
-    pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<()> {
+    pub async fn set_timeout(&self, _caller: &Caller, id: &str, secs: u64) -> Result<()> {
         let row = self.running_row(id, Operation::SetTimeout).await?;
         let timeout = self.check_timeout(secs)?;
         let end_at = now_ms() + timeout.as_millis() as i64;

@@ -134,3 +134,107 @@ pub struct Usage {
     pub disk_used: u64,
     pub disk_total: u64,
 }
+
+/// Who is calling: the identity every engine verb is given, so limits and ownership (per key
+/// today, per team later) attach in the engine and not in the front ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Id of the API key that authenticated the request.
+    pub key_id: String,
+    /// The team the key belongs to; `None` on a server without teams (every key is one team).
+    pub team_id: Option<String>,
+}
+
+/// An API key as listed (never the key itself, which is shown once at creation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKey {
+    pub id: String,
+    pub name: String,
+    /// First characters of the key (e.g. `e2b_1a2b3c`), to recognise it.
+    pub prefix: String,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl ApiKey {
+    /// The identity a request authenticated with this key acts as.
+    pub fn caller(&self) -> Caller {
+        Caller {
+            key_id: self.id.clone(),
+            team_id: None,
+        }
+    }
+}
+
+impl From<&bulkhead_store::ApiKeyRow> for ApiKey {
+    fn from(r: &bulkhead_store::ApiKeyRow) -> Self {
+        ApiKey {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            prefix: r.prefix.clone(),
+            created_at: ms_to_dt(r.created_at),
+            revoked_at: r.revoked_at.map(ms_to_dt),
+        }
+    }
+}
+
+/// One egress decision of a sandbox (the audit trail).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EgressEvent {
+    pub sandbox_id: String,
+    pub at: DateTime<Utc>,
+    /// `tcp` | `tls` | `http` | `dns`.
+    pub protocol: String,
+    pub host: Option<String>,
+    pub ip: Option<String>,
+    pub port: i64,
+    pub allowed: bool,
+    /// The rule that decided.
+    pub rule: String,
+    pub bytes_out: i64,
+    pub bytes_in: i64,
+}
+
+impl From<&bulkhead_store::EgressEventRow> for EgressEvent {
+    fn from(e: &bulkhead_store::EgressEventRow) -> Self {
+        EgressEvent {
+            sandbox_id: e.sandbox_id.clone(),
+            at: ms_to_dt(e.at),
+            protocol: e.protocol.clone(),
+            host: e.host.clone(),
+            ip: e.ip.clone(),
+            port: e.port,
+            allowed: e.allowed,
+            rule: e.rule.clone(),
+            bytes_out: e.bytes_out,
+            bytes_in: e.bytes_in,
+        }
+    }
+}
+
+/// Where a template's build stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateStatus {
+    Building,
+    Ready,
+    Error,
+}
+
+impl TemplateStatus {
+    /// E2B's `buildStatus` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TemplateStatus::Building => "building",
+            TemplateStatus::Ready => "ready",
+            TemplateStatus::Error => "error",
+        }
+    }
+}
+
+impl TemplateInfo {
+    /// A registered template's rootfs is built, so it is ready (builds in progress are not
+    /// registered yet).
+    pub fn status(&self) -> TemplateStatus {
+        TemplateStatus::Ready
+    }
+}

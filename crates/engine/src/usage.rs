@@ -4,12 +4,12 @@ use crate::clock::{ms_to_dt, now_ms};
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::lifecycle::Operation;
-use crate::types::Usage;
+use crate::types::{Caller, Usage};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
-    pub async fn usage(&self, id: &str) -> Result<Usage> {
+    pub async fn usage(&self, _caller: &Caller, id: &str) -> Result<Usage> {
         let row = self.running_row(id, Operation::Metrics).await?;
         let handle = self.handle(&row.id)?;
         let u = self
@@ -47,5 +47,21 @@ impl Engine {
                 row.disk_size_mb as u64 * 1024 * 1024
             },
         })
+    }
+
+    /// Usage of several sandboxes (the batch metrics call): those not running are left out,
+    /// and other failures are logged rather than failing the whole batch.
+    pub async fn usage_many(&self, caller: &Caller, ids: &[&str]) -> Vec<(String, Usage)> {
+        let mut out = Vec::new();
+        for id in ids {
+            match self.usage(caller, id).await {
+                Ok(u) => out.push((id.to_string(), u)),
+                Err(EngineError::SandboxNotFound(_)) => {}
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = &e as &dyn std::error::Error, "batch metrics: leaving a sandbox out");
+                }
+            }
+        }
+        out
     }
 }

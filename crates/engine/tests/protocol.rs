@@ -116,9 +116,13 @@ async fn engine(dir: &tempfile::TempDir, driver: Arc<VersionedDriver>) -> Arc<En
     engine
 }
 
-async fn owner(dir: &tempfile::TempDir) -> bulkhead_store::ApiKeyRow {
+async fn owner(dir: &tempfile::TempDir) -> bulkhead_engine::Caller {
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    bulkhead_engine::keys::create(&store, "t").await.unwrap().0
+    bulkhead_engine::keys::create(&store, "t")
+        .await
+        .unwrap()
+        .0
+        .caller()
 }
 
 fn base() -> CreateRequest {
@@ -140,9 +144,9 @@ async fn supported_agents_of_every_version_are_served() {
     for a in announced {
         driver.announce(a.clone());
         let sb = engine.create(&owner, base()).await.unwrap();
-        engine.usage(&sb.id).await.unwrap();
-        engine.set_timeout(&sb.id, 60).await.unwrap();
-        assert!(engine.kill(&sb.id).await.unwrap(), "{a:?}");
+        engine.usage(&me(), &sb.id).await.unwrap();
+        engine.set_timeout(&me(), &sb.id, 60).await.unwrap();
+        engine.kill(&me(), &sb.id).await.unwrap();
     }
 }
 
@@ -225,17 +229,20 @@ fn restart_adopts_old_agents_and_keeps_unsupported_ones() {
             assert_eq!(engine2.recover().await.unwrap(), 2, "both adopted");
 
             // Legacy agent: served as before.
-            engine2.usage(&old.id).await.unwrap();
-            engine2.connect(&old.id, Some(60)).await.unwrap();
+            engine2.usage(&me(), &old.id).await.unwrap();
+            engine2.connect(&me(), &old.id, Some(60)).await.unwrap();
 
             // Unsupported agent: listed and described, everything else refused clearly.
-            let listed = engine2.list(&ListRequest::default()).await.unwrap();
+            let listed = engine2.list(&me(), &ListRequest::default()).await.unwrap();
             assert!(listed.items.iter().any(|s| s.id == too_old.id));
-            assert!(engine2.get(&too_old.id).await.is_ok());
+            assert!(engine2.get(&me(), &too_old.id).await.is_ok());
             for err in [
-                engine2.usage(&too_old.id).await.unwrap_err(),
-                engine2.connect(&too_old.id, None).await.unwrap_err(),
-                engine2.set_timeout(&too_old.id, 60).await.unwrap_err(),
+                engine2.usage(&me(), &too_old.id).await.unwrap_err(),
+                engine2.connect(&me(), &too_old.id, None).await.unwrap_err(),
+                engine2
+                    .set_timeout(&me(), &too_old.id, 60)
+                    .await
+                    .unwrap_err(),
                 engine2.agent_stream(&too_old.id).await.err().unwrap(),
             ] {
                 let EngineError::AgentTooOld {
@@ -260,7 +267,7 @@ fn restart_adopts_old_agents_and_keeps_unsupported_ones() {
             }
             // Never killed on its own: still alive on the host and in the store.
             assert!(driver.inner.alive.lock().unwrap().contains(&too_old_pid));
-            assert!(engine2.kill(&too_old.id).await.unwrap());
+            engine2.kill(&me(), &too_old.id).await.unwrap();
             assert!(!driver.inner.alive.lock().unwrap().contains(&too_old_pid));
         });
 }
@@ -300,5 +307,13 @@ impl Driver for PerPid {
     }
     async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
         self.inner.reclaim_orphans(keep).await
+    }
+}
+
+/// The caller of engine verbs in these tests (the engine checks no ownership yet).
+fn me() -> bulkhead_engine::Caller {
+    bulkhead_engine::Caller {
+        key_id: "test".into(),
+        team_id: None,
     }
 }
