@@ -6,7 +6,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use bulkhead_engine::{Caller, CreateRequest, ListRequest, SandboxState};
+use bulkhead_engine::{Caller, CreateGeneration, CreateRequest, ListRequest, SandboxState};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
@@ -114,8 +114,12 @@ async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiRes
                 timeout: timeout_secs(req.timeout)?,
                 metadata: req.metadata.unwrap_or_default(),
                 env_vars: req.env_vars.unwrap_or_default(),
-                // v2 is always secured; v1 defaults to secure like the SDKs do.
-                secure: v2 || req.secure.unwrap_or(true),
+                secure: req.secure,
+                generation: if v2 {
+                    CreateGeneration::V2
+                } else {
+                    CreateGeneration::V1
+                },
                 allow_internet_access: req.allow_internet_access,
                 network,
             },

@@ -51,7 +51,7 @@ impl Engine {
         let created = lifecycle::transition(SandboxState::Starting, Operation::Create)
             .expect("a starting sandbox can be created");
         let id = ids::sandbox_id();
-        let token = req.secure.then(|| ids::random_hex(20));
+        let token = req.is_secure().then(|| ids::random_hex(20));
         let mut env = self.cfg.sandbox_env.clone();
         env.extend(req.env_vars.clone());
         let init = InitRequest {

@@ -48,6 +48,6 @@ pub use error::{EngineError, NetworkError};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use types::{
-    ApiKey, Caller, CreateRequest, EgressEvent, ListPage, ListRequest, SandboxInfo, SecretInfo,
-    SecretPage, TemplateInfo, TemplateStatus, Usage,
+    ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, ListPage, ListRequest,
+    SandboxInfo, SecretInfo, SecretPage, TemplateInfo, TemplateStatus, Usage,
 };

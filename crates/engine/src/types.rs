@@ -38,6 +38,15 @@ impl TemplateInfo {
     }
 }
 
+/// Which of E2B's create calls a request came through: `POST /v2/sandboxes` is always secured
+/// (the sandbox gets an envd access token), the older `POST /sandboxes` only when asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CreateGeneration {
+    #[default]
+    V1,
+    V2,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct CreateRequest {
     /// Template id or alias (`base` when empty).
@@ -46,8 +55,10 @@ pub struct CreateRequest {
     pub timeout: Option<u64>,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
-    /// Issue an envd access token (v2 create is always secure).
-    pub secure: bool,
+    /// The client's `secure` flag (E2B's v1 create); `None` = secure, as the SDKs default.
+    pub secure: Option<bool>,
+    /// Which create call the request came through.
+    pub generation: CreateGeneration,
     /// E2B `allow_internet_access`; None = the server's default.
     pub allow_internet_access: Option<bool>,
     /// E2B `network` (allowOut, denyOut, rules).
@@ -133,6 +144,13 @@ pub struct Usage {
     pub mem_cache: u64,
     pub disk_used: u64,
     pub disk_total: u64,
+}
+
+impl CreateRequest {
+    /// Does the new sandbox get an envd access token?
+    pub fn is_secure(&self) -> bool {
+        self.generation == CreateGeneration::V2 || self.secure.unwrap_or(true)
+    }
 }
 
 /// Who is calling: the identity every engine verb is given, so limits and ownership (per key

@@ -66,7 +66,7 @@ async fn create_get_list_kill() {
             CreateRequest {
                 template: "debian".into(),
                 metadata: md.clone(),
-                secure: true,
+                secure: Some(true),
                 ..Default::default()
             },
         )
@@ -255,7 +255,7 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
             &owner,
             CreateRequest {
                 env_vars: env,
-                secure: true,
+                secure: Some(true),
                 ..base()
             },
         )
