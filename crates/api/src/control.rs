@@ -6,8 +6,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use bulkhead_engine::{CreateRequest, ListRequest};
-use bulkhead_store::{ApiKeyRow, SandboxState};
+use bulkhead_engine::{Caller, CreateGeneration, CreateRequest, ListRequest, SandboxState};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
@@ -72,8 +71,8 @@ async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Nex
         return ApiError::unauthorized().into_response();
     };
     match st.engine.authenticate(&key).await {
-        Ok(Some(row)) => {
-            req.extensions_mut().insert(row);
+        Ok(Some(caller)) => {
+            req.extensions_mut().insert(caller);
             next.run(req).await
         }
         Ok(None) => ApiError::unauthorized().into_response(),
@@ -100,7 +99,7 @@ fn timeout_secs(t: Option<i64>) -> ApiResult<Option<u64>> {
     }
 }
 
-async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> ApiResult<Response> {
+async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiResult<Response> {
     let req: NewSandbox = parse_body(body)?;
     if req.template_id.trim().is_empty() {
         return Err(ApiError::bad_request("templateID is required"));
@@ -115,8 +114,12 @@ async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> Api
                 timeout: timeout_secs(req.timeout)?,
                 metadata: req.metadata.unwrap_or_default(),
                 env_vars: req.env_vars.unwrap_or_default(),
-                // v2 is always secured; v1 defaults to secure like the SDKs do.
-                secure: v2 || req.secure.unwrap_or(true),
+                secure: req.secure,
+                generation: if v2 {
+                    CreateGeneration::V2
+                } else {
+                    CreateGeneration::V1
+                },
                 allow_internet_access: req.allow_internet_access,
                 network,
             },
@@ -127,7 +130,7 @@ async fn create(st: &AppState, owner: &ApiKeyRow, body: &Bytes, v2: bool) -> Api
 
 async fn create_v1(
     State(st): State<AppState>,
-    Extension(owner): Extension<ApiKeyRow>,
+    Extension(owner): Extension<Caller>,
     body: Bytes,
 ) -> ApiResult<Response> {
     create(&st, &owner, &body, false).await
@@ -135,7 +138,7 @@ async fn create_v1(
 
 async fn create_v2(
     State(st): State<AppState>,
-    Extension(owner): Extension<ApiKeyRow>,
+    Extension(owner): Extension<Caller>,
     body: Bytes,
 ) -> ApiResult<Response> {
     create(&st, &owner, &body, true).await
@@ -143,49 +146,59 @@ async fn create_v2(
 
 async fn get_sandbox(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxDetail>> {
-    let info = st.engine.get(&id).await?;
+    let info = st.engine.get(&caller, &id).await?;
     Ok(Json(SandboxDetail::new(&info, true)))
 }
 
-async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    if st.engine.kill(&id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("Sandbox {id} not found")))
-    }
+async fn kill(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    st.engine.kill(&caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn set_timeout(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let b: TimeoutBody = parse_body(&body)?;
     let secs =
         timeout_secs(b.timeout)?.ok_or_else(|| ApiError::bad_request("timeout is required"))?;
-    st.engine.set_timeout(&id, secs).await?;
+    st.engine.set_timeout(&caller, &id, secs).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn refresh(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let b: RefreshBody = parse_body(&body)?;
-    st.engine.connect(&id, timeout_secs(b.duration)?).await?;
+    st.engine
+        .connect(&caller, &id, timeout_secs(b.duration)?)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn connect(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
     let b: TimeoutBody = parse_body(&body)?;
-    let (info, resumed) = st.engine.connect(&id, timeout_secs(b.timeout)?).await?;
+    let (info, resumed) = st
+        .engine
+        .connect(&caller, &id, timeout_secs(b.timeout)?)
+        .await?;
     let status = if resumed {
         StatusCode::CREATED
     } else {
@@ -196,30 +209,30 @@ async fn connect(
 
 async fn metrics(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<SandboxMetric>>> {
-    let u = st.engine.usage(&id).await?;
+    let u = st.engine.usage(&caller, &id).await?;
     Ok(Json(vec![SandboxMetric::from(&u)]))
 }
 
 async fn metrics_batch(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     req: Request,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let q = query_pairs(req.uri().query());
+    let pairs = query_pairs(req.uri().query());
+    let ids: Vec<&str> = pairs
+        .iter()
+        .filter(|(k, _)| k == "sandbox_ids")
+        .flat_map(|(_, v)| v.split(',').filter(|s| !s.is_empty()))
+        .collect();
     let mut out = serde_json::Map::new();
-    for (k, v) in q {
-        if k != "sandbox_ids" {
-            continue;
-        }
-        for id in v.split(',').filter(|s| !s.is_empty()) {
-            if let Ok(u) = st.engine.usage(id).await {
-                out.insert(
-                    id.to_string(),
-                    serde_json::to_value(SandboxMetric::from(&u)).unwrap_or_default(),
-                );
-            }
-        }
+    for (id, u) in st.engine.usage_many(&caller, &ids).await {
+        out.insert(
+            id,
+            serde_json::to_value(SandboxMetric::from(&u)).unwrap_or_default(),
+        );
     }
     Ok(Json(serde_json::json!({ "sandboxes": out })))
 }
@@ -227,13 +240,14 @@ async fn metrics_batch(
 /// `PUT /sandboxes/{id}/network`: replaces the whole config (E2B `SandboxNetworkUpdateConfig`).
 async fn update_network(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let cfg: NetworkConfig = parse_body(&body)?;
     let allow = cfg.allow_internet_access;
     st.engine
-        .update_network(&id, allow, cfg.into_engine()?)
+        .update_network(&caller, &id, allow, cfg.into_engine()?)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -242,6 +256,7 @@ async fn update_network(
 /// 10000) egress decisions, oldest first.
 async fn network_events(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     req: Request,
 ) -> ApiResult<Json<Vec<EgressEvent>>> {
@@ -251,11 +266,15 @@ async fn network_events(
             limit = parse_limit(&v, 10_000)?;
         }
     }
-    let events = st.engine.network_events(&id, limit).await?;
+    let events = st.engine.network_events(&caller, &id, limit).await?;
     Ok(Json(events.iter().map(EgressEvent::from).collect()))
 }
 
-async fn list_secrets(State(st): State<AppState>, req: Request) -> ApiResult<Response> {
+async fn list_secrets(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> ApiResult<Response> {
     let mut limit = None;
     let mut next = None;
     for (k, v) in query_pairs(req.uri().query()) {
@@ -265,44 +284,59 @@ async fn list_secrets(State(st): State<AppState>, req: Request) -> ApiResult<Res
             _ => {}
         }
     }
-    let page = st.engine.list_secrets(limit, next.as_deref()).await?;
+    let page = st
+        .engine
+        .list_secrets(&caller, limit, next.as_deref())
+        .await?;
     let items: Vec<Secret> = page.items.iter().map(Secret::from).collect();
     let headers = next_token_headers(page.next_token.as_deref());
     Ok((StatusCode::OK, headers, Json(items)).into_response())
 }
 
-async fn create_secret(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
+async fn create_secret(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b: NewSecret = parse_body(&body)?;
     let info = st
         .engine
-        .create_secret(&b.name, &b.value, b.metadata.unwrap_or_default())
+        .create_secret(&caller, &b.name, &b.value, b.metadata.unwrap_or_default())
         .await?;
     Ok((StatusCode::CREATED, Json(Secret::from(&info))).into_response())
 }
 
-async fn get_secret(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Secret>> {
-    Ok(Json(Secret::from(&st.engine.get_secret(&id).await?)))
+async fn get_secret(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Secret>> {
+    Ok(Json(Secret::from(
+        &st.engine.get_secret(&caller, &id).await?,
+    )))
 }
 
 async fn update_secret(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Json<Secret>> {
     let b: SecretUpdate = parse_body(&body)?;
-    let info = st.engine.update_secret(&id, &b.value, b.metadata).await?;
+    let info = st
+        .engine
+        .update_secret(&caller, &id, &b.value, b.metadata)
+        .await?;
     Ok(Json(Secret::from(&info)))
 }
 
 async fn delete_secret(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if st.engine.delete_secret(&id).await? {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("Secret {id} not found")))
-    }
+    st.engine.delete_secret(&caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// A `limit` query value: a number from 1 to `max`, else 400.
@@ -329,25 +363,27 @@ fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
 }
 
 /// `GET /sandboxes` (v1, deprecated): running sandboxes, optional `metadata` filter.
-async fn list_v1(State(st): State<AppState>, req: Request) -> ApiResult<Json<Vec<SandboxDetail>>> {
+async fn list_v1(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> ApiResult<Json<Vec<SandboxDetail>>> {
     let mut lr = list_request(req.uri().query())?;
     lr.states = vec![SandboxState::Running];
     lr.limit = Some(100);
-    let mut all = Vec::new();
-    loop {
-        let page = st.engine.list(&lr).await?;
-        all.extend(page.items.iter().map(|i| SandboxDetail::new(i, false)));
-        match page.next_token {
-            Some(t) => lr.next_token = Some(t),
-            None => break,
-        }
-    }
-    Ok(Json(all))
+    let all = st.engine.list_all(&caller, &lr).await?;
+    Ok(Json(
+        all.iter().map(|i| SandboxDetail::new(i, false)).collect(),
+    ))
 }
 
-async fn list_v2(State(st): State<AppState>, req: Request) -> ApiResult<Response> {
+async fn list_v2(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    req: Request,
+) -> ApiResult<Response> {
     let lr = list_request(req.uri().query())?;
-    let page = st.engine.list(&lr).await?;
+    let page = st.engine.list(&caller, &lr).await?;
     let items: Vec<SandboxDetail> = page
         .items
         .iter()
@@ -380,8 +416,9 @@ fn list_request(query: Option<&str>) -> ApiResult<ListRequest> {
             }
             "state" => {
                 for s in v.split(',').filter(|s| !s.is_empty()) {
+                    // Clients filter on the two states E2B lists; the transient ones are ours.
                     let state = SandboxState::parse(s)
-                        .filter(|s| *s != SandboxState::Dead)
+                        .filter(|s| matches!(s, SandboxState::Running | SandboxState::Paused))
                         .ok_or_else(|| {
                             ApiError::bad_request(format!(
                                 "Invalid state {s:?}: use running or paused"
@@ -425,7 +462,7 @@ async fn list_templates(State(st): State<AppState>) -> Json<Vec<serde_json::Valu
                     "memoryMB": t.memory_mb,
                     "diskSizeMB": t.disk_size_mb,
                     "public": false,
-                    "buildStatus": "ready",
+                    "buildStatus": t.status().as_str(),
                 })
             })
             .collect(),

@@ -1,6 +1,11 @@
-use axum::http::StatusCode;
+//! Errors in E2B's shape (`{"code", "message", "error_code"?}`) and the mapping from engine
+//! errors to statuses and codes. A client error (4xx) says what to change. A server error (5xx)
+//! says what failed and what to do, plus a request id; its cause chain (which can name host
+//! paths and internals) goes only to the log, under the same request id.
+
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use bulkhead_engine::EngineError;
+use bulkhead_engine::{EngineError, Operation};
 
 /// An error in E2B's shape: `{"code": <status>, "message": "...", "error_code"?: "..."}`.
 #[derive(Debug, thiserror::Error)]
@@ -9,6 +14,8 @@ pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
     pub error_code: Option<&'static str>,
+    /// Set on server errors: the id under which the full cause was logged.
+    pub request_id: Option<String>,
 }
 
 impl ApiError {
@@ -17,6 +24,7 @@ impl ApiError {
             status,
             message: message.into(),
             error_code: None,
+            request_id: None,
         }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -39,52 +47,86 @@ impl IntoResponse for ApiError {
         if let Some(code) = self.error_code {
             body["error_code"] = code.into();
         }
-        (self.status, axum::Json(body)).into_response()
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if let Some(id) = self
+            .request_id
+            .as_deref()
+            .and_then(|i| HeaderValue::from_str(i).ok())
+        {
+            resp.headers_mut().insert("x-request-id", id);
+        }
+        resp
+    }
+}
+
+/// E2B's status and `error_code` for an engine error.
+fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
+    match e {
+        EngineError::SandboxNotFound(_)
+        | EngineError::TemplateNotFound(_)
+        | EngineError::SecretNotFound(_) => (StatusCode::NOT_FOUND, None),
+        EngineError::Conflict(_) | EngineError::Refused { .. } => (StatusCode::CONFLICT, None),
+        EngineError::AgentTooOld { .. } => {
+            (StatusCode::CONFLICT, Some("sandbox_agent_unsupported"))
+        }
+        EngineError::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, None),
+        EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
+        EngineError::Capacity => (
+            StatusCode::TOO_MANY_REQUESTS,
+            Some("sandbox_capacity_unavailable"),
+        ),
+        // E2B's code for a create that failed on the way; other verbs fail as plain 500s.
+        EngineError::Driver { op, .. }
+        | EngineError::Agent { op, .. }
+        | EngineError::Network { op, .. }
+            if *op == Operation::Create =>
+        {
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Some("sandbox_create_failed"),
+            )
+        }
+        EngineError::Driver { .. }
+        | EngineError::Agent { .. }
+        | EngineError::Network { .. }
+        | EngineError::Recover(_)
+        | EngineError::Store(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some("internal_server_error"),
+        ),
     }
 }
 
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
-        let (status, code) = match &e {
-            EngineError::SandboxNotFound(_)
-            | EngineError::TemplateNotFound(_)
-            | EngineError::SecretNotFound(_) => (StatusCode::NOT_FOUND, None),
-            EngineError::Conflict(_) => (StatusCode::CONFLICT, None),
-            EngineError::Network(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Some("internal_server_error"),
-            ),
-            EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
-            EngineError::Capacity => (
-                StatusCode::TOO_MANY_REQUESTS,
-                Some("sandbox_capacity_unavailable"),
-            ),
-            EngineError::Driver(_) | EngineError::Agent(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Some("sandbox_create_failed"),
-            ),
-            EngineError::Store(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                Some("internal_server_error"),
-            ),
-        };
-        if status.is_server_error() {
-            tracing::error!(error = %error_chain(&e), "request failed");
+        let (status, error_code) = classify(&e);
+        if !status.is_server_error() {
+            return ApiError {
+                status,
+                message: e.to_string(),
+                error_code,
+                request_id: None,
+            };
         }
-        // Server errors carry the cause chain so operators and users see what to fix.
-        let message = if status.is_server_error() {
-            error_chain(&e)
-        } else {
-            e.to_string()
-        };
+        let request_id = new_request_id();
+        tracing::error!(request_id = %request_id, error = %error_chain(&e), "request failed");
         ApiError {
             status,
-            message,
-            error_code: code,
+            // Only the top-level message: it names the operation and what to do, never a
+            // host path or the internal chain.
+            message: format!("{e} (request id {request_id})"),
+            error_code,
+            request_id: Some(request_id),
         }
     }
 }
 
+/// A short random id tying a server error's answer to its log line.
+fn new_request_id() -> String {
+    bulkhead_engine::ids::random_hex(8)
+}
+
+/// `e` and its causes, outermost first, joined with `: ` (for logs only).
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();

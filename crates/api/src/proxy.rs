@@ -150,6 +150,10 @@ async fn forward(st: &AppState, id: String, port: u16, req: Request) -> Response
         Err(EngineError::SandboxNotFound(_)) => {
             return not_found_502(&id, "The sandbox was not found");
         }
+        // Says which versions and what to do; more use than "port is not open".
+        Err(e @ EngineError::AgentTooOld { .. }) => {
+            return not_found_502(&id, &e.to_string());
+        }
         Err(e) => {
             tracing::warn!(sandbox = %id, error = %e, "agent unreachable");
             return not_found_502(&id, "The sandbox is running but port is not open");

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use bulkhead_engine::{NetworkRule, SandboxInfo, SandboxNetwork, SecretInfo};
-use bulkhead_store::EgressEventRow;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -127,12 +126,11 @@ pub struct EgressEvent {
     pub bytes_in: i64,
 }
 
-impl From<&EgressEventRow> for EgressEvent {
-    fn from(e: &EgressEventRow) -> Self {
-        let at = chrono::DateTime::from_timestamp_millis(e.at).unwrap_or_default();
+impl From<&bulkhead_engine::EgressEvent> for EgressEvent {
+    fn from(e: &bulkhead_engine::EgressEvent) -> Self {
         EgressEvent {
             sandbox_id: e.sandbox_id.clone(),
-            timestamp: rfc3339(&at),
+            timestamp: rfc3339(&e.at),
             protocol: e.protocol.clone(),
             host: e.host.clone(),
             ip: e.ip.clone(),

@@ -33,19 +33,19 @@ pub async fn run(data: DataArgs, cmd: KeysCmd) -> anyhow::Result<ExitCode> {
                 "{:<18} {:<12} {:<20} {:<25} REVOKED",
                 "ID", "PREFIX", "NAME", "CREATED"
             );
-            for k in store.list_api_keys().await? {
+            for k in bulkhead_engine::keys::list(&store).await? {
                 println!(
                     "{:<18} {:<12} {:<20} {:<25} {}",
                     k.id,
                     k.prefix,
                     k.name,
-                    fmt_ms(k.created_at),
-                    k.revoked_at.map(fmt_ms).unwrap_or_else(|| "-".into())
+                    fmt_dt(k.created_at),
+                    k.revoked_at.map(fmt_dt).unwrap_or_else(|| "-".into())
                 );
             }
         }
         KeysCmd::Revoke { id } => {
-            if store.revoke_api_key(&id).await? {
+            if bulkhead_engine::keys::revoke(&store, &id).await? {
                 eprintln!("Revoked {id}");
             } else {
                 eprintln!("No active key matches {id:?}; see `bulkhead keys list`");
@@ -56,8 +56,6 @@ pub async fn run(data: DataArgs, cmd: KeysCmd) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn fmt_ms(ms: i64) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-        .unwrap_or_default()
+fn fmt_dt(d: chrono::DateTime<chrono::Utc>) -> String {
+    d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }

@@ -1,7 +1,8 @@
 //! A minimal HTTP/1.1 client over an [`AgentStream`], used by the engine for the agent's
-//! internal routes (`/init`, `/metrics`). Client traffic does not go through here: the API's
+//! internal routes (`/init`, the agent info route). Client traffic does not go through here: the API's
 //! routing proxy forwards it byte-for-byte.
 
+use bulkhead_envd::protocol::{AGENT_INFO_PATH, AgentInfo};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
@@ -21,6 +22,35 @@ pub enum AgentClientError {
     Encode(#[source] serde_json::Error),
     #[error("Agent answered {status}: {body}")]
     Status { status: u16, body: String },
+    #[error("The agent's description of itself is not valid JSON")]
+    Decode(#[source] serde_json::Error),
+}
+
+/// What an agent's answer to `POST /init` says about it: agents that predate versioning answer
+/// 204 with no body (the legacy protocol); newer ones answer with their [`AgentInfo`].
+pub fn info_from_init(body: &[u8]) -> AgentInfo {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return AgentInfo::legacy();
+    }
+    serde_json::from_slice(body).unwrap_or_else(|e| {
+        // Not fatal: the agent took its identity; it only described itself in a way this
+        // server does not understand, which the oldest protocol covers.
+        tracing::warn!(
+            error = &e as &dyn std::error::Error,
+            "agent answered /init with an unknown body; assuming the legacy protocol"
+        );
+        AgentInfo::legacy()
+    })
+}
+
+/// Ask the agent on the host-only info route which protocol it speaks; a 404 is an agent that
+/// predates versioning.
+pub async fn agent_info(stream: AgentStream) -> Result<AgentInfo, AgentClientError> {
+    match request::<()>(stream, http::Method::GET, AGENT_INFO_PATH, None, None).await {
+        Ok(body) => serde_json::from_slice(&body).map_err(AgentClientError::Decode),
+        Err(AgentClientError::Status { status: 404, .. }) => Ok(AgentInfo::legacy()),
+        Err(e) => Err(e),
+    }
 }
 
 /// Send one request and return the body of a 2xx answer.

@@ -1,6 +1,24 @@
-use crate::driver::DriverError;
+//! Errors of engine operations. Each says which operation failed (create, kill, metrics, …) and
+//! keeps its cause typed in `#[source]`; the API maps each variant to one E2B status and code
+//! and puts only the top-level message in a response (the chain goes to the log).
 
-/// Errors of engine operations. Each variant maps to one E2B HTTP status in the API layer.
+use bulkhead_envd::protocol::{AGENT_PROTOCOL_VERSION, AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
+
+use crate::agent_client::AgentClientError;
+use crate::driver::DriverError;
+use crate::lifecycle::{Operation, Refusal};
+
+/// Why a sandbox's network link could not be made or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    #[error("This server has no egress proxy")]
+    NoProxy,
+    #[error("The sandbox driver could not open a network link")]
+    Link(#[source] DriverError),
+    #[error("The egress proxy refused the link or policy")]
+    Proxy(#[source] bulkhead_egress::EgressError),
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("Sandbox {0} not found: it may have timed out or been killed; create a new one")]
@@ -11,16 +29,119 @@ pub enum EngineError {
     BadRequest(String),
     #[error("Sandbox capacity exhausted: kill unused sandboxes or raise the server's limit")]
     Capacity,
-    #[error("Sandbox could not be started")]
-    Driver(#[from] DriverError),
-    #[error("Sandbox agent failed: {0}")]
-    Agent(String),
+    /// The isolation driver failed while running `op`.
+    #[error(
+        "Could not {op} the sandbox: the sandbox driver failed; try again, and if it keeps failing ask the operator to check the server log"
+    )]
+    Driver {
+        op: Operation,
+        #[source]
+        source: DriverError,
+    },
+    /// The agent inside the sandbox did not answer as expected while running `op`.
+    #[error(
+        "Could not {op} the sandbox: its agent did not answer as expected; try again or create a new sandbox"
+    )]
+    Agent {
+        op: Operation,
+        #[source]
+        source: AgentClientError,
+    },
+    /// The sandbox's agent speaks a protocol older than this server can drive.
+    #[error(
+        "Sandbox {id} runs an agent too old for this server (agent protocol {agent_protocol}, build {agent_build}; this server needs at least {min_protocol} and speaks {current_protocol}): it is kept and can still be listed and killed, but cannot {op}; kill it and create a new sandbox"
+    )]
+    AgentTooOld {
+        id: String,
+        op: Operation,
+        agent_protocol: u32,
+        agent_build: String,
+        min_protocol: u32,
+        current_protocol: u32,
+    },
     #[error("Secret {0} not found: list secrets with GET /secrets or `bulkhead secrets ls`")]
     SecretNotFound(String),
     #[error("{0} already exists")]
     Conflict(String),
-    #[error("Sandbox network setup failed: {0}")]
-    Network(String),
-    #[error("Storage failure")]
+    /// The network link or policy of a sandbox could not be set while running `op`.
+    #[error(
+        "Could not {op} the sandbox: its network link could not be set up; try again, and if it keeps failing ask the operator to check the egress proxy"
+    )]
+    Network {
+        op: Operation,
+        #[source]
+        source: NetworkError,
+    },
+    #[error("Cannot {op} sandbox {id}: {reason}")]
+    Refused {
+        id: String,
+        op: Operation,
+        reason: Refusal,
+    },
+    #[error("This server cannot {0} sandboxes yet: upgrade Bulkhead or create a new sandbox")]
+    Unsupported(Operation),
+    /// Driver leftovers could not be cleaned up after a restart.
+    #[error(
+        "Could not clean up sandboxes left over from the previous server run: check the server log and the host"
+    )]
+    Recover(#[source] DriverError),
+    #[error(
+        "The server's database failed: try again, and if it keeps failing ask the operator to check the database"
+    )]
     Store(#[from] bulkhead_store::StoreError),
+}
+
+impl EngineError {
+    /// The error for a refused operation: an ended sandbox is simply not found (the 404 every
+    /// SDK expects); anything else names the operation, the sandbox and why.
+    pub(crate) fn refused(id: &str, op: Operation, reason: Refusal) -> Self {
+        match reason {
+            Refusal::Ended => EngineError::SandboxNotFound(id.to_string()),
+            reason => EngineError::Refused {
+                id: id.to_string(),
+                op,
+                reason,
+            },
+        }
+    }
+
+    /// A driver failure during `op`.
+    pub(crate) fn driver(op: Operation) -> impl FnOnce(DriverError) -> Self {
+        move |source| EngineError::Driver { op, source }
+    }
+
+    /// An agent failure during `op`.
+    pub(crate) fn agent(op: Operation) -> impl FnOnce(AgentClientError) -> Self {
+        move |source| EngineError::Agent { op, source }
+    }
+
+    /// A network failure during `op`.
+    pub(crate) fn network(op: Operation) -> impl FnOnce(NetworkError) -> Self {
+        move |source| EngineError::Network { op, source }
+    }
+
+    /// A sandbox whose agent is too old for `op`.
+    pub(crate) fn agent_too_old(id: &str, op: Operation, agent: &AgentInfo) -> Self {
+        EngineError::AgentTooOld {
+            id: id.to_string(),
+            op,
+            agent_protocol: agent.protocol_version,
+            agent_build: agent.agent_build.clone(),
+            min_protocol: MIN_AGENT_PROTOCOL_VERSION,
+            current_protocol: AGENT_PROTOCOL_VERSION,
+        }
+    }
+
+    /// The operation that failed, for errors that carry one.
+    pub fn operation(&self) -> Option<Operation> {
+        match self {
+            EngineError::Driver { op, .. }
+            | EngineError::Agent { op, .. }
+            | EngineError::AgentTooOld { op, .. }
+            | EngineError::Network { op, .. }
+            | EngineError::Refused { op, .. }
+            | EngineError::Unsupported(op) => Some(*op),
+            _ => None,
+        }
+    }
 }

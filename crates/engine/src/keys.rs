@@ -52,6 +52,8 @@ mod tests {
 
 use bulkhead_store::{ApiKeyRow, Store, StoreError};
 
+use crate::types::{ApiKey, Caller};
+
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
     #[error(
@@ -80,9 +82,24 @@ async fn insert(store: &Store, name: &str, key: &str) -> Result<ApiKeyRow, KeyEr
 }
 
 /// Create a new key; the plaintext is returned once and never stored.
-pub async fn create(store: &Store, name: &str) -> Result<(ApiKeyRow, String), KeyError> {
+pub async fn create(store: &Store, name: &str) -> Result<(ApiKey, String), KeyError> {
     let key = generate_key();
-    Ok((insert(store, name, &key).await?, key))
+    Ok((ApiKey::from(&insert(store, name, &key).await?), key))
+}
+
+/// Every key, revoked ones included.
+pub async fn list(store: &Store) -> Result<Vec<ApiKey>, KeyError> {
+    Ok(store
+        .list_api_keys()
+        .await?
+        .iter()
+        .map(ApiKey::from)
+        .collect())
+}
+
+/// Revoke the active key with this id or prefix; false when none matches.
+pub async fn revoke(store: &Store, id_or_prefix: &str) -> Result<bool, KeyError> {
+    Ok(store.revoke_api_key(id_or_prefix).await?)
 }
 
 /// Ensure a given key (e.g. from `BULKHEAD_API_KEY`) is accepted. Returns true if it was added.
@@ -102,11 +119,13 @@ pub async fn seed(store: &Store, key: &str, name: &str) -> Result<bool, KeyError
 }
 
 /// The active key matching `key`, if any.
-pub async fn authenticate(store: &Store, key: &str) -> Result<Option<ApiKeyRow>, StoreError> {
+pub async fn authenticate(store: &Store, key: &str) -> Result<Option<Caller>, StoreError> {
     if !key.starts_with(KEY_PREFIX) || key.len() > 128 {
         return Ok(None);
     }
     let hash = hash_key(key);
     let row = store.find_active_api_key_by_hash(&hash).await?;
-    Ok(row.filter(|r| constant_time_eq(&r.hash, &hash)))
+    Ok(row
+        .filter(|r| constant_time_eq(&r.hash, &hash))
+        .map(|r| ApiKey::from(&r).caller()))
 }

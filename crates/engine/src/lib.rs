@@ -3,22 +3,51 @@
 //!
 //! Lifecycle of a sandbox: a warm pool per template keeps started, anonymous sandboxes; create
 //! claims one (or starts one cold when the pool is empty), gives it an identity through the
-//! agent's `/init` (env vars, access token), records it in the store and arms its TTL. A watcher
-//! task per sandbox notices its death; a reaper kills sandboxes whose `end_at` passed.
+//! agent's `/init`, records it in the store and arms its TTL. A watcher task per sandbox
+//! notices its death; a reaper kills sandboxes whose `end_at` passed. Which operation may run
+//! in which state is decided by [`lifecycle::transition`] alone.
+//!
+//! Layout: leaf modules hold shared state and types (`config`, `types`, `clock`, `validate`,
+//! `live`, `lifecycle`, `error`); [`engine`](crate::Engine) holds the `Engine` value; each verb
+//! module adds its own `impl Engine` block and imports only leaves.
 
 pub mod agent_client;
+mod clock;
+mod config;
 pub mod driver;
 mod engine;
 mod error;
 pub mod ids;
 pub mod keys;
+pub mod lifecycle;
+mod live;
 pub mod network;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod types;
+mod validate;
 
-pub use engine::{
-    CreateRequest, Engine, EngineConfig, ListPage, ListRequest, SandboxInfo, SecretInfo,
-    SecretPage, TemplateInfo, Usage,
-};
-pub use error::EngineError;
+// Verbs: each an `impl Engine` block.
+mod connect;
+mod create;
+mod filler;
+mod kill;
+mod network_ops;
+mod reaper;
+mod recovery;
+mod sandboxes;
+mod secrets;
+mod signed_urls;
+mod templates;
+mod timeout;
+mod usage;
+
+pub use config::EngineConfig;
+pub use engine::Engine;
+pub use error::{EngineError, NetworkError};
+pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
+pub use types::{
+    ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, ListPage, ListRequest,
+    SandboxInfo, SecretInfo, SecretPage, TemplateInfo, TemplateStatus, Usage,
+};

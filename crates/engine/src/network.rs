@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bulkhead_egress::{AuditEvent, AuditSink, HeaderRule, NetworkPolicy, SecretSource};
+use bulkhead_egress::{
+    AuditEvent, AuditSink, EgressError, HeaderRule, NetworkPolicy, SecretSource,
+};
 use bulkhead_store::{EgressEventRow, Store};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
@@ -78,22 +80,32 @@ pub fn egress_allowed(policy: &NetworkPolicy) -> bool {
     policy.allow_internet || !policy.allow_out.is_empty()
 }
 
-/// What the engine needs from the egress proxy. Errors are messages for a 500.
+/// What the engine needs from the egress proxy.
 pub trait EgressControl: Send + Sync {
     /// Start serving the sandbox's link (`tun`, created inside its network namespace).
-    fn attach(&self, sandbox_id: &str, tun: OwnedFd, policy: NetworkPolicy) -> Result<(), String>;
+    fn attach(
+        &self,
+        sandbox_id: &str,
+        tun: OwnedFd,
+        policy: NetworkPolicy,
+    ) -> Result<(), EgressError>;
     /// Replace the policy of an attached sandbox; applies to new connections at once.
-    fn set_policy(&self, sandbox_id: &str, policy: NetworkPolicy) -> Result<(), String>;
+    fn set_policy(&self, sandbox_id: &str, policy: NetworkPolicy) -> Result<(), EgressError>;
     /// Stop serving the link (closing it removes the device); idempotent.
     fn detach(&self, sandbox_id: &str);
 }
 
 impl EgressControl for bulkhead_egress::Egress {
-    fn attach(&self, sandbox_id: &str, tun: OwnedFd, policy: NetworkPolicy) -> Result<(), String> {
-        bulkhead_egress::Egress::attach(self, sandbox_id, tun, policy).map_err(|e| e.to_string())
+    fn attach(
+        &self,
+        sandbox_id: &str,
+        tun: OwnedFd,
+        policy: NetworkPolicy,
+    ) -> Result<(), EgressError> {
+        bulkhead_egress::Egress::attach(self, sandbox_id, tun, policy)
     }
-    fn set_policy(&self, sandbox_id: &str, policy: NetworkPolicy) -> Result<(), String> {
-        bulkhead_egress::Egress::set_policy(self, sandbox_id, policy).map_err(|e| e.to_string())
+    fn set_policy(&self, sandbox_id: &str, policy: NetworkPolicy) -> Result<(), EgressError> {
+        bulkhead_egress::Egress::set_policy(self, sandbox_id, policy)
     }
     fn detach(&self, sandbox_id: &str) {
         bulkhead_egress::Egress::detach(self, sandbox_id)

@@ -26,7 +26,7 @@ impl crate::network::EgressControl for RecordingEgress {
         sandbox_id: &str,
         tun: std::os::fd::OwnedFd,
         policy: bulkhead_egress::NetworkPolicy,
-    ) -> Result<(), String> {
+    ) -> Result<(), bulkhead_egress::EgressError> {
         self.calls
             .lock()
             .unwrap()
@@ -42,14 +42,14 @@ impl crate::network::EgressControl for RecordingEgress {
         &self,
         sandbox_id: &str,
         policy: bulkhead_egress::NetworkPolicy,
-    ) -> Result<(), String> {
+    ) -> Result<(), bulkhead_egress::EgressError> {
         self.calls.lock().unwrap().push(format!("set {sandbox_id}"));
         match self.attached.lock().unwrap().get_mut(sandbox_id) {
             Some(p) => {
                 *p = policy;
                 Ok(())
             }
-            None => Err(format!("{sandbox_id} is not attached")),
+            None => Err(bulkhead_egress::EgressError::NotAttached(sandbox_id.into())),
         }
     }
     fn detach(&self, sandbox_id: &str) {

@@ -31,7 +31,8 @@ async fn setup(
     tempfile::TempDir,
     Arc<FakeDriver>,
     Arc<Engine>,
-    bulkhead_store::ApiKeyRow,
+    bulkhead_engine::Caller,
+    Store,
 ) {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
@@ -46,13 +47,17 @@ async fn setup(
         },
     );
     engine.register_template(template()).await.unwrap();
-    let (owner, _) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
-    (dir, driver, engine, owner)
+    let owner = bulkhead_engine::keys::create(&store, "t")
+        .await
+        .unwrap()
+        .0
+        .caller();
+    (dir, driver, engine, owner, store)
 }
 
 #[tokio::test]
 async fn create_get_list_kill() {
-    let (_d, driver, engine, owner) = setup(0).await;
+    let (_d, driver, engine, owner, store) = setup(0).await;
     let mut md = BTreeMap::new();
     md.insert("user".to_string(), "alice".to_string());
     let info = engine
@@ -61,7 +66,7 @@ async fn create_get_list_kill() {
             CreateRequest {
                 template: "debian".into(),
                 metadata: md.clone(),
-                secure: true,
+                secure: Some(true),
                 ..Default::default()
             },
         )
@@ -73,17 +78,25 @@ async fn create_get_list_kill() {
     let ttl = info.end_at - info.started_at;
     assert_eq!(ttl.num_seconds(), 300);
 
-    let got = engine.get(&info.id).await.unwrap();
+    let got = engine.get(&me(), &info.id).await.unwrap();
     assert_eq!(got.metadata, md);
     // Legacy `<id>-<clientID>` form.
-    assert!(engine.get(&format!("{}-bulkhead", info.id)).await.is_ok());
+    assert!(
+        engine
+            .get(&me(), &format!("{}-bulkhead", info.id))
+            .await
+            .is_ok()
+    );
 
     let other = engine.create(&owner, base()).await.unwrap();
     let page = engine
-        .list(&ListRequest {
-            metadata: md.clone(),
-            ..Default::default()
-        })
+        .list(
+            &me(),
+            &ListRequest {
+                metadata: md.clone(),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(page.items.len(), 1);
@@ -92,43 +105,52 @@ async fn create_get_list_kill() {
 
     // Pagination: limit 1 gives a token, the second page has the other sandbox.
     let p1 = engine
-        .list(&ListRequest {
-            limit: Some(1),
-            order_desc: true,
-            ..Default::default()
-        })
+        .list(
+            &me(),
+            &ListRequest {
+                limit: Some(1),
+                order_desc: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(p1.items.len(), 1);
     let p2 = engine
-        .list(&ListRequest {
-            limit: Some(1),
-            order_desc: true,
-            next_token: p1.next_token.clone(),
-            ..Default::default()
-        })
+        .list(
+            &me(),
+            &ListRequest {
+                limit: Some(1),
+                order_desc: true,
+                next_token: p1.next_token.clone(),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(p2.items.len(), 1);
     assert_ne!(p1.items[0].id, p2.items[0].id);
     assert!(p2.next_token.is_none());
 
-    assert!(engine.kill(&info.id).await.unwrap());
-    assert!(!engine.kill(&info.id).await.unwrap());
+    engine.kill(&me(), &info.id).await.unwrap();
     assert!(matches!(
-        engine.get(&info.id).await,
+        engine.kill(&me(), &info.id).await,
         Err(EngineError::SandboxNotFound(_))
     ));
-    assert!(engine.kill(&other.id).await.unwrap());
+    assert!(matches!(
+        engine.get(&me(), &info.id).await,
+        Err(EngineError::SandboxNotFound(_))
+    ));
+    engine.kill(&me(), &other.id).await.unwrap();
     assert_eq!(driver.stopped.load(Ordering::SeqCst), 2);
-    let row = engine.store().get_sandbox(&info.id).await.unwrap().unwrap();
+    let row = store.get_sandbox(&info.id).await.unwrap().unwrap();
     assert_eq!(row.state, SandboxState::Dead);
     assert_eq!(row.end_reason.as_deref(), Some("killed"));
 }
 
 #[tokio::test]
 async fn unknown_template_and_bad_timeout_are_rejected() {
-    let (_d, driver, engine, owner) = setup(0).await;
+    let (_d, driver, engine, owner, _store) = setup(0).await;
     let e = engine
         .create(
             &owner,
@@ -158,7 +180,7 @@ async fn unknown_template_and_bad_timeout_are_rejected() {
 
 #[tokio::test]
 async fn ttl_reaper_kills_and_timeouts_move_end_at() {
-    let (_d, _driver, engine, owner) = setup(0).await;
+    let (_d, _driver, engine, owner, store) = setup(0).await;
     engine.start_background();
     let sb = engine
         .create(
@@ -171,29 +193,28 @@ async fn ttl_reaper_kills_and_timeouts_move_end_at() {
         .await
         .unwrap();
     // connect extends, never shortens.
-    let (c, resumed) = engine.connect(&sb.id, Some(60)).await.unwrap();
+    let (c, resumed) = engine.connect(&me(), &sb.id, Some(60)).await.unwrap();
     assert!(!resumed);
     assert!((c.end_at - c.started_at).num_seconds() >= 59);
-    let (c2, _) = engine.connect(&sb.id, Some(1)).await.unwrap();
+    let (c2, _) = engine.connect(&me(), &sb.id, Some(1)).await.unwrap();
     assert_eq!(c2.end_at, c.end_at);
     // set_timeout may shorten.
-    engine.set_timeout(&sb.id, 1).await.unwrap();
+    engine.set_timeout(&me(), &sb.id, 1).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(matches!(
-        engine.get(&sb.id).await,
+        engine.get(&me(), &sb.id).await,
         Err(EngineError::SandboxNotFound(_))
     ));
-    let row = engine.store().get_sandbox(&sb.id).await.unwrap().unwrap();
+    let row = store.get_sandbox(&sb.id).await.unwrap().unwrap();
     assert_eq!(row.end_reason.as_deref(), Some("timeout"));
 }
 
 #[tokio::test]
 async fn dead_sandbox_is_noticed() {
-    let (_d, driver, engine, owner) = setup(0).await;
+    let (_d, driver, engine, owner, store) = setup(0).await;
     let sb = engine.create(&owner, base()).await.unwrap();
     let h: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
-        &engine
-            .store()
+        &store
             .get_sandbox(&sb.id)
             .await
             .unwrap()
@@ -204,20 +225,20 @@ async fn dead_sandbox_is_noticed() {
     .unwrap();
     driver.crash(h.pid);
     for _ in 0..50 {
-        if engine.get(&sb.id).await.is_err() {
+        if engine.get(&me(), &sb.id).await.is_err() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(matches!(
-        engine.get(&sb.id).await,
+        engine.get(&me(), &sb.id).await,
         Err(EngineError::SandboxNotFound(_))
     ));
 }
 
 #[tokio::test]
 async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
-    let (_d, driver, engine, owner) = setup(2).await;
+    let (_d, driver, engine, owner, _store) = setup(2).await;
     engine.start_background();
     for _ in 0..100 {
         if engine.pool_len("base") == 2 {
@@ -234,7 +255,7 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
             &owner,
             CreateRequest {
                 env_vars: env,
-                secure: true,
+                secure: Some(true),
                 ..base()
             },
         )
@@ -272,12 +293,11 @@ fn recover_readopts_live_and_buries_dead() {
         .build()
         .unwrap();
     let (dir, driver, a, b, hb, orphan) = first.block_on(async {
-        let (dir, driver, engine, owner) = setup(0).await;
+        let (dir, driver, engine, owner, store) = setup(0).await;
         let a = engine.create(&owner, base()).await.unwrap();
         let b = engine.create(&owner, base()).await.unwrap();
         let hb: bulkhead_engine::driver::DriverHandle = serde_json::from_str(
-            &engine
-                .store()
+            &store
                 .get_sandbox(&b.id)
                 .await
                 .unwrap()
@@ -309,7 +329,7 @@ fn recover_readopts_live_and_buries_dead() {
             driver.alive.lock().unwrap().remove(&hb.pid);
             let store = Store::open_sqlite_in(dir.path()).await.unwrap();
             let engine2 = Engine::new(
-                store,
+                store.clone(),
                 driver.clone(),
                 EngineConfig {
                     pool_size: 0,
@@ -318,13 +338,21 @@ fn recover_readopts_live_and_buries_dead() {
             );
             engine2.register_template(template()).await.unwrap();
             assert_eq!(engine2.recover().await.unwrap(), 1);
-            assert!(engine2.get(&a.id).await.is_ok());
-            assert!(engine2.get(&b.id).await.is_err());
+            assert!(engine2.get(&me(), &a.id).await.is_ok());
+            assert!(engine2.get(&me(), &b.id).await.is_err());
             assert!(
                 !driver.alive.lock().unwrap().contains(&orphan.pid),
                 "orphan reclaimed"
             );
-            let row = engine2.store().get_sandbox(&b.id).await.unwrap().unwrap();
+            let row = store.get_sandbox(&b.id).await.unwrap().unwrap();
             assert_eq!(row.end_reason.as_deref(), Some("lost on restart"));
         });
+}
+
+/// The caller of engine verbs in these tests (the engine checks no ownership yet).
+fn me() -> bulkhead_engine::Caller {
+    bulkhead_engine::Caller {
+        key_id: "test".into(),
+        team_id: None,
+    }
 }

@@ -12,7 +12,7 @@ use bulkhead_engine::{
     CreateRequest, Engine, EngineConfig, EngineError, NetworkRule, NetworkTransform, SandboxInfo,
     SandboxNetwork,
 };
-use bulkhead_store::{ApiKeyRow, Store};
+use bulkhead_store::Store;
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -20,7 +20,7 @@ struct Setup {
     driver: Arc<FakeDriver>,
     egress: Arc<RecordingEgress>,
     engine: Arc<Engine>,
-    owner: ApiKeyRow,
+    owner: bulkhead_engine::Caller,
 }
 
 async fn setup(cfg: EngineConfig, with_egress: bool) -> Setup {
@@ -36,7 +36,11 @@ async fn setup(cfg: EngineConfig, with_egress: bool) -> Setup {
         .register_template(bulkhead_engine::testing::base_template())
         .await
         .unwrap();
-    let (owner, _) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
+    let owner = bulkhead_engine::keys::create(&store, "t")
+        .await
+        .unwrap()
+        .0
+        .caller();
     Setup {
         _dir: dir,
         store,
@@ -96,7 +100,7 @@ async fn default_deny_gives_no_link_and_allow_out_does() {
     assert_eq!(p.allow_out, ["pypi.org", "*.pythonhosted.org"]);
     assert_eq!(p.deny_out, ["10.0.0.0/8"]);
     // Stored and reported back.
-    let got = s.engine.get(&b.id).await.unwrap();
+    let got = s.engine.get(&me(), &b.id).await.unwrap();
     assert_eq!(
         got.network,
         Some(net(&["pypi.org", "*.pythonhosted.org"], &["10.0.0.0/8"]))
@@ -116,7 +120,7 @@ async fn default_deny_gives_no_link_and_allow_out_does() {
     assert_eq!(links(&s), 2);
 
     // Kill detaches; the engine's end of the link is closed.
-    assert!(s.engine.kill(&b.id).await.unwrap());
+    s.engine.kill(&me(), &b.id).await.unwrap();
     assert!(!s.egress.attached.lock().unwrap().contains_key(&b.id));
     assert!(
         s.egress
@@ -247,7 +251,7 @@ async fn updates_replace_the_policy_and_add_or_remove_the_link() {
 
     // deny → allowOut: a link appears.
     s.engine
-        .update_network(&a.id, None, net(&["pypi.org"], &[]))
+        .update_network(&me(), &a.id, None, net(&["pypi.org"], &[]))
         .await
         .unwrap();
     assert_eq!(links(&s), 1);
@@ -255,26 +259,32 @@ async fn updates_replace_the_policy_and_add_or_remove_the_link() {
         s.egress.attached.lock().unwrap()[&a.id].allow_out,
         ["pypi.org"]
     );
-    let got = s.engine.get(&a.id).await.unwrap();
+    let got = s.engine.get(&me(), &a.id).await.unwrap();
     assert_eq!(got.network, Some(net(&["pypi.org"], &[])));
 
     // Still allowed: the same link gets the new policy.
     s.engine
-        .update_network(&a.id, Some(true), net(&[], &["1.2.3.4"]))
+        .update_network(&me(), &a.id, Some(true), net(&[], &["1.2.3.4"]))
         .await
         .unwrap();
     assert_eq!(links(&s), 1);
     let p = s.egress.attached.lock().unwrap()[&a.id].clone();
     assert!(p.allow_internet && p.allow_out.is_empty() && p.deny_out == ["1.2.3.4"]);
-    assert!(s.engine.get(&a.id).await.unwrap().allow_internet_access);
+    assert!(
+        s.engine
+            .get(&me(), &a.id)
+            .await
+            .unwrap()
+            .allow_internet_access
+    );
 
     // Nothing allowed any more: the link goes; the stored config is cleared.
     s.engine
-        .update_network(&a.id, None, SandboxNetwork::default())
+        .update_network(&me(), &a.id, None, SandboxNetwork::default())
         .await
         .unwrap();
     assert!(!s.egress.attached.lock().unwrap().contains_key(&a.id));
-    let got = s.engine.get(&a.id).await.unwrap();
+    let got = s.engine.get(&me(), &a.id).await.unwrap();
     assert!(!got.allow_internet_access);
     assert_eq!(got.network, None);
     let calls = s.egress.calls.lock().unwrap().clone();
@@ -290,20 +300,25 @@ async fn updates_replace_the_policy_and_add_or_remove_the_link() {
     // Bad input and unknown sandboxes.
     assert!(matches!(
         s.engine
-            .update_network(&a.id, None, net(&["bad domain"], &[]))
+            .update_network(&me(), &a.id, None, net(&["bad domain"], &[]))
             .await,
         Err(EngineError::BadRequest(_))
     ));
     assert!(matches!(
         s.engine
-            .update_network("nosuchsandbox0000000", None, SandboxNetwork::default())
+            .update_network(
+                &me(),
+                "nosuchsandbox0000000",
+                None,
+                SandboxNetwork::default()
+            )
             .await,
         Err(EngineError::SandboxNotFound(_))
     ));
-    s.engine.kill(&a.id).await.unwrap();
+    s.engine.kill(&me(), &a.id).await.unwrap();
     assert!(matches!(
         s.engine
-            .update_network(&a.id, Some(true), SandboxNetwork::default())
+            .update_network(&me(), &a.id, Some(true), SandboxNetwork::default())
             .await,
         Err(EngineError::SandboxNotFound(_))
     ));
@@ -357,7 +372,7 @@ async fn restart_reattaches_links_of_readopted_sandboxes() {
     assert_eq!(attached[&with.id].allow_out, ["example.com"]);
     assert!(!attached.contains_key(&without.id));
     // And the re-adopted sandbox's link is torn down with it.
-    engine2.kill(&with.id).await.unwrap();
+    engine2.kill(&me(), &with.id).await.unwrap();
     assert!(egress2.attached.lock().unwrap().is_empty());
 }
 
@@ -367,6 +382,7 @@ async fn secrets_are_write_only_and_addressable_by_name() {
     let e = &s.engine;
     let a = e
         .create_secret(
+            &me(),
             "openai-key",
             "sk-123",
             BTreeMap::from([("team".into(), "ml".into())]),
@@ -377,7 +393,8 @@ async fn secrets_are_write_only_and_addressable_by_name() {
     assert_eq!((a.name.as_str(), a.version), ("openai-key", 1));
     assert!(!format!("{a:?}").contains("sk-123"));
     assert!(matches!(
-        e.create_secret("openai-key", "x", BTreeMap::new()).await,
+        e.create_secret(&me(), "openai-key", "x", BTreeMap::new())
+            .await,
         Err(EngineError::Conflict(_))
     ));
     for (name, value) in [
@@ -388,14 +405,14 @@ async fn secrets_are_write_only_and_addressable_by_name() {
     ] {
         assert!(
             matches!(
-                e.create_secret(name, value, BTreeMap::new()).await,
+                e.create_secret(&me(), name, value, BTreeMap::new()).await,
                 Err(EngineError::BadRequest(_))
             ),
             "{name:?} {value:?}"
         );
     }
-    assert_eq!(e.get_secret("openai-key").await.unwrap().id, a.id);
-    let up = e.update_secret(&a.id, "sk-456", None).await.unwrap();
+    assert_eq!(e.get_secret(&me(), "openai-key").await.unwrap().id, a.id);
+    let up = e.update_secret(&me(), &a.id, "sk-456", None).await.unwrap();
     assert_eq!(up.version, 2);
     assert_eq!(up.metadata["team"], "ml");
     // The proxy's view resolves the current value, by placeholder or name.
@@ -409,22 +426,25 @@ async fn secrets_are_write_only_and_addressable_by_name() {
     assert_eq!(src.resolve("nope").await, None);
 
     for i in 0..3 {
-        e.create_secret(&format!("s{i}"), "v", BTreeMap::new())
+        e.create_secret(&me(), &format!("s{i}"), "v", BTreeMap::new())
             .await
             .unwrap();
     }
-    let p1 = e.list_secrets(Some(3), None).await.unwrap();
+    let p1 = e.list_secrets(&me(), Some(3), None).await.unwrap();
     assert_eq!(p1.items.len(), 3);
     let p2 = e
-        .list_secrets(Some(3), p1.next_token.as_deref())
+        .list_secrets(&me(), Some(3), p1.next_token.as_deref())
         .await
         .unwrap();
     assert_eq!(p2.items.len(), 1);
     assert!(p2.next_token.is_none());
-    assert!(e.delete_secret("openai-key").await.unwrap());
-    assert!(!e.delete_secret("openai-key").await.unwrap());
+    e.delete_secret(&me(), "openai-key").await.unwrap();
     assert!(matches!(
-        e.get_secret("openai-key").await,
+        e.delete_secret(&me(), "openai-key").await,
+        Err(EngineError::SecretNotFound(_))
+    ));
+    assert!(matches!(
+        e.get_secret(&me(), "openai-key").await,
         Err(EngineError::SecretNotFound(_))
     ));
 }
@@ -464,18 +484,23 @@ async fn audit_events_are_batched_into_the_store_and_readable_after_kill() {
         });
     }
     // Reading flushes: every event recorded before the read is there.
-    let ev = engine.network_events(&a.id, 10_000).await.unwrap();
+    let ev = engine.network_events(&me(), &a.id, 10_000).await.unwrap();
     assert_eq!(ev.len(), 1000);
     assert_eq!(sink.dropped(), 0);
     assert_eq!(ev.iter().filter(|e| !e.allowed).count(), 334);
     assert_eq!(ev.iter().map(|e| e.bytes_in).sum::<i64>(), 999 * 1000);
-    let newest = engine.network_events(&a.id, 10).await.unwrap();
+    let newest = engine.network_events(&me(), &a.id, 10).await.unwrap();
     assert_eq!(newest.len(), 10);
     // The trail outlives the sandbox.
-    engine.kill(&a.id).await.unwrap();
-    assert_eq!(engine.network_events(&a.id, 5).await.unwrap().len(), 5);
+    engine.kill(&me(), &a.id).await.unwrap();
+    assert_eq!(
+        engine.network_events(&me(), &a.id, 5).await.unwrap().len(),
+        5
+    );
     assert!(matches!(
-        engine.network_events("nosuchsandbox0000000", 5).await,
+        engine
+            .network_events(&me(), "nosuchsandbox0000000", 5)
+            .await,
         Err(EngineError::SandboxNotFound(_))
     ));
 }
@@ -510,4 +535,12 @@ async fn default_sandbox_env_is_sent_and_overridable() {
         "/etc/ssl/certs/ca-certificates.crt"
     );
     assert_eq!(init["envVars"]["PIP_CERT"], "/mine.pem");
+}
+
+/// The caller of engine verbs in these tests (the engine checks no ownership yet).
+fn me() -> bulkhead_engine::Caller {
+    bulkhead_engine::Caller {
+        key_id: "test".into(),
+        team_id: None,
+    }
 }

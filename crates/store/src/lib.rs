@@ -50,30 +50,63 @@ pub struct ApiKeyRow {
     pub revoked_at: Option<i64>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a sandbox is in its life. One type for the engine's live set and the store; the
+/// transitions between states are the engine's `lifecycle` module. Stored as the strings of
+/// [`SandboxState::as_str`]: the three that existed first (`running`, `paused`, `dead`) keep
+/// their spelling so no migration is needed, the transient ones are written only while an
+/// operation is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SandboxState {
+    /// Being created: claimed from the pool or started cold, not yet given its identity.
+    Starting,
     Running,
+    /// Being frozen (checkpoint in progress).
+    Pausing,
     Paused,
+    /// Being restored from a pause.
+    Resuming,
+    /// A snapshot (or a fork's checkpoint) of it is being taken; it runs again afterwards.
+    Snapshotting,
+    /// Being torn down.
+    Killing,
     /// Killed, timed out or died; kept for a while for `GET /sandboxes/{id}` → 404 decisions
     /// and cleanup bookkeeping.
     Dead,
 }
 
 impl SandboxState {
+    /// Every state, for exhaustive tests and listings.
+    pub const ALL: [SandboxState; 8] = [
+        SandboxState::Starting,
+        SandboxState::Running,
+        SandboxState::Pausing,
+        SandboxState::Paused,
+        SandboxState::Resuming,
+        SandboxState::Snapshotting,
+        SandboxState::Killing,
+        SandboxState::Dead,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
+            SandboxState::Starting => "starting",
             SandboxState::Running => "running",
+            SandboxState::Pausing => "pausing",
             SandboxState::Paused => "paused",
+            SandboxState::Resuming => "resuming",
+            SandboxState::Snapshotting => "snapshotting",
+            SandboxState::Killing => "killing",
             SandboxState::Dead => "dead",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "running" => Some(SandboxState::Running),
-            "paused" => Some(SandboxState::Paused),
-            "dead" => Some(SandboxState::Dead),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -1,0 +1,47 @@
+//! The engine's settings (one value, filled by the server's configuration).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// TTL when the client gives none (E2B: 300 s).
+    pub default_timeout: Duration,
+    /// Largest TTL a client may ask for.
+    pub max_timeout: Duration,
+    /// Started, anonymous sandboxes kept ready per template.
+    pub pool_size: usize,
+    /// envd version reported to SDKs (they gate features on it).
+    pub envd_version: String,
+    /// Most sandboxes running at once (pool members not counted).
+    pub max_sandboxes: usize,
+    /// How long records of dead sandboxes are kept.
+    pub dead_retention: Duration,
+    /// How often the reaper looks for expired sandboxes.
+    pub reap_interval: Duration,
+    /// `allow_internet_access` when a create request does not say (operator setting; E2B's
+    /// cloud defaults to true, Bulkhead to false).
+    pub network_default_allow: bool,
+    /// Environment every sandbox starts with (e.g. the CA bundle variables); a create
+    /// request's own `envVars` override these.
+    pub sandbox_env: BTreeMap<String, String>,
+    /// How long egress audit events are kept.
+    pub audit_retention: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+            pool_size: 2,
+            envd_version: bulkhead_envd::ENVD_VERSION.into(),
+            max_sandboxes: 1000,
+            dead_retention: Duration::from_secs(3600),
+            reap_interval: Duration::from_millis(250),
+            network_default_allow: false,
+            sandbox_env: BTreeMap::new(),
+            audit_retention: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Looking sandboxes up: the lifecycle gate every verb passes (`enter`), the watcher that
+//! notices a death, and the read verbs `get` and `list`.
+
+use std::sync::Arc;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use bulkhead_envd::protocol::AgentInfo;
+use bulkhead_store::{SandboxFilter, SandboxRow, SandboxState};
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::ms_to_dt;
+use crate::driver::DriverHandle;
+use crate::ids;
+use crate::lifecycle::{self, Operation, Step};
+use crate::live::Live;
+use crate::types::{Caller, ListPage, ListRequest, SandboxInfo};
+use crate::validate::{decode_token, encode_token};
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl Engine {
+    /// Ask the lifecycle whether `op` may run on sandbox `id` now and, if it moves the sandbox
+    /// through a transient state, put it there. Returns the normalized id and the step.
+    pub(crate) fn enter<'a>(&self, id: &'a str, op: Operation) -> Result<(&'a str, Step)> {
+        let id = ids::normalize_sandbox_id(id);
+        if !ids::is_valid_sandbox_id(id) {
+            return Err(EngineError::SandboxNotFound(id.to_string()));
+        }
+        if !op.works_with_unsupported_agent()
+            && let Some(agent) = self.live.agent(id)
+            && !agent.is_supported()
+        {
+            return Err(EngineError::agent_too_old(id, op, &agent));
+        }
+        let step = self
+            .live
+            .enter(id, op)
+            .map_err(|reason| EngineError::refused(id, op, reason))?;
+        Ok((id, step))
+    }
+
+    /// The stored record of a sandbox `op` may run on (see [`Self::enter`]).
+    pub(crate) async fn running_row(&self, id: &str, op: Operation) -> Result<SandboxRow> {
+        let (id, _) = self.enter(id, op)?;
+        match self.store.get_sandbox(id).await? {
+            Some(row) if row.state != SandboxState::Dead => Ok(row),
+            _ => Err(EngineError::SandboxNotFound(id.to_string())),
+        }
+    }
+
+    /// Is the sandbox in the live set and not on its way out?
+    pub fn is_live(&self, id: &str) -> bool {
+        self.live.is_live(id)
+    }
+
+    pub(crate) fn handle(&self, id: &str) -> Result<DriverHandle> {
+        self.live
+            .handle(id)
+            .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))
+    }
+
+    /// Put a sandbox in the live set and watch for its death.
+    pub(crate) fn track(
+        self: &Arc<Self>,
+        row: &SandboxRow,
+        handle: DriverHandle,
+        net_attached: bool,
+        agent: AgentInfo,
+    ) {
+        let cancel = CancellationToken::new();
+        let live = Live {
+            state: row.state,
+            handle: handle.clone(),
+            end_at_ms: row.end_at,
+            access_token: row.envd_access_token.clone(),
+            cancel: cancel.clone(),
+            cpu_count: row.cpu_count,
+            last_cpu: (0, row.started_at),
+            net_attached,
+            agent,
+        };
+        self.live.lock().insert(row.id.clone(), live);
+        let engine = Arc::clone(self);
+        let id = row.id.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = engine.driver.wait(&handle) => {
+                    engine.finish(&id, "exited").await;
+                }
+                _ = cancel.cancelled() => {}
+            }
+        });
+    }
+
+    pub(crate) fn info_from_row(&self, row: &SandboxRow) -> SandboxInfo {
+        // The live set is ahead of the store (TTL changes, transient states).
+        let (end_at, state) = self
+            .live
+            .lock()
+            .get(&row.id)
+            .map_or((row.end_at, row.state), |l| (l.end_at_ms, l.state));
+        SandboxInfo {
+            id: row.id.clone(),
+            template_id: row.template_id.clone(),
+            alias: row.alias.clone(),
+            metadata: row.metadata.clone(),
+            started_at: ms_to_dt(row.started_at),
+            end_at: ms_to_dt(end_at),
+            cpu_count: row.cpu_count,
+            memory_mb: row.memory_mb,
+            disk_size_mb: row.disk_size_mb,
+            state: lifecycle::e2b_state(state),
+            envd_access_token: row.envd_access_token.clone(),
+            envd_version: self.cfg.envd_version.clone(),
+            allow_internet_access: row.allow_internet,
+            network: row
+                .network
+                .as_deref()
+                .and_then(|n| serde_json::from_str(n).ok()),
+        }
+    }
+
+    pub async fn get(&self, _caller: &Caller, id: &str) -> Result<SandboxInfo> {
+        let row = self.running_row(id, Operation::Get).await?;
+        Ok(self.info_from_row(&row))
+    }
+
+    /// One page of sandboxes. Every key of a server without teams sees every sandbox; a
+    /// per-team filter attaches here, on `caller.team_id`.
+    pub async fn list(&self, _caller: &Caller, req: &ListRequest) -> Result<ListPage> {
+        let states = if req.states.is_empty() {
+            vec![SandboxState::Running, SandboxState::Paused]
+        } else {
+            req.states.clone()
+        };
+        let filter = SandboxFilter {
+            states,
+            metadata: req.metadata.clone(),
+            template_id: req
+                .template
+                .as_ref()
+                .map(|t| self.template(t).map(|t| t.id.clone()).unwrap_or(t.clone())),
+            started_after: req.started_after.map(|d| d.timestamp_millis()),
+            owner_key_id: None,
+        };
+        let limit = req.limit.unwrap_or(100).clamp(1, 100);
+        let after = match &req.next_token {
+            Some(t) if !t.is_empty() => Some(decode_token(t)?),
+            _ => None,
+        };
+        let mut rows = self
+            .store
+            .list_sandboxes(&filter, Some(limit as i64 + 1), req.order_desc, after)
+            .await?;
+        let next_token = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|r| encode_token(r.started_at, &r.id))
+        } else {
+            None
+        };
+        let total_running = self
+            .store
+            .count_sandboxes(&SandboxFilter {
+                states: vec![SandboxState::Running],
+                ..Default::default()
+            })
+            .await?;
+        Ok(ListPage {
+            items: rows.iter().map(|r| self.info_from_row(r)).collect(),
+            next_token,
+            total_running,
+        })
+    }
+
+    /// Every page of a listing (the deprecated v1 list returns them all at once).
+    pub async fn list_all(&self, caller: &Caller, req: &ListRequest) -> Result<Vec<SandboxInfo>> {
+        let mut req = req.clone();
+        let mut all = Vec::new();
+        loop {
+            let page = self.list(caller, &req).await?;
+            all.extend(page.items);
+            match page.next_token {
+                Some(t) => req.next_token = Some(t),
+                None => return Ok(all),
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Secrets: write-only values the egress proxy injects into HTTPS headers; clients see metadata only.
+
+use std::collections::BTreeMap;
+
+use bulkhead_store::{SecretRow, StoreError};
+
+use crate::clock::now_ms;
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::ids;
+use crate::network;
+use crate::types::{Caller, SecretInfo, SecretPage};
+use crate::validate::{decode_token, encode_token, validate_metadata, validate_secret_value};
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl Engine {
+    pub async fn create_secret(
+        &self,
+        _caller: &Caller,
+        name: &str,
+        value: &str,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SecretInfo> {
+        network::validate_secret_name(name).map_err(EngineError::BadRequest)?;
+        validate_secret_value(value)?;
+        validate_metadata(&metadata)?;
+        let now = now_ms();
+        let row = SecretRow {
+            id: format!("sec_{}", ids::random_hex(12)),
+            name: name.to_string(),
+            value: value.to_string(),
+            version: 1,
+            metadata,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store.insert_secret(&row).await.map_err(|e| match e {
+            StoreError::Conflict { what } => EngineError::Conflict(what),
+            e => e.into(),
+        })?;
+        tracing::info!(secret = %row.id, name = %row.name, "secret created");
+        Ok(SecretInfo::from(&row))
+    }
+
+    /// By id or name.
+    pub async fn get_secret(&self, _caller: &Caller, id_or_name: &str) -> Result<SecretInfo> {
+        self.store
+            .get_secret(id_or_name)
+            .await?
+            .map(|r| SecretInfo::from(&r))
+            .ok_or_else(|| EngineError::SecretNotFound(id_or_name.to_string()))
+    }
+
+    pub async fn update_secret(
+        &self,
+        _caller: &Caller,
+        id_or_name: &str,
+        value: &str,
+        metadata: Option<BTreeMap<String, String>>,
+    ) -> Result<SecretInfo> {
+        validate_secret_value(value)?;
+        if let Some(md) = &metadata {
+            validate_metadata(md)?;
+        }
+        let row = self
+            .store
+            .update_secret(id_or_name, value, metadata.as_ref(), now_ms())
+            .await?
+            .ok_or_else(|| EngineError::SecretNotFound(id_or_name.to_string()))?;
+        tracing::info!(secret = %row.id, version = row.version, "secret updated");
+        Ok(SecretInfo::from(&row))
+    }
+
+    /// Delete a secret by id or name.
+    pub async fn delete_secret(&self, _caller: &Caller, id_or_name: &str) -> Result<()> {
+        if self.store.delete_secret(id_or_name).await? {
+            Ok(())
+        } else {
+            Err(EngineError::SecretNotFound(id_or_name.to_string()))
+        }
+    }
+
+    pub async fn list_secrets(
+        &self,
+        _caller: &Caller,
+        limit: Option<usize>,
+        next_token: Option<&str>,
+    ) -> Result<SecretPage> {
+        let limit = limit.unwrap_or(100).clamp(1, 100);
+        let after = match next_token {
+            Some(t) if !t.is_empty() => Some(decode_token(t)?),
+            _ => None,
+        };
+        let mut rows = self.store.list_secrets(limit as i64 + 1, after).await?;
+        let next_token = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|r| encode_token(r.created_at, &r.id))
+        } else {
+            None
+        };
+        Ok(SecretPage {
+            items: rows.iter().map(SecretInfo::from).collect(),
+            next_token,
+        })
+    }
+}

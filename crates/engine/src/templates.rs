@@ -1,0 +1,62 @@
+//! Templates the engine can start sandboxes from: registration (recorded in the store) and lookup by id or alias.
+
+use std::sync::Arc;
+
+use crate::clock::now_ms;
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::types::TemplateInfo;
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl Engine {
+    /// Make a built template available; records it in the store.
+    pub async fn register_template(&self, t: TemplateInfo) -> Result<()> {
+        let now = now_ms();
+        let created_at = match self.store.get_template(&t.id).await? {
+            Some(row) => row.created_at,
+            None => now,
+        };
+        self.store
+            .upsert_template(&bulkhead_store::TemplateRow {
+                id: t.id.clone(),
+                alias: t.aliases.first().cloned(),
+                content_hash: t.content_hash.clone(),
+                status: "ready".into(),
+                rootfs_path: t.rootfs.display().to_string(),
+                cpu_count: t.cpu_count as i64,
+                memory_mb: t.memory_mb as i64,
+                disk_size_mb: t.disk_size_mb as i64,
+                created_at,
+                updated_at: now,
+            })
+            .await?;
+        let t = Arc::new(t);
+        let mut map = self.templates.write().expect("templates lock");
+        map.insert(t.id.clone(), t.clone());
+        for a in &t.aliases {
+            map.insert(a.clone(), t.clone());
+        }
+        drop(map);
+        self.pool_wakeup.notify_one();
+        Ok(())
+    }
+
+    pub fn template(&self, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
+        // `name:tag` → tags are not versioned separately yet; the default tag is the template.
+        let name = id_or_alias.strip_suffix(":default").unwrap_or(id_or_alias);
+        self.templates
+            .read()
+            .expect("templates lock")
+            .get(name)
+            .cloned()
+    }
+
+    pub fn templates(&self) -> Vec<Arc<TemplateInfo>> {
+        let map = self.templates.read().expect("templates lock");
+        let mut v: Vec<_> = map.values().cloned().collect();
+        v.sort_by(|a, b| a.id.cmp(&b.id));
+        v.dedup_by(|a, b| a.id == b.id);
+        v
+    }
+}

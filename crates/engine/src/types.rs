@@ -1,0 +1,258 @@
+//! What the engine's verbs take and give back: the engine-owned request and answer types
+//! front ends translate to and from their wire formats.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use bulkhead_store::SecretRow;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::clock::ms_to_dt;
+use crate::driver::SandboxSpec;
+use crate::lifecycle::SandboxState;
+use crate::network::SandboxNetwork;
+
+/// A template the engine can start sandboxes from (its rootfs is already built).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateInfo {
+    pub id: String,
+    pub aliases: Vec<String>,
+    pub rootfs: PathBuf,
+    pub content_hash: String,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_size_mb: u64,
+    pub pids_max: u64,
+}
+
+impl TemplateInfo {
+    pub(crate) fn spec(&self) -> SandboxSpec {
+        SandboxSpec {
+            template_id: self.id.clone(),
+            rootfs: self.rootfs.clone(),
+            cpu_count: self.cpu_count,
+            memory_mb: self.memory_mb,
+            pids_max: self.pids_max,
+        }
+    }
+}
+
+/// Which of E2B's create calls a request came through: `POST /v2/sandboxes` is always secured
+/// (the sandbox gets an envd access token), the older `POST /sandboxes` only when asked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CreateGeneration {
+    #[default]
+    V1,
+    V2,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    /// Template id or alias (`base` when empty).
+    pub template: String,
+    /// TTL in seconds.
+    pub timeout: Option<u64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    /// The client's `secure` flag (E2B's v1 create); `None` = secure, as the SDKs default.
+    pub secure: Option<bool>,
+    /// Which create call the request came through.
+    pub generation: CreateGeneration,
+    /// E2B `allow_internet_access`; None = the server's default.
+    pub allow_internet_access: Option<bool>,
+    /// E2B `network` (allowOut, denyOut, rules).
+    pub network: Option<SandboxNetwork>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub template_id: String,
+    pub alias: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub started_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_size_mb: i64,
+    pub state: &'static str,
+    pub envd_access_token: Option<String>,
+    pub envd_version: String,
+    pub allow_internet_access: bool,
+    pub network: Option<SandboxNetwork>,
+}
+
+/// A secret as shown to clients: never the value.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SecretInfo {
+    pub id: String,
+    pub name: String,
+    pub version: i64,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<&SecretRow> for SecretInfo {
+    fn from(r: &SecretRow) -> Self {
+        SecretInfo {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            version: r.version,
+            metadata: r.metadata.clone(),
+            created_at: ms_to_dt(r.created_at),
+            updated_at: ms_to_dt(r.updated_at),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SecretPage {
+    pub items: Vec<SecretInfo>,
+    pub next_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListRequest {
+    /// Empty = running and paused.
+    pub states: Vec<SandboxState>,
+    pub metadata: BTreeMap<String, String>,
+    pub template: Option<String>,
+    pub started_after: Option<DateTime<Utc>>,
+    /// 1..=100, default 100.
+    pub limit: Option<usize>,
+    pub next_token: Option<String>,
+    pub order_desc: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ListPage {
+    pub items: Vec<SandboxInfo>,
+    pub next_token: Option<String>,
+    pub total_running: i64,
+}
+
+/// Resource usage with the CPU share already computed.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Usage {
+    pub timestamp: DateTime<Utc>,
+    pub cpu_count: i64,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+impl CreateRequest {
+    /// Does the new sandbox get an envd access token?
+    pub fn is_secure(&self) -> bool {
+        self.generation == CreateGeneration::V2 || self.secure.unwrap_or(true)
+    }
+}
+
+/// Who is calling: the identity every engine verb is given, so limits and ownership (per key
+/// today, per team later) attach in the engine and not in the front ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Id of the API key that authenticated the request.
+    pub key_id: String,
+    /// The team the key belongs to; `None` on a server without teams (every key is one team).
+    pub team_id: Option<String>,
+}
+
+/// An API key as listed (never the key itself, which is shown once at creation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKey {
+    pub id: String,
+    pub name: String,
+    /// First characters of the key (e.g. `e2b_1a2b3c`), to recognise it.
+    pub prefix: String,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+impl ApiKey {
+    /// The identity a request authenticated with this key acts as.
+    pub fn caller(&self) -> Caller {
+        Caller {
+            key_id: self.id.clone(),
+            team_id: None,
+        }
+    }
+}
+
+impl From<&bulkhead_store::ApiKeyRow> for ApiKey {
+    fn from(r: &bulkhead_store::ApiKeyRow) -> Self {
+        ApiKey {
+            id: r.id.clone(),
+            name: r.name.clone(),
+            prefix: r.prefix.clone(),
+            created_at: ms_to_dt(r.created_at),
+            revoked_at: r.revoked_at.map(ms_to_dt),
+        }
+    }
+}
+
+/// One egress decision of a sandbox (the audit trail).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EgressEvent {
+    pub sandbox_id: String,
+    pub at: DateTime<Utc>,
+    /// `tcp` | `tls` | `http` | `dns`.
+    pub protocol: String,
+    pub host: Option<String>,
+    pub ip: Option<String>,
+    pub port: i64,
+    pub allowed: bool,
+    /// The rule that decided.
+    pub rule: String,
+    pub bytes_out: i64,
+    pub bytes_in: i64,
+}
+
+impl From<&bulkhead_store::EgressEventRow> for EgressEvent {
+    fn from(e: &bulkhead_store::EgressEventRow) -> Self {
+        EgressEvent {
+            sandbox_id: e.sandbox_id.clone(),
+            at: ms_to_dt(e.at),
+            protocol: e.protocol.clone(),
+            host: e.host.clone(),
+            ip: e.ip.clone(),
+            port: e.port,
+            allowed: e.allowed,
+            rule: e.rule.clone(),
+            bytes_out: e.bytes_out,
+            bytes_in: e.bytes_in,
+        }
+    }
+}
+
+/// Where a template's build stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TemplateStatus {
+    Building,
+    Ready,
+    Error,
+}
+
+impl TemplateStatus {
+    /// E2B's `buildStatus` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TemplateStatus::Building => "building",
+            TemplateStatus::Ready => "ready",
+            TemplateStatus::Error => "error",
+        }
+    }
+}
+
+impl TemplateInfo {
+    /// A registered template's rootfs is built, so it is ready (builds in progress are not
+    /// registered yet).
+    pub fn status(&self) -> TemplateStatus {
+        TemplateStatus::Ready
+    }
+}
