@@ -10,8 +10,8 @@ use bulkhead_engine::{Caller, CreateGeneration, CreateRequest, ListRequest, Sand
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 use crate::wire::{
     EgressEvent, NetworkConfig, NewSandbox, NewSecret, RefreshBody, Sandbox, SandboxDetail,
     SandboxMetric, Secret, SecretUpdate, TimeoutBody,

@@ -7,6 +7,7 @@
 mod control;
 mod error;
 mod proxy;
+mod state;
 mod wire;
 
 use std::sync::Arc;
@@ -15,11 +16,7 @@ use axum::Router;
 use bulkhead_engine::Engine;
 
 pub use error::ApiError;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub engine: Arc<Engine>,
-}
+pub use state::AppState;
 
 /// The full application: sandbox routing in front of the control plane.
 pub fn router(engine: Arc<Engine>) -> Router {

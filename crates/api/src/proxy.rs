@@ -14,8 +14,8 @@ use bulkhead_envd::rest::FileOperation;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
-use crate::AppState;
 use crate::error::ApiError;
+use crate::state::AppState;
 
 pub const ENVD_PORT: u16 = 49983;
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bulkhead_images::{ImageCache, TemplateRecipe};
 
-use crate::ClientArgs;
+use crate::args::ClientArgs;
 use crate::client::{Client, SandboxRef, run_command};
 
 #[derive(clap::Args, Debug)]

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::DataArgs;
+use crate::args::DataArgs;
 
 #[derive(Subcommand)]
 pub enum KeysCmd {

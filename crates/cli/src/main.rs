@@ -2,6 +2,7 @@
 //! (`sandbox`). The hidden `__jail-launch` subcommand is the jail driver's launcher: it must run
 //! in a fresh single-threaded process, so it is dispatched before anything else starts.
 
+mod args;
 mod bench;
 mod client;
 mod keys;
@@ -11,9 +12,9 @@ mod secrets;
 mod serve;
 mod template;
 
-use std::path::PathBuf;
-
 use clap::{Parser, Subcommand};
+
+use crate::args::{ClientArgs, DataArgs};
 
 #[derive(Parser)]
 #[command(
@@ -24,65 +25,6 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
-}
-
-/// Where the server keeps its state; shared by `serve`, `keys` and `template`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct DataArgs {
-    /// Data directory (database, sandboxes, images).
-    #[arg(
-        long,
-        global = true,
-        env = "BULKHEAD_DATA_DIR",
-        default_value = "/var/lib/bulkhead"
-    )]
-    pub data_dir: PathBuf,
-    /// Database URL (`sqlite:///path/db` or `postgres://…`); default: SQLite in the data dir.
-    #[arg(long, global = true, env = "BULKHEAD_DATABASE_URL")]
-    pub database_url: Option<String>,
-    /// Template image cache (content-addressed root filesystems); default: <data-dir>/images.
-    #[arg(long, global = true, env = "BULKHEAD_IMAGE_CACHE")]
-    pub image_cache: Option<PathBuf>,
-}
-
-impl DataArgs {
-    pub fn image_cache(&self) -> PathBuf {
-        self.image_cache
-            .clone()
-            .unwrap_or_else(|| self.data_dir.join("images"))
-    }
-    pub async fn open_store(&self) -> anyhow::Result<bulkhead_store::Store> {
-        std::fs::create_dir_all(&self.data_dir)?;
-        Ok(match &self.database_url {
-            Some(url) => bulkhead_store::Store::open(url).await?,
-            None => bulkhead_store::Store::open_sqlite_in(&self.data_dir).await?,
-        })
-    }
-}
-
-/// How to reach a running server (for `sandbox` and `bench`).
-#[derive(clap::Args, Clone, Debug)]
-pub struct ClientArgs {
-    #[arg(
-        long,
-        global = true,
-        env = "E2B_API_URL",
-        default_value = "http://127.0.0.1:3000"
-    )]
-    pub api_url: String,
-    #[arg(long, global = true, env = "E2B_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-}
-
-impl ClientArgs {
-    pub fn client(&self) -> anyhow::Result<client::Client> {
-        let key = self.api_key.as_deref().ok_or_else(|| {
-            anyhow::anyhow!(
-                "no API key: set E2B_API_KEY or pass --api-key (see `bulkhead keys create`)"
-            )
-        })?;
-        client::Client::new(&self.api_url, key)
-    }
 }
 
 #[derive(Subcommand)]

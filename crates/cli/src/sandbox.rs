@@ -3,7 +3,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::ClientArgs;
+use crate::args::ClientArgs;
 use crate::client::{SandboxRef, run_command};
 
 #[derive(Subcommand)]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::ClientArgs;
+use crate::args::ClientArgs;
 
 #[derive(Subcommand)]
 pub enum SecretsCmd {

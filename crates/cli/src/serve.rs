@@ -10,7 +10,7 @@ use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
 use bulkhead_images::ImageCache;
 use bulkhead_jail::{JailConfig, JailDriver};
 
-use crate::DataArgs;
+use crate::args::DataArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {

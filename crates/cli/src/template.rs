@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use bulkhead_images::{ImageCache, IndicatifProgress, LogProgress, Progress, TemplateRecipe};
 use clap::Subcommand;
 
-use crate::DataArgs;
+use crate::args::DataArgs;
 
 #[derive(Subcommand)]
 pub enum TemplateCmd {
