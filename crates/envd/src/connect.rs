@@ -387,18 +387,41 @@ pub fn encode_end_stream(error: Option<&ConnectError>) -> Bytes {
     )
 }
 
-/// Parses a JSON message, mapping failures to `invalid_argument`.
+/// Parses a JSON message, mapping failures to `invalid_argument`. An empty body is the empty
+/// message `{}`.
 pub fn decode_json<T: DeserializeOwned>(data: &[u8]) -> Result<T, ConnectError> {
     let data = if data.iter().all(u8::is_ascii_whitespace) {
         &b"{}"[..]
     } else {
         data
     };
-    serde_json::from_slice(data).map_err(|e| {
+    from_json(data).map_err(|e| {
         ConnectError::invalid_argument(format!(
             "The request message is not valid JSON for this method: {e}"
         ))
     })
+}
+
+/// Parses a proto3 JSON message.
+///
+/// The proto3 JSON mapping reads `null` as "the field's default value" for every field type,
+/// which the generated deserializers accept only for message fields: object members whose value
+/// is `null` are removed first, at every depth, so they read as absent.
+pub fn from_json<T: DeserializeOwned>(data: &[u8]) -> Result<T, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_slice(data)?;
+    drop_null_members(&mut value);
+    T::deserialize(value)
+}
+
+fn drop_null_members(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_null_members);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_null_members),
+        _ => {}
+    }
 }
 
 /// One decoded frame of a response stream.
@@ -487,7 +510,7 @@ impl EnvelopeDecoder {
             };
             return Ok(Some(StreamFrame::End(end)));
         }
-        let msg = serde_json::from_slice(&env.data).map_err(EnvelopeError::Json)?;
+        let msg = from_json(&env.data).map_err(EnvelopeError::Json)?;
         Ok(Some(StreamFrame::Message(msg)))
     }
 
