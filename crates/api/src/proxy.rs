@@ -22,17 +22,6 @@ pub const ENVD_PORT: u16 = 49983;
 const HDR_ID: &str = "e2b-sandbox-id";
 const HDR_PORT: &str = "e2b-sandbox-port";
 
-/// envd routes that only the host may call; E2B's proxy answers 404 for them too.
-const INTERNAL_PATHS: &[&str] = &[
-    "/init",
-    "/freeze",
-    "/unfreeze",
-    "/collapse",
-    "/fsfreeze",
-    "/fsthaw",
-    "/upgrade",
-];
-
 #[derive(Debug, PartialEq)]
 enum Target {
     ControlPlane,
@@ -142,7 +131,7 @@ fn not_found_502(id: &str, message: &str) -> Response {
 }
 
 async fn forward(st: &AppState, id: String, port: u16, req: Request) -> Response {
-    if port == ENVD_PORT && INTERNAL_PATHS.contains(&req.uri().path()) {
+    if port == ENVD_PORT && bulkhead_envd::rest::HOST_ONLY_PATHS.contains(&req.uri().path()) {
         return ApiError::not_found("Not found").into_response();
     }
     let stream = match st.engine.agent_stream(&id).await {

@@ -3,7 +3,8 @@
 
 use anyhow::{Context, bail};
 use bulkhead_envd::connect::{EnvelopeDecoder, StreamFrame, encode_message};
-use bulkhead_envd::process::process_event::{DataEvent, Event, Output};
+use bulkhead_envd::process::process_event::data_event::Output;
+use bulkhead_envd::process::process_event::{DataEvent, Event};
 use bulkhead_envd::process::{self, ProcessConfig, ProcessEvent, StartRequest, StartResponse};
 use bulkhead_envd::rest::ENVD_PORT;
 use bytes::Bytes;

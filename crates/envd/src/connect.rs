@@ -387,18 +387,41 @@ pub fn encode_end_stream(error: Option<&ConnectError>) -> Bytes {
     )
 }
 
-/// Parses a JSON message, mapping failures to `invalid_argument`.
+/// Parses a JSON message, mapping failures to `invalid_argument`. An empty body is the empty
+/// message `{}`.
 pub fn decode_json<T: DeserializeOwned>(data: &[u8]) -> Result<T, ConnectError> {
     let data = if data.iter().all(u8::is_ascii_whitespace) {
         &b"{}"[..]
     } else {
         data
     };
-    serde_json::from_slice(data).map_err(|e| {
+    from_json(data).map_err(|e| {
         ConnectError::invalid_argument(format!(
             "The request message is not valid JSON for this method: {e}"
         ))
     })
+}
+
+/// Parses a proto3 JSON message.
+///
+/// The proto3 JSON mapping reads `null` as "the field's default value" for every field type,
+/// which the generated deserializers accept only for message fields: object members whose value
+/// is `null` are removed first, at every depth, so they read as absent.
+pub fn from_json<T: DeserializeOwned>(data: &[u8]) -> Result<T, serde_json::Error> {
+    let mut value: serde_json::Value = serde_json::from_slice(data)?;
+    drop_null_members(&mut value);
+    T::deserialize(value)
+}
+
+fn drop_null_members(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_null_members);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_null_members),
+        _ => {}
+    }
 }
 
 /// One decoded frame of a response stream.
@@ -487,7 +510,7 @@ impl EnvelopeDecoder {
             };
             return Ok(Some(StreamFrame::End(end)));
         }
-        let msg = serde_json::from_slice(&env.data).map_err(EnvelopeError::Json)?;
+        let msg = from_json(&env.data).map_err(EnvelopeError::Json)?;
         Ok(Some(StreamFrame::Message(msg)))
     }
 
@@ -641,5 +664,107 @@ mod tests {
             decode_json::<serde_json::Value>(b"[").unwrap_err().code,
             Code::InvalidArgument
         );
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Feeds `body` to a decoder in pieces cut at `cuts` (taken modulo the length) and collects
+    /// what `next_envelope` returns until the first error.
+    fn decode_split(
+        body: &[u8],
+        cuts: &[usize],
+        max: usize,
+    ) -> (Vec<Envelope>, Option<String>, EnvelopeDecoder) {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        points.push(body.len());
+        points.sort_unstable();
+        let mut decoder = EnvelopeDecoder::with_max_len(max);
+        let mut out = Vec::new();
+        let mut start = 0;
+        for end in points {
+            decoder.push(&body[start..end]);
+            start = end;
+            loop {
+                match decoder.next_envelope() {
+                    Ok(Some(env)) => out.push(env),
+                    Ok(None) => break,
+                    Err(e) => return (out, Some(e.to_string()), decoder),
+                }
+            }
+        }
+        (out, None, decoder)
+    }
+
+    proptest! {
+        /// Any bytes, cut anywhere: no panic, and the same envelopes and error as in one piece.
+        #[test]
+        fn arbitrary_bytes_never_panic_and_splits_do_not_matter(
+            body in proptest::collection::vec(any::<u8>(), 0..512),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+            max in 0_usize..300,
+        ) {
+            let (whole, whole_err, _) = decode_split(&body, &[], max);
+            let (split, split_err, decoder) = decode_split(&body, &cuts, max);
+            prop_assert_eq!(&whole, &split);
+            prop_assert_eq!(&whole_err, &split_err);
+            if split_err.is_none() {
+                let _ = decoder.finish();
+            }
+            // Typed decoding of the same bytes never panics either.
+            let _ = decode_stream_body::<serde_json::Value>(&body);
+        }
+
+        /// Encoded envelopes come back unchanged, however the stream is cut.
+        #[test]
+        fn encode_then_decode_round_trips(
+            envelopes in proptest::collection::vec(
+                (any::<u8>(), proptest::collection::vec(any::<u8>(), 0..64)),
+                0..8,
+            ),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let mut body = Vec::new();
+            for (flags, data) in &envelopes {
+                body.extend_from_slice(&encode_envelope(*flags, data));
+            }
+            let (decoded, err, decoder) = decode_split(&body, &cuts, 64);
+            prop_assert_eq!(err, None);
+            prop_assert!(decoder.finish().is_ok());
+            let expected: Vec<Envelope> = envelopes
+                .into_iter()
+                .map(|(flags, data)| Envelope { flags, data: Bytes::from(data) })
+                .collect();
+            prop_assert_eq!(decoded, expected);
+        }
+
+        /// A length over the limit is refused as soon as the 5-byte prefix is in, before the
+        /// payload arrives, with the announced length and the limit.
+        #[test]
+        fn oversize_lengths_are_rejected(
+            max in 0_usize..1_000_000,
+            extra in 1_u32..1_000,
+            flags in any::<u8>(),
+            cut in 0_usize..5,
+        ) {
+            let len = u32::try_from(max).unwrap() + extra;
+            let mut prefix = vec![flags];
+            prefix.extend_from_slice(&len.to_be_bytes());
+            let mut decoder = EnvelopeDecoder::with_max_len(max);
+            decoder.push(&prefix[..cut]);
+            prop_assert!(matches!(decoder.next_envelope(), Ok(None)));
+            decoder.push(&prefix[cut..]);
+            match decoder.next_envelope() {
+                Err(EnvelopeError::TooLarge { len: got, max: limit }) => {
+                    prop_assert_eq!(got, len as usize);
+                    prop_assert_eq!(limit, max);
+                }
+                other => prop_assert!(false, "expected TooLarge, got {:?}", other),
+            }
+        }
     }
 }

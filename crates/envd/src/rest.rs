@@ -1,11 +1,13 @@
-//! The plain-HTTP side of envd: `/files`, `/init`, `/envs`, `/metrics`, signed file URLs, and
-//! the headers the SDKs and the host proxy use.
+//! The plain-HTTP side of envd: `/files`, `/init`, `/envs`, `/metrics`, signed file URLs, the
+//! headers the SDKs and the host proxy use, and the routes only the host may call.
 
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use crate::protocol::AGENT_INFO_PATH;
 
 /// Port the SDKs address envd on (`E2b-Sandbox-Port` value).
 pub const ENVD_PORT: u16 = 49983;
@@ -22,6 +24,21 @@ pub const HEADER_ACCESS_TOKEN: &str = "x-access-token";
 pub const HEADER_METADATA_PREFIX: &str = "x-metadata-";
 /// Extended-attribute prefix under which file metadata is stored.
 pub const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+
+/// envd routes only the host may call: the SDK-facing proxy must answer them with 404, as E2B's
+/// proxy does. `/init` hands the sandbox its access token and environment; the others are E2B's
+/// snapshot and upgrade hooks (not served here, refused all the same so that no client relies
+/// on them), and [`AGENT_INFO_PATH`] is Bulkhead's host↔agent version check.
+pub const HOST_ONLY_PATHS: &[&str] = &[
+    "/init",
+    "/freeze",
+    "/unfreeze",
+    "/collapse",
+    "/fsfreeze",
+    "/fsthaw",
+    "/upgrade",
+    AGENT_INFO_PATH,
+];
 
 /// Body of `POST /init`, sent by the host after it claims a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -186,6 +203,14 @@ mod tests {
             sig,
             file_signature("/home/user/a.txt", FileOperation::Read, "root", "tok", None)
         );
+    }
+
+    #[test]
+    fn host_only_paths_include_init_and_the_agent_info() {
+        assert!(HOST_ONLY_PATHS.contains(&"/init"));
+        assert!(HOST_ONLY_PATHS.contains(&AGENT_INFO_PATH));
+        assert!(!HOST_ONLY_PATHS.contains(&"/files"));
+        assert!(!HOST_ONLY_PATHS.contains(&"/health"));
     }
 
     #[test]

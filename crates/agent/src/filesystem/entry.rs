@@ -7,8 +7,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
+use bulkhead_envd::Timestamp;
 use bulkhead_envd::filesystem::{EntryInfo, FileType};
-use bulkhead_envd::json::Timestamp;
 use bulkhead_envd::rest::METADATA_XATTR_PREFIX;
 
 use crate::users::UserDb;
@@ -151,7 +151,7 @@ pub fn entry_from_metadata(path: &Path, meta: &std::fs::Metadata, users: &UserDb
         name: path
             .file_name()
             .map_or_else(|| "/".to_owned(), |n| n.to_string_lossy().into_owned()),
-        r#type,
+        r#type: r#type.into(),
         path: path.to_string_lossy().into_owned(),
         size: i64::try_from(meta.size()).unwrap_or(i64::MAX),
         mode,
@@ -204,7 +204,7 @@ mod tests {
 
         let entry = entry_info(&link, &users).unwrap();
         assert!(entry.is_symlink);
-        assert_eq!(entry.r#type, FileType::Directory);
+        assert_eq!(entry.r#type(), FileType::Directory);
         assert_eq!(entry.permissions, "Lrwxrwxrwx");
         let canonical = std::fs::canonicalize(&target).unwrap();
         assert_eq!(
@@ -214,13 +214,13 @@ mod tests {
 
         let entry = entry_info(&dangling, &users).unwrap();
         assert!(entry.is_symlink);
-        assert_eq!(entry.r#type, FileType::Unspecified);
+        assert_eq!(entry.r#type(), FileType::Unspecified);
 
         let file = dir.path().join("f");
         std::fs::write(&file, "abc").unwrap();
         let entry = entry_info(&file, &users).unwrap();
         assert_eq!(
-            (entry.r#type, entry.size, entry.is_symlink),
+            (entry.r#type(), entry.size, entry.is_symlink),
             (FileType::File, 3, false)
         );
         assert_eq!(entry.name, "f");

@@ -141,7 +141,7 @@ impl Converter {
             .flatten();
             out.push(FilesystemEvent {
                 name,
-                r#type,
+                r#type: r#type.into(),
                 entry,
             });
             if r#type == EventType::Create && self.spec.recursive && path.is_dir() {
@@ -181,7 +181,7 @@ impl Converter {
                     .flatten();
                 out.push(FilesystemEvent {
                     name: relative_name(&self.spec.root, &path),
-                    r#type: EventType::Create,
+                    r#type: EventType::Create.into(),
                     entry,
                 });
                 reported += 1;
@@ -399,7 +399,7 @@ mod tests {
             events.extend(registry.drain(&id).unwrap().unwrap());
             if events
                 .iter()
-                .any(|e| e.name == "a.txt" && e.r#type == EventType::Create)
+                .any(|e| e.name == "a.txt" && e.r#type() == EventType::Create)
             {
                 break;
             }
@@ -407,10 +407,10 @@ mod tests {
         }
         let create = events
             .iter()
-            .find(|e| e.r#type == EventType::Create)
+            .find(|e| e.r#type() == EventType::Create)
             .expect("create event");
         assert_eq!(
-            create.entry.as_ref().unwrap().r#type,
+            create.entry.as_ref().unwrap().r#type(),
             bulkhead_envd::filesystem::FileType::File
         );
         registry.remove(&id).unwrap();

@@ -29,7 +29,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::HeaderMap;
 use axum::response::Response;
-use bulkhead_envd::process::process_event::{Event, Output as OutputEvent};
+use bulkhead_envd::process::process_event::Event;
+use bulkhead_envd::process::process_event::data_event::Output as OutputEvent;
 use bulkhead_envd::process::{
     self as proto, ProcessEvent, ProcessSelector, StartRequest, process_input, process_selector,
     stream_input_request,
@@ -566,7 +567,7 @@ pub async fn send_signal(state: SharedState, headers: HeaderMap, body: Body) -> 
         &headers,
         body,
         |req: proto::SendSignalRequest, _| async move {
-            let signal = match req.signal {
+            let signal = match req.signal() {
                 proto::Signal::Sigkill => libc::SIGKILL,
                 proto::Signal::Sigterm => libc::SIGTERM,
                 proto::Signal::Unspecified => return Err(ProcessError::BadSignal.into()),

@@ -67,7 +67,7 @@ async fn stat_make_list_move_remove() {
     .unwrap();
     let entry = made.entry.unwrap();
     assert_eq!(
-        (entry.name.as_str(), entry.r#type),
+        (entry.name.as_str(), entry.r#type()),
         ("c", FileType::Directory)
     );
     assert_eq!(entry.path, format!("{root_s}/a/b/c"));
@@ -104,7 +104,7 @@ async fn stat_make_list_move_remove() {
 
     let entry = stat(&agent, &format!("{root_s}/a/file.txt")).await.unwrap();
     assert_eq!(
-        (entry.r#type, entry.size, entry.mode),
+        (entry.r#type(), entry.size, entry.mode),
         (FileType::File, 5, 0o640)
     );
     assert_eq!(entry.permissions, "-rw-r-----");
@@ -233,7 +233,7 @@ async fn symlinks_and_loops() {
         .await
         .unwrap();
     assert!(entry.is_symlink);
-    assert_eq!(entry.r#type, FileType::File);
+    assert_eq!(entry.r#type(), FileType::File);
     let canonical = std::fs::canonicalize(dir.join("target.txt")).unwrap();
     assert_eq!(
         entry.symlink_target.as_deref(),
@@ -250,7 +250,7 @@ async fn symlinks_and_loops() {
         .await
         .unwrap();
     assert!(entry.is_symlink);
-    assert_eq!(entry.r#type, FileType::Unspecified);
+    assert_eq!(entry.r#type(), FileType::Unspecified);
 }
 
 async fn next_fs_event(stream: &mut EventStream<WatchDirResponse>) -> FilesystemEvent {
@@ -270,7 +270,7 @@ async fn wait_for_event(
 ) -> FilesystemEvent {
     loop {
         let event = next_fs_event(stream).await;
-        if event.name == name && event.r#type == r#type {
+        if event.name == name && event.r#type() == r#type {
             return event;
         }
     }
@@ -297,7 +297,7 @@ async fn watch_dir_reports_recursive_events() {
 
     std::fs::create_dir(dir.join("sub")).unwrap();
     let created = wait_for_event(&mut stream, "sub", EventType::Create).await;
-    assert_eq!(created.entry.unwrap().r#type, FileType::Directory);
+    assert_eq!(created.entry.unwrap().r#type(), FileType::Directory);
     // The new directory is watched too.
     std::fs::write(dir.join("sub/b.txt"), "2").unwrap();
     wait_for_event(&mut stream, "sub/b.txt", EventType::Create).await;
@@ -330,7 +330,7 @@ async fn watch_dir_reports_recursive_events() {
     std::fs::write(dir.join("top.txt"), "x").unwrap();
     let event = next_fs_event(&mut flat).await;
     assert_eq!(
-        (event.name.as_str(), event.r#type),
+        (event.name.as_str(), event.r#type()),
         ("top.txt", EventType::Create)
     );
     assert!(event.entry.is_none(), "no entry unless includeEntry");
@@ -400,10 +400,10 @@ async fn polling_watchers() {
     let deadline = tokio::time::Instant::now() + crate::harness::WAIT;
     while !(seen
         .iter()
-        .any(|e: &FilesystemEvent| e.name == "one.txt" && e.r#type == EventType::Create)
+        .any(|e: &FilesystemEvent| e.name == "one.txt" && e.r#type() == EventType::Create)
         && seen
             .iter()
-            .any(|e| e.name == "d" && e.r#type == EventType::Create))
+            .any(|e| e.name == "d" && e.r#type() == EventType::Create))
     {
         assert!(
             tokio::time::Instant::now() < deadline,

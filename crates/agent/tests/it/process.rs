@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use bulkhead_envd::connect::{Code, EndStream, StreamFrame, encode_message};
-use bulkhead_envd::process::process_event::{EndEvent, Event, Output};
+use bulkhead_envd::process::process_event::data_event::Output;
+use bulkhead_envd::process::process_event::{EndEvent, Event};
 use bulkhead_envd::process::{
     self as p, ListResponse, ProcessConfig, ProcessInput, ProcessSelector, Pty, SendInputRequest,
     SendSignalRequest, Signal, StartRequest, StartResponse, StreamInputRequest, pty,
@@ -130,7 +131,7 @@ async fn signal(
             "/process.Process/SendSignal",
             &SendSignalRequest {
                 process: Some(selector),
-                signal,
+                signal: signal.into(),
             },
             &[],
         )
