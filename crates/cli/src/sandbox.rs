@@ -199,3 +199,33 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_body_is_the_e2b_shape() {
+        let net = NetFlags {
+            allow_internet: None,
+            allow_out: vec!["example.com".into()],
+            deny_out: Vec::new(),
+        };
+        let body = wire::NewSandbox {
+            template_id: "base".into(),
+            timeout: Some(300),
+            allow_internet_access: Some(false),
+            network: net.has_destinations().then(|| net.network()),
+            ..wire::NewSandbox::default()
+        };
+        assert_eq!(
+            serde_json::to_value(body).unwrap(),
+            serde_json::json!({
+                "templateID": "base",
+                "timeout": 300,
+                "allow_internet_access": false,
+                "network": { "allowOut": ["example.com"], "denyOut": [] }
+            })
+        );
+    }
+}

@@ -175,3 +175,51 @@ pub fn init_logging(level: &str) {
         .with_writer(std::io::stderr)
         .try_init();
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn the_default_flags_make_a_valid_config() {
+        let cli =
+            Cli::try_parse_from(["serve", "--templates", "base", "--data-dir", "/d"]).unwrap();
+        let c = cli.serve.config();
+        c.validate().unwrap();
+        assert_eq!(c.templates, ["base"]);
+        assert_eq!(c.data_dir, std::path::PathBuf::from("/d"));
+        assert_eq!(c.image_cache_dir(), std::path::PathBuf::from("/d/images"));
+        assert_eq!(c.default_timeout, Duration::from_secs(300));
+        assert_eq!(c.max_timeout, Duration::from_secs(24 * 3600));
+        assert_eq!(
+            c.size_of("base"),
+            TemplateSize {
+                cpu_count: 2,
+                memory_mb: 512
+            }
+        );
+        assert_eq!(
+            c.size_of("code-interpreter-v1"),
+            TemplateSize {
+                cpu_count: 2,
+                memory_mb: 1024
+            }
+        );
+        assert_eq!(c.network.default, NetworkDefault::Deny);
+    }
+
+    #[test]
+    fn bad_flags_are_refused_before_anything_starts() {
+        let cli = Cli::try_parse_from(["serve", "--templates", "nope"]).unwrap();
+        let e = cli.serve.config().validate().unwrap_err().to_string();
+        assert!(e.starts_with("unknown template \"nope\""), "{e}");
+    }
+}
