@@ -8,7 +8,7 @@ mod control;
 mod error;
 mod proxy;
 mod state;
-mod wire;
+pub mod wire;
 
 use std::sync::Arc;
 

@@ -11,39 +11,50 @@ pub const CLIENT_ID: &str = "bulkhead";
 
 /// `NewSandbox` (POST /sandboxes) and `NewSandboxV2` (POST /v2/sandboxes). Unknown fields are
 /// ignored so newer SDKs keep working.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NewSandbox {
     #[serde(rename = "templateID")]
     pub template_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout: Option<i64>,
     #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
     #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub secure: Option<bool>,
     #[serde(rename = "allow_internet_access")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_internet_access: Option<bool>,
     #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
 }
 
 /// `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (PUT …/network). Inbound
 /// settings (`allowPublicTraffic`, `maskRequestHost`, `httpsPorts`) and `dnsServers` (the proxy
 /// answers DNS itself) are accepted and ignored; a SOCKS5 `egressProxy` is refused.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
     #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_out: Option<Vec<String>>,
     #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub deny_out: Option<Vec<String>>,
     #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rules: Option<BTreeMap<String, Vec<NetworkRule>>>,
     #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_proxy: Option<serde_json::Value>,
     /// Only in the update body (snake_case on the wire, like create's top-level field).
     #[serde(default, rename = "allow_internet_access")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub allow_internet_access: Option<bool>,
 }
 
@@ -110,7 +121,7 @@ impl From<&SecretInfo> for Secret {
 }
 
 /// One egress decision (Bulkhead-specific `GET /sandboxes/{id}/network/events`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressEvent {
     #[serde(rename = "sandboxID")]
@@ -154,7 +165,7 @@ pub struct RefreshBody {
 }
 
 /// `Sandbox`: response of create / connect.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Sandbox {
     #[serde(rename = "sandboxID")]
@@ -162,7 +173,7 @@ pub struct Sandbox {
     #[serde(rename = "templateID")]
     pub template_id: String,
     #[serde(rename = "clientID")]
-    pub client_id: &'static str,
+    pub client_id: String,
     pub envd_version: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
@@ -177,7 +188,7 @@ impl From<&SandboxInfo> for Sandbox {
         Sandbox {
             sandbox_id: s.id.clone(),
             template_id: s.template_id.clone(),
-            client_id: CLIENT_ID,
+            client_id: CLIENT_ID.to_string(),
             envd_version: s.envd_version.clone(),
             envd_access_token: s.envd_access_token.clone(),
             traffic_access_token: None,
@@ -188,7 +199,7 @@ impl From<&SandboxInfo> for Sandbox {
 }
 
 /// `SandboxDetail` (GET /sandboxes/{id}) and `ListedSandbox` (lists) — the detail is a superset.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxDetail {
     #[serde(rename = "sandboxID")]
@@ -196,7 +207,7 @@ pub struct SandboxDetail {
     #[serde(rename = "templateID")]
     pub template_id: String,
     #[serde(rename = "clientID")]
-    pub client_id: &'static str,
+    pub client_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
     pub started_at: String,
@@ -207,7 +218,7 @@ pub struct SandboxDetail {
     pub memory_mb: i64,
     #[serde(rename = "diskSizeMB")]
     pub disk_size_mb: i64,
-    pub state: &'static str,
+    pub state: String,
     pub metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
@@ -224,7 +235,7 @@ impl SandboxDetail {
         SandboxDetail {
             sandbox_id: s.id.clone(),
             template_id: s.template_id.clone(),
-            client_id: CLIENT_ID,
+            client_id: CLIENT_ID.to_string(),
             alias: s.alias.clone(),
             started_at: rfc3339(&s.started_at),
             end_at: rfc3339(&s.end_at),
@@ -232,7 +243,7 @@ impl SandboxDetail {
             cpu_count: s.cpu_count,
             memory_mb: s.memory_mb,
             disk_size_mb: s.disk_size_mb,
-            state: s.state,
+            state: s.state.to_string(),
             metadata: s.metadata.clone(),
             envd_access_token: if include_token {
                 s.envd_access_token.clone()

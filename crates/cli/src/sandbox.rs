@@ -1,6 +1,10 @@
+//! `bulkhead sandbox`: create, list, run commands in and kill sandboxes on a running server,
+//! speaking E2B's REST API with the server's own wire types (`bulkhead_api::wire`).
+
 use std::io::Write;
 use std::process::ExitCode;
 
+use bulkhead_api::wire;
 use clap::Subcommand;
 
 use crate::args::ClientArgs;
@@ -64,15 +68,17 @@ pub struct NetFlags {
 
 impl NetFlags {
     /// E2B's `SandboxNetworkConfig` body (`allowOut`/`denyOut`).
-    fn network(&self) -> serde_json::Value {
-        serde_json::json!({ "allowOut": self.allow_out, "denyOut": self.deny_out })
+    fn network(&self) -> wire::NetworkConfig {
+        wire::NetworkConfig {
+            allow_out: Some(self.allow_out.clone()),
+            deny_out: Some(self.deny_out.clone()),
+            ..wire::NetworkConfig::default()
+        }
     }
 
-    /// Sets `allow_internet_access` on `body` when the flag was given.
-    fn apply_internet(&self, body: &mut serde_json::Value) {
-        if let Some(a) = self.allow_internet {
-            body["allow_internet_access"] = a.into();
-        }
+    /// Whether any destination flag was given.
+    fn has_destinations(&self) -> bool {
+        !self.allow_out.is_empty() || !self.deny_out.is_empty()
     }
 }
 
@@ -84,33 +90,36 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
             timeout,
             net,
         } => {
-            let mut body = serde_json::json!({ "templateID": template, "timeout": timeout });
-            net.apply_internet(&mut body);
-            if !net.allow_out.is_empty() || !net.deny_out.is_empty() {
-                body["network"] = net.network();
-            }
+            let body = wire::NewSandbox {
+                template_id: template,
+                timeout: Some(i64::try_from(timeout)?),
+                allow_internet_access: net.allow_internet,
+                network: net.has_destinations().then(|| net.network()),
+                ..wire::NewSandbox::default()
+            };
             let (_, _, b) = client
-                .api(http::Method::POST, "/v2/sandboxes", Some(body))
+                .api(
+                    http::Method::POST,
+                    "/v2/sandboxes",
+                    Some(serde_json::to_value(body)?),
+                )
                 .await?;
-            let v: serde_json::Value = serde_json::from_slice(&b)?;
-            println!("{}", v["sandboxID"].as_str().unwrap_or_default());
+            let created: wire::Sandbox = serde_json::from_slice(&b)?;
+            println!("{}", created.sandbox_id);
         }
         SandboxCmd::Ls => {
             let (_, _, b) = client
                 .api(http::Method::GET, "/v2/sandboxes?state=running", None)
                 .await?;
-            let v: Vec<serde_json::Value> = serde_json::from_slice(&b)?;
+            let listed: Vec<wire::SandboxDetail> = serde_json::from_slice(&b)?;
             println!(
                 "{:<22} {:<22} {:<26} END",
                 "SANDBOX ID", "TEMPLATE", "STARTED"
             );
-            for s in v {
+            for s in listed {
                 println!(
                     "{:<22} {:<22} {:<26} {}",
-                    s["sandboxID"].as_str().unwrap_or_default(),
-                    s["templateID"].as_str().unwrap_or_default(),
-                    s["startedAt"].as_str().unwrap_or_default(),
-                    s["endAt"].as_str().unwrap_or_default()
+                    s.sandbox_id, s.template_id, s.started_at, s.end_at
                 );
             }
         }
@@ -118,10 +127,10 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
             let (_, _, b) = client
                 .api(http::Method::GET, &format!("/sandboxes/{id}"), None)
                 .await?;
-            let v: serde_json::Value = serde_json::from_slice(&b)?;
+            let detail: wire::SandboxDetail = serde_json::from_slice(&b)?;
             let sb = SandboxRef {
                 id,
-                access_token: v["envdAccessToken"].as_str().map(str::to_owned),
+                access_token: detail.envd_access_token,
             };
             let args = vec!["-l".to_string(), "-c".to_string(), command.join(" ")];
             let code = run_command(&client, &sb, "/bin/bash", &args, None, |is_err, data| {
@@ -136,13 +145,15 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
             return Ok(ExitCode::from(code.clamp(0, 255) as u8));
         }
         SandboxCmd::Network { id, net } => {
-            let mut body = net.network();
-            net.apply_internet(&mut body);
+            let body = wire::NetworkConfig {
+                allow_internet_access: net.allow_internet,
+                ..net.network()
+            };
             client
                 .api(
                     http::Method::PUT,
                     &format!("/sandboxes/{id}/network"),
-                    Some(body),
+                    Some(serde_json::to_value(body)?),
                 )
                 .await?;
             eprintln!("Network policy of {id} replaced");
@@ -159,27 +170,23 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
                 println!("{}", String::from_utf8_lossy(&b));
                 return Ok(ExitCode::SUCCESS);
             }
-            let v: Vec<serde_json::Value> = serde_json::from_slice(&b)?;
+            let events: Vec<wire::EgressEvent> = serde_json::from_slice(&b)?;
             println!(
                 "{:<25} {:<5} {:<6} {:<32} {:<16} {:>5} {:>10} {:>10} RULE",
                 "TIME", "PROTO", "ACTION", "HOST", "IP", "PORT", "BYTES OUT", "BYTES IN"
             );
-            for e in v {
+            for e in events {
                 println!(
                     "{:<25} {:<5} {:<6} {:<32} {:<16} {:>5} {:>10} {:>10} {}",
-                    e["timestamp"].as_str().unwrap_or_default(),
-                    e["protocol"].as_str().unwrap_or_default(),
-                    if e["allowed"].as_bool().unwrap_or(false) {
-                        "allow"
-                    } else {
-                        "deny"
-                    },
-                    e["host"].as_str().unwrap_or("-"),
-                    e["ip"].as_str().unwrap_or("-"),
-                    e["port"].as_i64().unwrap_or_default(),
-                    e["bytesOut"].as_i64().unwrap_or_default(),
-                    e["bytesIn"].as_i64().unwrap_or_default(),
-                    e["rule"].as_str().unwrap_or_default(),
+                    e.timestamp,
+                    e.protocol,
+                    if e.allowed { "allow" } else { "deny" },
+                    e.host.as_deref().unwrap_or("-"),
+                    e.ip.as_deref().unwrap_or("-"),
+                    e.port,
+                    e.bytes_out,
+                    e.bytes_in,
+                    e.rule,
                 );
             }
         }
@@ -191,4 +198,34 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn create_body_is_the_e2b_shape() {
+        let net = NetFlags {
+            allow_internet: None,
+            allow_out: vec!["example.com".into()],
+            deny_out: Vec::new(),
+        };
+        let body = wire::NewSandbox {
+            template_id: "base".into(),
+            timeout: Some(300),
+            allow_internet_access: Some(false),
+            network: net.has_destinations().then(|| net.network()),
+            ..wire::NewSandbox::default()
+        };
+        assert_eq!(
+            serde_json::to_value(body).unwrap(),
+            serde_json::json!({
+                "templateID": "base",
+                "timeout": 300,
+                "allow_internet_access": false,
+                "network": { "allowOut": ["example.com"], "denyOut": [] }
+            })
+        );
+    }
 }

@@ -1,14 +1,14 @@
-//! `bulkhead serve`: everything on one machine with embedded defaults.
+//! `bulkhead serve`: everything on one machine with embedded defaults. This module only turns
+//! flags and environment into a [`ServerConfig`], builds the templates (with progress output)
+//! and prints; the bootstrap itself is `bulkhead_server`, shared with other front ends.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
-use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
-use bulkhead_images::ImageCache;
-use bulkhead_jail::{JailConfig, JailDriver};
+use bulkhead_server::{
+    BuiltTemplate, KeyBootstrap, NetworkConfig, NetworkDefault, Server, ServerConfig, TemplateSize,
+};
 
 use crate::args::DataArgs;
 
@@ -70,181 +70,90 @@ pub struct ServeArgs {
     pub network: crate::netargs::NetworkArgs,
 }
 
+impl ServeArgs {
+    /// The server configuration these flags (and `BULKHEAD_API_KEY`) describe.
+    fn config(&self) -> ServerConfig {
+        let net = &self.network;
+        ServerConfig {
+            listen: self.listen,
+            data_dir: self.data.data_dir.clone(),
+            database_url: self.data.database_url.clone(),
+            image_cache: self.data.image_cache.clone(),
+            api_key: std::env::var("BULKHEAD_API_KEY").ok(),
+            pool_size: self.pool_size,
+            default_timeout: Duration::from_secs(self.default_timeout),
+            max_timeout: Duration::from_secs(self.max_timeout),
+            max_sandboxes: self.max_sandboxes,
+            max_background_processes: self.max_background_processes,
+            extra_ca_bundle: self.extra_ca_bundle.clone(),
+            uid_base: self.uid_base,
+            base_size: TemplateSize {
+                cpu_count: self.cpu_count,
+                memory_mb: self.memory_mb,
+            },
+            code_interpreter_size: TemplateSize {
+                cpu_count: self.code_interpreter_cpu_count,
+                memory_mb: self.code_interpreter_memory_mb,
+            },
+            templates: self.templates.clone(),
+            network: NetworkConfig {
+                default: match net.network_default {
+                    crate::netargs::NetworkDefault::Deny => NetworkDefault::Deny,
+                    crate::netargs::NetworkDefault::Allow => NetworkDefault::Allow,
+                },
+                allow_private: net.egress_allow_private,
+                sandbox_ca_bundle: net.sandbox_ca_bundle.clone(),
+                upstream_ca: net.egress_upstream_ca.clone(),
+                resolve: net.egress_resolve.clone(),
+            },
+        }
+    }
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_level);
-    if !nix_is_root() {
-        anyhow::bail!(
-            "bulkhead serve must run as root (it creates namespaces, mounts and cgroups); try: sudo bulkhead serve"
-        );
-    }
-    std::fs::create_dir_all(&args.data.data_dir)
-        .with_context(|| format!("cannot create data dir {}", args.data.data_dir.display()))?;
-    let store = args.data.open_store().await?;
-    tracing::info!(backend = store.backend(), "store ready");
-
-    // Keys first, so a new user sees their key even if the image build takes a while.
-    if let Ok(key) = std::env::var("BULKHEAD_API_KEY") {
-        if bulkhead_engine::keys::seed(&store, key.trim(), "BULKHEAD_API_KEY").await? {
-            eprintln!("Seeded the API key from BULKHEAD_API_KEY.");
-        }
-    } else if store.count_active_api_keys().await? == 0 {
-        let (_, key) = bulkhead_engine::keys::create(&store, "default").await?;
-        eprintln!(
-            "\nCreated your API key (shown only once; `bulkhead keys create` makes more):\n\n    {key}\n"
-        );
-        eprintln!("Use it with the E2B SDKs:\n");
-        eprintln!(
-            "    export E2B_API_KEY={key} E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0}\n",
-            args.listen
-        );
-    }
-
-    let cache = ImageCache::new(args.data.image_cache()).install_missing_tools(true);
-    let mut templates = Vec::new();
-    for mut recipe in crate::template::selected(&args.templates)? {
-        recipe.extra_ca_bundle = args.extra_ca_bundle.clone();
-        let rootfs = crate::template::ensure_built(&cache, &recipe).await?;
-        let (cpu_count, memory_mb) = if recipe.id == bulkhead_images::CODE_INTERPRETER_ID {
-            (
-                args.code_interpreter_cpu_count,
-                args.code_interpreter_memory_mb,
-            )
-        } else {
-            (args.cpu_count, args.memory_mb)
-        };
-        templates.push(TemplateInfo {
-            id: recipe.id.clone(),
-            aliases: Vec::new(),
-            rootfs,
-            content_hash: recipe.content_hash(),
-            cpu_count,
-            memory_mb,
-            disk_size_mb: 4096,
-            pids_max: 1024,
-        });
-    }
-
-    let exe = std::env::current_exe().context("cannot find the bulkhead executable")?;
-    let agent = exe.with_file_name("bulkhead-agent");
-    if !agent.exists() {
-        anyhow::bail!(
-            "the sandbox agent binary is missing at {}: build it with `cargo build -p bulkhead-agent` (same profile as bulkhead)",
-            agent.display()
-        );
-    }
-    let net = crate::netargs::setup(&args.network, &args.data.data_dir, &store)?;
-    let driver = JailDriver::new(JailConfig {
-        state_dir: args.data.data_dir.join("jail"),
-        agent_binary: agent,
-        launcher: vec![exe.into_os_string(), "__jail-launch".into()],
-        agent_args: vec![
-            "--max-background-processes".into(),
-            args.max_background_processes.to_string(),
-        ],
-        uid_base: args.uid_base,
-        max_slots: (args.max_sandboxes + args.pool_size * 4 + 8) as u32,
-        cgroup_parent: cgroup_parent(&args.data.data_dir),
-        start_timeout: Duration::from_secs(10),
-        sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
-        nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
-    })
-    .context("cannot initialise the jail driver")?;
-
-    let driver = Arc::new(driver);
-    let engine = Engine::new(
-        store,
-        driver.clone(),
-        EngineConfig {
-            default_timeout: Duration::from_secs(args.default_timeout),
-            max_timeout: Duration::from_secs(args.max_timeout),
-            pool_size: args.pool_size,
-            max_sandboxes: args.max_sandboxes,
-            network_default_allow: net.default_allow,
-            sandbox_env: net.sandbox_env.clone(),
-            ..EngineConfig::default()
-        },
-    );
-    engine.set_egress(net.egress.clone(), Some(net.audit.clone()));
-    for template in templates {
-        engine.register_template(template).await?;
-    }
-    let adopted = engine.recover().await?;
-    if adopted > 0 {
-        eprintln!("Re-adopted {adopted} running sandbox(es) from the previous run.");
-    }
-    engine.start_background();
-    // Idmapped template views are kept per slot for fast starts; drop the unused ones now and
-    // then so replaced templates do not stay mounted.
-    let pruner = driver.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1800));
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            if let Err(e) = pruner.prune_lowers() {
-                tracing::warn!(error = %e, "pruning idmapped template views failed");
-            }
-        }
-    });
-
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot listen on {} (is another server running?)",
+    let prepared = Server::prepare(args.config()).await?;
+    match &prepared.keys {
+        KeyBootstrap::Seeded => eprintln!("Seeded the API key from BULKHEAD_API_KEY."),
+        KeyBootstrap::Created(key) => {
+            eprintln!(
+                "\nCreated your API key (shown only once; `bulkhead keys create` makes more):\n\n    {key}\n"
+            );
+            eprintln!("Use it with the E2B SDKs:\n");
+            eprintln!(
+                "    export E2B_API_KEY={key} E2B_API_URL=http://{0} E2B_SANDBOX_URL=http://{0}\n",
                 args.listen
-            )
-        })?;
-    let app = bulkhead_api::router(engine.clone());
-    eprintln!("Listening on http://{}", listener.local_addr()?);
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopping = stop.clone();
-    // Streamed responses (command output, /execute lines) are many small writes; with Nagle on,
-    // each waits for the client's delayed ACK (~40 ms per round trip).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
+            );
         }
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown_signal().await;
-        stopping.notify_waiters();
-    });
-    // Long-lived streams (a background command's output, a watch) would hold a graceful
-    // shutdown open forever: give in-flight requests a moment, then close the rest. Processes
-    // inside sandboxes keep running; clients reconnect after the restart.
-    tokio::select! {
-        r = server => r.context("server failed")?,
-        _ = async {
-            stop.notified().await;
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        } => tracing::info!("closing the remaining client streams"),
+        KeyBootstrap::Unchanged => {}
     }
-    eprintln!(
-        "Shutting down; running sandboxes keep running and are re-adopted on the next start."
-    );
-    engine.shutdown().await;
-    if let Err(e) = driver.prune_lowers() {
-        tracing::warn!(error = %e, "pruning idmapped template views failed");
+
+    // Building stays here: it owns the progress display (a spinner on a terminal).
+    let cache = prepared.image_cache();
+    let mut templates = Vec::new();
+    for recipe in prepared.recipes() {
+        let rootfs = crate::template::ensure_built(&cache, &recipe).await?;
+        templates.push(BuiltTemplate { recipe, rootfs });
     }
-    driver.release_cgroup_parent();
+
+    let server = prepared.start(templates).await?;
+    if server.readopted > 0 {
+        eprintln!(
+            "Re-adopted {} running sandbox(es) from the previous run.",
+            server.readopted
+        );
+    }
+    let listener = server.bind().await?;
+    eprintln!("Listening on http://{}", listener.local_addr()?);
+    let served = server.serve_http(listener, shutdown_signal()).await;
+    if served.is_ok() {
+        eprintln!(
+            "Shutting down; running sandboxes keep running and are re-adopted on the next start."
+        );
+    }
+    server.shutdown().await;
+    served?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// `bulkhead/<instance>`: each data dir gets its own cgroup subtree, so a server reclaiming
-/// leftovers never touches another server's sandboxes on the same host.
-fn cgroup_parent(data_dir: &std::path::Path) -> String {
-    use sha2::Digest;
-    let canonical = data_dir
-        .canonicalize()
-        .unwrap_or_else(|_| data_dir.to_path_buf());
-    let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
-    format!("bulkhead/{}", &hex::encode(digest)[..8])
-}
-
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 async fn shutdown_signal() {
@@ -265,4 +174,52 @@ pub fn init_logging(level: &str) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn the_default_flags_make_a_valid_config() {
+        let cli =
+            Cli::try_parse_from(["serve", "--templates", "base", "--data-dir", "/d"]).unwrap();
+        let c = cli.serve.config();
+        c.validate().unwrap();
+        assert_eq!(c.templates, ["base"]);
+        assert_eq!(c.data_dir, std::path::PathBuf::from("/d"));
+        assert_eq!(c.image_cache_dir(), std::path::PathBuf::from("/d/images"));
+        assert_eq!(c.default_timeout, Duration::from_secs(300));
+        assert_eq!(c.max_timeout, Duration::from_secs(24 * 3600));
+        assert_eq!(
+            c.size_of("base"),
+            TemplateSize {
+                cpu_count: 2,
+                memory_mb: 512
+            }
+        );
+        assert_eq!(
+            c.size_of("code-interpreter-v1"),
+            TemplateSize {
+                cpu_count: 2,
+                memory_mb: 1024
+            }
+        );
+        assert_eq!(c.network.default, NetworkDefault::Deny);
+    }
+
+    #[test]
+    fn bad_flags_are_refused_before_anything_starts() {
+        let cli = Cli::try_parse_from(["serve", "--templates", "nope"]).unwrap();
+        let e = cli.serve.config().validate().unwrap_err().to_string();
+        assert!(e.starts_with("unknown template \"nope\""), "{e}");
+    }
 }

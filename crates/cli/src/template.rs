@@ -1,3 +1,6 @@
+//! `bulkhead template`: build and list template images, and the progress-reporting build step
+//! `serve` runs before it starts the server.
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -74,23 +77,6 @@ pub fn builtin(name: &str) -> anyhow::Result<TemplateRecipe> {
     })
 }
 
-/// The recipes named in a `--templates` list, in order, each once.
-pub fn selected(names: &[String]) -> anyhow::Result<Vec<TemplateRecipe>> {
-    let mut out: Vec<TemplateRecipe> = Vec::new();
-    for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
-        if !out.iter().any(|r| r.id == name) {
-            out.push(builtin(name)?);
-        }
-    }
-    if out.is_empty() {
-        anyhow::bail!(
-            "no template selected: pass --templates with some of: {}",
-            TemplateRecipe::builtin_ids().join(", ")
-        );
-    }
-    Ok(out)
-}
-
 /// Build the template unless cached, showing progress (a spinner on a terminal, plain lines
 /// otherwise).
 pub async fn ensure_built(cache: &ImageCache, recipe: &TemplateRecipe) -> anyhow::Result<PathBuf> {
@@ -117,23 +103,4 @@ pub async fn ensure_built(cache: &ImageCache, recipe: &TemplateRecipe) -> anyhow
 
 fn human(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn selects_templates_in_order_once() {
-        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let ids = |r: Vec<TemplateRecipe>| r.into_iter().map(|r| r.id).collect::<Vec<_>>();
-        assert_eq!(
-            ids(selected(&names(&["base", " code-interpreter-v1", "base"])).unwrap()),
-            ["base", "code-interpreter-v1"]
-        );
-        assert_eq!(ids(selected(&names(&["base", ""])).unwrap()), ["base"]);
-        assert!(selected(&names(&[""])).is_err());
-        let err = selected(&names(&["nope"])).unwrap_err().to_string();
-        assert!(err.contains("code-interpreter-v1"), "{err}");
-    }
 }

@@ -1,0 +1,365 @@
+//! [`ServerConfig`]: everything a server start needs, as plain data a front end fills from
+//! its flags and environment, and [`ServerConfig::validate`], which rejects a configuration
+//! before anything is created, with a message that says what to change.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bulkhead_images::TemplateRecipe;
+
+/// Whether sandboxes whose create request does not say get internet access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NetworkDefault {
+    Deny,
+    Allow,
+}
+
+/// The egress proxy's settings.
+#[derive(Clone, Debug)]
+pub struct NetworkConfig {
+    pub default: NetworkDefault,
+    /// Let policies reach loopback, private, link-local and metadata addresses.
+    pub allow_private: bool,
+    /// PEM bundle added to every sandbox's trust store.
+    pub sandbox_ca_bundle: Option<PathBuf>,
+    /// Extra PEM roots the proxy trusts upstream.
+    pub upstream_ca: Vec<PathBuf>,
+    /// TEST ONLY `NAME=IP` resolver overrides.
+    pub resolve: Vec<String>,
+}
+
+/// CPUs and memory of one template's sandboxes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TemplateSize {
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+}
+
+/// One server's configuration. Build it from flags, then [`validate`](Self::validate) it (the
+/// server's start does so too).
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// `sqlite:///path/db` or `postgres://…`; `None`: SQLite in the data dir.
+    pub database_url: Option<String>,
+    /// `None`: `<data-dir>/images`.
+    pub image_cache: Option<PathBuf>,
+    /// Key to accept from the start (`BULKHEAD_API_KEY`); without one and without any active
+    /// key, the first start creates one.
+    pub api_key: Option<String>,
+    pub pool_size: usize,
+    pub default_timeout: Duration,
+    pub max_timeout: Duration,
+    pub max_sandboxes: usize,
+    pub max_background_processes: u32,
+    /// Extra CA bundle to trust inside templates at build time.
+    pub extra_ca_bundle: Option<PathBuf>,
+    pub uid_base: u32,
+    /// Size of `base` (and every template without its own size).
+    pub base_size: TemplateSize,
+    /// Size of `code-interpreter-v1`.
+    pub code_interpreter_size: TemplateSize,
+    /// Built-in templates to serve, by name, in order.
+    pub templates: Vec<String>,
+    pub network: NetworkConfig,
+}
+
+/// A configuration the server cannot start with.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("unknown template {name:?}: the built-in templates are: {builtin}")]
+    UnknownTemplate { name: String, builtin: String },
+    #[error("no template selected: pass --templates with some of: {0}")]
+    NoTemplate(String),
+    #[error("--egress-resolve {0:?}: expected NAME=IP")]
+    ResolveSyntax(String),
+    #[error("--egress-resolve {item:?}: {ip:?} is not an IP address")]
+    ResolveAddress {
+        item: String,
+        ip: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    #[error("--max-sandboxes must be at least 1")]
+    NoSandboxes,
+    #[error("--default-timeout must be at least 1 second")]
+    ZeroTimeout,
+    #[error(
+        "--default-timeout ({default} s) is longer than --max-timeout ({max} s): lower the first or raise the second"
+    )]
+    TimeoutAboveMax { default: u64, max: u64 },
+    #[error("{flag} must be at least {min}")]
+    TooSmall { flag: &'static str, min: u64 },
+    #[error(
+        "--max-sandboxes and --pool-size need {needed} uid ranges, more than fit above --uid-base {uid_base}: lower them or the uid base"
+    )]
+    UidRange { needed: u64, uid_base: u32 },
+}
+
+impl ServerConfig {
+    /// Checks everything that can be checked without touching the host.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.recipes()?;
+        parse_overrides(&self.network.resolve)?;
+        if self.max_sandboxes == 0 {
+            return Err(ConfigError::NoSandboxes);
+        }
+        if self.default_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        if self.default_timeout > self.max_timeout {
+            return Err(ConfigError::TimeoutAboveMax {
+                default: self.default_timeout.as_secs(),
+                max: self.max_timeout.as_secs(),
+            });
+        }
+        for (flag, value, min) in [
+            ("--cpu-count", u64::from(self.base_size.cpu_count), 1),
+            ("--memory-mb", self.base_size.memory_mb, 16),
+            (
+                "--code-interpreter-cpu-count",
+                u64::from(self.code_interpreter_size.cpu_count),
+                1,
+            ),
+            (
+                "--code-interpreter-memory-mb",
+                self.code_interpreter_size.memory_mb,
+                16,
+            ),
+            (
+                "--max-background-processes",
+                u64::from(self.max_background_processes),
+                1,
+            ),
+        ] {
+            if value < min {
+                return Err(ConfigError::TooSmall { flag, min });
+            }
+        }
+        // Each slot owns 65536 host uids above the base; they must stay within u32.
+        let needed = u64::from(self.slots());
+        if u64::from(self.uid_base) + needed * 65536 > u64::from(u32::MAX) {
+            return Err(ConfigError::UidRange {
+                needed,
+                uid_base: self.uid_base,
+            });
+        }
+        Ok(())
+    }
+
+    /// The recipes named in `templates`, in order, each once, with the template CA bundle.
+    pub fn recipes(&self) -> Result<Vec<TemplateRecipe>, ConfigError> {
+        let builtin = || TemplateRecipe::builtin_ids().join(", ");
+        let mut out: Vec<TemplateRecipe> = Vec::new();
+        for name in self
+            .templates
+            .iter()
+            .map(|n| n.trim())
+            .filter(|n| !n.is_empty())
+        {
+            if out.iter().any(|r| r.id == name) {
+                continue;
+            }
+            let mut recipe =
+                TemplateRecipe::builtin(name).ok_or_else(|| ConfigError::UnknownTemplate {
+                    name: name.to_string(),
+                    builtin: builtin(),
+                })?;
+            recipe.extra_ca_bundle = self.extra_ca_bundle.clone();
+            out.push(recipe);
+        }
+        if out.is_empty() {
+            return Err(ConfigError::NoTemplate(builtin()));
+        }
+        Ok(out)
+    }
+
+    /// The image cache directory.
+    pub fn image_cache_dir(&self) -> PathBuf {
+        self.image_cache
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("images"))
+    }
+
+    /// Jail slots: every sandbox, the warm pools (one per template, with room for refills) and
+    /// a few spare for starts racing a kill.
+    pub fn slots(&self) -> u32 {
+        (self.max_sandboxes + self.pool_size * 4 + 8) as u32
+    }
+
+    /// CPUs and memory of the template `id`.
+    pub fn size_of(&self, id: &str) -> TemplateSize {
+        if id == bulkhead_images::CODE_INTERPRETER_ID {
+            self.code_interpreter_size
+        } else {
+            self.base_size
+        }
+    }
+}
+
+/// `NAME=IP` overrides, by normalised name.
+pub(crate) fn parse_overrides(
+    items: &[String],
+) -> Result<HashMap<String, Vec<IpAddr>>, ConfigError> {
+    let mut map: HashMap<String, Vec<IpAddr>> = HashMap::new();
+    for item in items {
+        let (name, ip) = item
+            .split_once('=')
+            .ok_or_else(|| ConfigError::ResolveSyntax(item.clone()))?;
+        let addr: IpAddr = ip.parse().map_err(|source| ConfigError::ResolveAddress {
+            item: item.clone(),
+            ip: ip.to_string(),
+            source,
+        })?;
+        map.entry(bulkhead_egress::normalize_name(name))
+            .or_default()
+            .push(addr);
+    }
+    Ok(map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> ServerConfig {
+        ServerConfig {
+            listen: "127.0.0.1:3000".parse().unwrap(),
+            data_dir: "/var/lib/bulkhead".into(),
+            database_url: None,
+            image_cache: None,
+            api_key: None,
+            pool_size: 2,
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+            max_sandboxes: 500,
+            max_background_processes: 100,
+            extra_ca_bundle: None,
+            uid_base: 1_000_000,
+            base_size: TemplateSize {
+                cpu_count: 2,
+                memory_mb: 512,
+            },
+            code_interpreter_size: TemplateSize {
+                cpu_count: 2,
+                memory_mb: 1024,
+            },
+            templates: vec!["base".into(), "code-interpreter-v1".into()],
+            network: NetworkConfig {
+                default: NetworkDefault::Deny,
+                allow_private: false,
+                sandbox_ca_bundle: None,
+                upstream_ca: Vec::new(),
+                resolve: Vec::new(),
+            },
+        }
+    }
+
+    fn err(c: ServerConfig) -> String {
+        c.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn the_defaults_are_valid() {
+        let c = config();
+        c.validate().unwrap();
+        assert_eq!(c.slots(), 500 + 2 * 4 + 8);
+        assert_eq!(
+            c.image_cache_dir(),
+            PathBuf::from("/var/lib/bulkhead/images")
+        );
+        assert_eq!(c.size_of("base").memory_mb, 512);
+        assert_eq!(
+            c.size_of(bulkhead_images::CODE_INTERPRETER_ID).memory_mb,
+            1024
+        );
+    }
+
+    #[test]
+    fn selects_templates_in_order_once_with_the_ca_bundle() {
+        let mut c = config();
+        c.templates = vec![
+            "base".into(),
+            " code-interpreter-v1".into(),
+            "base".into(),
+            "".into(),
+        ];
+        c.extra_ca_bundle = Some("/etc/ca.pem".into());
+        let recipes = c.recipes().unwrap();
+        let ids: Vec<_> = recipes.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["base", "code-interpreter-v1"]);
+        assert!(
+            recipes
+                .iter()
+                .all(|r| r.extra_ca_bundle == c.extra_ca_bundle)
+        );
+    }
+
+    #[test]
+    fn template_errors_name_the_choices() {
+        let mut c = config();
+        c.templates = vec!["nope".into()];
+        let e = err(c.clone());
+        assert!(
+            e.contains("\"nope\"") && e.contains("code-interpreter-v1"),
+            "{e}"
+        );
+        c.templates = vec![" ".into()];
+        assert!(err(c).starts_with("no template selected: pass --templates"));
+    }
+
+    #[test]
+    fn resolver_overrides_parse() {
+        let m = parse_overrides(&[
+            "API.Allowed.test=203.0.113.10".into(),
+            "api.allowed.test=::1".into(),
+        ])
+        .unwrap();
+        assert_eq!(m["api.allowed.test"].len(), 2);
+        let mut c = config();
+        c.network.resolve = vec!["nope".into()];
+        assert_eq!(
+            err(c.clone()),
+            "--egress-resolve \"nope\": expected NAME=IP"
+        );
+        c.network.resolve = vec!["a=b".into()];
+        assert!(err(c).contains("\"b\" is not an IP address"));
+    }
+
+    #[test]
+    fn limits_and_timeouts_must_make_sense() {
+        let mut c = config();
+        c.max_sandboxes = 0;
+        assert!(err(c).contains("--max-sandboxes"));
+        let mut c = config();
+        c.default_timeout = Duration::ZERO;
+        assert!(err(c).contains("--default-timeout"));
+        let mut c = config();
+        c.default_timeout = Duration::from_secs(600);
+        c.max_timeout = Duration::from_secs(60);
+        let e = err(c);
+        assert!(e.contains("(600 s)") && e.contains("(60 s)"), "{e}");
+        let mut c = config();
+        c.base_size.cpu_count = 0;
+        assert_eq!(err(c), "--cpu-count must be at least 1");
+        let mut c = config();
+        c.code_interpreter_size.memory_mb = 1;
+        assert_eq!(err(c), "--code-interpreter-memory-mb must be at least 16");
+        let mut c = config();
+        c.max_background_processes = 0;
+        assert!(err(c).contains("--max-background-processes"));
+    }
+
+    #[test]
+    fn uid_ranges_must_fit() {
+        let mut c = config();
+        c.uid_base = u32::MAX - 65536;
+        assert!(err(c.clone()).contains("--uid-base"));
+        c.uid_base = 1_000_000;
+        c.max_sandboxes = 70_000;
+        assert!(err(c).contains("uid ranges"));
+    }
+}

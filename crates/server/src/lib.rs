@@ -1,0 +1,16 @@
+//! The server as a library: [`ServerConfig`] is the one validated configuration that
+//! `bulkhead serve` (and later `bulkhead mcp --stdio` and a web console) build from flags and
+//! environment; [`Server::prepare`] opens the store and seeds the first API key,
+//! [`Prepared::start`] wires the egress proxy, the jail driver and the engine around the
+//! templates the front end built, and [`Server::shutdown`] stops them in the right order.
+//!
+//! Template building stays with the front end (it owns the progress display); the library
+//! takes the built root filesystems and sizes each template from the configuration.
+
+mod config;
+mod network;
+mod server;
+
+pub use config::{ConfigError, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize};
+pub use network::NetworkSetupError;
+pub use server::{BuiltTemplate, KeyBootstrap, Prepared, Server, StartError};

@@ -1,0 +1,340 @@
+//! The bootstrap: [`Server::prepare`] (root check, data dir, store, first API key) and
+//! [`Prepared::start`] (egress, jail driver, engine, templates, recovery, timers), then
+//! [`Server::serve_http`] and [`Server::shutdown`]. Two steps so a front end can show the key
+//! before a template build that may take minutes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
+use bulkhead_images::{ImageCache, TemplateRecipe};
+use bulkhead_jail::{JailConfig, JailDriver};
+use bulkhead_store::Store;
+use tokio::task::JoinHandle;
+
+use crate::config::{ConfigError, ServerConfig};
+use crate::network::{self, NetworkSetupError};
+
+/// How often idmapped template views no sandbox uses are dropped.
+const PRUNE_INTERVAL: Duration = Duration::from_secs(1800);
+/// How long in-flight requests get after a shutdown signal before streams are closed.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(
+        "bulkhead serve must run as root (it creates namespaces, mounts and cgroups); try: sudo bulkhead serve"
+    )]
+    NotRoot,
+    #[error("cannot create data dir {}", path.display())]
+    DataDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(bulkhead_store::StoreError),
+    #[error(transparent)]
+    Key(bulkhead_engine::keys::KeyError),
+    #[error("cannot find the bulkhead executable")]
+    Executable(#[source] std::io::Error),
+    #[error(
+        "the sandbox agent binary is missing at {}: build it with `cargo build -p bulkhead-agent` (same profile as bulkhead)",
+        .0.display()
+    )]
+    AgentMissing(PathBuf),
+    #[error(transparent)]
+    Network(#[from] NetworkSetupError),
+    #[error("cannot initialise the jail driver")]
+    Driver(#[source] bulkhead_jail::JailError),
+    /// Registering a template failed (the engine's error says why).
+    #[error(transparent)]
+    Template(bulkhead_engine::EngineError),
+    /// Re-adopting the previous run's sandboxes failed.
+    #[error(transparent)]
+    Recover(bulkhead_engine::EngineError),
+    #[error("cannot listen on {addr} (is another server running?)")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server failed")]
+    Serve(#[source] std::io::Error),
+}
+
+/// What the first start did about API keys; the front end tells the user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyBootstrap {
+    /// The configured key was added.
+    Seeded,
+    /// No key existed: this one was created (shown only once).
+    Created(String),
+    /// Nothing to do (the configured key or another active key already exists).
+    Unchanged,
+}
+
+/// A template's root filesystem, built (or found in the cache) by the front end.
+#[derive(Debug, Clone)]
+pub struct BuiltTemplate {
+    pub recipe: TemplateRecipe,
+    pub rootfs: PathBuf,
+}
+
+/// A server with its store open and keys seeded, ready for its templates.
+pub struct Prepared {
+    config: ServerConfig,
+    store: Store,
+    /// What happened to the API keys.
+    pub keys: KeyBootstrap,
+}
+
+/// A running server: the engine, its driver and the background timers.
+pub struct Server {
+    engine: Arc<Engine>,
+    driver: Arc<JailDriver>,
+    pruner: JoinHandle<()>,
+    listen: SocketAddr,
+    /// Sandboxes of the previous run that were re-adopted.
+    pub readopted: usize,
+}
+
+impl Server {
+    /// Validates the configuration, checks for root, opens the store and makes sure an API key
+    /// exists (keys first, so a new user sees theirs even if a template build takes a while).
+    pub async fn prepare(config: ServerConfig) -> Result<Prepared, StartError> {
+        config.validate()?;
+        if !is_root() {
+            return Err(StartError::NotRoot);
+        }
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+        let store = match &config.database_url {
+            Some(url) => Store::open(url).await,
+            None => Store::open_sqlite_in(&config.data_dir).await,
+        }
+        .map_err(StartError::Store)?;
+        tracing::info!(backend = store.backend(), "store ready");
+        let keys = seed_keys(&store, config.api_key.as_deref()).await?;
+        Ok(Prepared {
+            config,
+            store,
+            keys,
+        })
+    }
+
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
+    }
+
+    /// The E2B REST API over this server's engine.
+    pub fn router(&self) -> axum::Router {
+        bulkhead_api::router(self.engine.clone())
+    }
+
+    /// Binds the configured listen address.
+    pub async fn bind(&self) -> Result<tokio::net::TcpListener, StartError> {
+        tokio::net::TcpListener::bind(self.listen)
+            .await
+            .map_err(|source| StartError::Listen {
+                addr: self.listen,
+                source,
+            })
+    }
+
+    /// Serves the REST API on `listener` until `signal` completes, then gives in-flight
+    /// requests a moment and closes the rest.
+    pub async fn serve_http(
+        &self,
+        listener: tokio::net::TcpListener,
+        signal: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), StartError> {
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopping = stop.clone();
+        // Streamed responses (command output, /execute lines) are many small writes; with Nagle
+        // on, each waits for the client's delayed ACK (~40 ms per round trip).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
+            }
+        });
+        let server = axum::serve(listener, self.router()).with_graceful_shutdown(async move {
+            signal.await;
+            stopping.notify_waiters();
+        });
+        // Long-lived streams (a background command's output, a watch) would hold a graceful
+        // shutdown open forever: give in-flight requests a moment, then close the rest.
+        // Processes inside sandboxes keep running; clients reconnect after the restart.
+        tokio::select! {
+            r = server => r.map_err(StartError::Serve)?,
+            _ = async {
+                stop.notified().await;
+                tokio::time::sleep(DRAIN).await;
+            } => tracing::info!("closing the remaining client streams"),
+        }
+        Ok(())
+    }
+
+    /// Stops the timers, the engine's background work and warm pools, then drops unused
+    /// template views and the cgroup parent. Running sandboxes keep running and are
+    /// re-adopted on the next start.
+    pub async fn shutdown(self) {
+        self.pruner.abort();
+        self.engine.shutdown().await;
+        if let Err(e) = self.driver.prune_lowers() {
+            tracing::warn!(error = %e, "pruning idmapped template views failed");
+        }
+        self.driver.release_cgroup_parent();
+    }
+}
+
+impl Prepared {
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// The recipes to build before [`start`](Self::start).
+    pub fn recipes(&self) -> Vec<TemplateRecipe> {
+        self.config
+            .recipes()
+            .expect("the configuration was validated")
+    }
+
+    /// The template image cache, installing missing build tools.
+    pub fn image_cache(&self) -> ImageCache {
+        ImageCache::new(self.config.image_cache_dir()).install_missing_tools(true)
+    }
+
+    /// Starts egress, the jail driver and the engine with `templates`, re-adopts the previous
+    /// run's sandboxes and starts the background work.
+    pub async fn start(self, templates: Vec<BuiltTemplate>) -> Result<Server, StartError> {
+        let Prepared { config, store, .. } = self;
+        let exe = std::env::current_exe().map_err(StartError::Executable)?;
+        let agent = exe.with_file_name("bulkhead-agent");
+        if !agent.exists() {
+            return Err(StartError::AgentMissing(agent));
+        }
+        let net = network::setup(&config.network, &config.data_dir, &store)?;
+        let driver = JailDriver::new(JailConfig {
+            state_dir: config.data_dir.join("jail"),
+            agent_binary: agent,
+            launcher: vec![exe.into_os_string(), "__jail-launch".into()],
+            agent_args: vec![
+                "--max-background-processes".into(),
+                config.max_background_processes.to_string(),
+            ],
+            uid_base: config.uid_base,
+            max_slots: config.slots(),
+            cgroup_parent: cgroup_parent(&config.data_dir),
+            start_timeout: Duration::from_secs(10),
+            sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
+            nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
+        })
+        .map_err(StartError::Driver)?;
+        let driver = Arc::new(driver);
+        let engine = Engine::new(
+            store,
+            driver.clone(),
+            EngineConfig {
+                default_timeout: config.default_timeout,
+                max_timeout: config.max_timeout,
+                pool_size: config.pool_size,
+                max_sandboxes: config.max_sandboxes,
+                network_default_allow: net.default_allow,
+                sandbox_env: net.sandbox_env.clone(),
+                ..EngineConfig::default()
+            },
+        );
+        engine.set_egress(net.egress.clone(), Some(net.audit.clone()));
+        for t in templates {
+            let size = config.size_of(&t.recipe.id);
+            let info = TemplateInfo {
+                id: t.recipe.id.clone(),
+                aliases: Vec::new(),
+                rootfs: t.rootfs,
+                content_hash: t.recipe.content_hash(),
+                cpu_count: size.cpu_count,
+                memory_mb: size.memory_mb,
+                disk_size_mb: 4096,
+                pids_max: 1024,
+            };
+            engine
+                .register_template(info)
+                .await
+                .map_err(StartError::Template)?;
+        }
+        let readopted = engine.recover().await.map_err(StartError::Recover)?;
+        engine.start_background();
+        // Idmapped template views are kept per slot for fast starts; drop the unused ones now
+        // and then so replaced templates do not stay mounted.
+        let pruner = driver.clone();
+        let pruner = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(PRUNE_INTERVAL);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                if let Err(e) = pruner.prune_lowers() {
+                    tracing::warn!(error = %e, "pruning idmapped template views failed");
+                }
+            }
+        });
+        Ok(Server {
+            engine,
+            driver,
+            pruner,
+            listen: config.listen,
+            readopted,
+        })
+    }
+}
+
+/// Seeds the configured key, or creates the first one when no active key exists.
+async fn seed_keys(store: &Store, api_key: Option<&str>) -> Result<KeyBootstrap, StartError> {
+    use bulkhead_engine::keys;
+    if let Some(key) = api_key {
+        let added = keys::seed(store, key.trim(), "BULKHEAD_API_KEY")
+            .await
+            .map_err(StartError::Key)?;
+        return Ok(if added {
+            KeyBootstrap::Seeded
+        } else {
+            KeyBootstrap::Unchanged
+        });
+    }
+    if store
+        .count_active_api_keys()
+        .await
+        .map_err(StartError::Store)?
+        == 0
+    {
+        let (_, key) = keys::create(store, "default")
+            .await
+            .map_err(StartError::Key)?;
+        return Ok(KeyBootstrap::Created(key));
+    }
+    Ok(KeyBootstrap::Unchanged)
+}
+
+/// `bulkhead/<instance>`: each data dir gets its own cgroup subtree, so a server reclaiming
+/// leftovers never touches another server's sandboxes on the same host.
+fn cgroup_parent(data_dir: &Path) -> String {
+    use sha2::Digest;
+    let canonical = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
+    format!("bulkhead/{}", &hex::encode(digest)[..8])
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
