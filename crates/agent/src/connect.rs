@@ -155,11 +155,15 @@ where
 {
     let media = media_type(headers);
     if !matches!(media.as_deref(), None | Some("" | CONTENT_TYPE_JSON)) {
+        crate::http::drain(body).await;
         return unsupported_media_type(CONTENT_TYPE_JSON, media.as_deref());
     }
     let ctx = match CallContext::from_headers(headers) {
         Ok(ctx) => ctx,
-        Err(e) => return error_response(&e),
+        Err(e) => {
+            crate::http::drain(body).await;
+            return error_response(&e);
+        }
     };
     let bytes = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
         Ok(bytes) => bytes,
@@ -200,6 +204,7 @@ pub async fn read_stream_request<Req: DeserializeOwned>(
 ) -> Result<Req, Box<Response>> {
     let media = media_type(headers);
     if media.as_deref() != Some(CONTENT_TYPE_CONNECT_JSON) {
+        crate::http::drain(body).await;
         return Err(Box::new(unsupported_media_type(
             CONTENT_TYPE_CONNECT_JSON,
             media.as_deref(),

@@ -175,15 +175,44 @@ async fn require_token(State(state): State<SharedState>, request: Request, next:
     if exempt || sent.is_some_and(|sent| constant_time_eq(sent, &token)) {
         return next.run(request).await;
     }
-    let message = if sent.is_some() {
+    let (rpc, token_sent) = (is_rpc_path(path), sent.is_some());
+    crate::http::drain(request.into_body()).await;
+    let message = if token_sent {
         "unauthorized access: the X-Access-Token header does not match the sandbox's access token"
     } else {
         "unauthorized access: send the sandbox's access token in the X-Access-Token header"
     };
-    if is_rpc_path(path) {
+    if rpc {
         connect::error_response(&ConnectError::unauthenticated(message))
     } else {
         error_json(StatusCode::UNAUTHORIZED, message.to_owned())
+    }
+}
+
+/// Largest request body of a method that carries only ids, paths and flags (paths are capped
+/// at 4096 bytes): far above any valid request, small enough that a runaway body gets a clear
+/// 413 instead of being buffered. `Start` and `SendInput` carry user data and keep
+/// [`connect::MAX_REQUEST_BYTES`]; `StreamInput` is read envelope by envelope.
+pub const SMALL_REQUEST_BYTES: usize = 64 << 10;
+
+/// Reads a small method's body whole, or answers 413 (Connect `resource_exhausted`) after
+/// draining what the client sent.
+async fn small_body(path: &str, body: Body) -> Result<Body, Response> {
+    match crate::http::read_limited(body, SMALL_REQUEST_BYTES).await {
+        Ok(bytes) => Ok(Body::from(bytes)),
+        Err(crate::http::BodyError::TooLarge) => Err(connect::error_response_with_status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &ConnectError::new(
+                bulkhead_envd::Code::ResourceExhausted,
+                format!(
+                    "The request body is too large: {path} takes at most {SMALL_REQUEST_BYTES} bytes"
+                ),
+            ),
+        )),
+        Err(crate::http::BodyError::Read) => Err(connect::error_response(&ConnectError::new(
+            bulkhead_envd::Code::Canceled,
+            "Could not read the request body: the client went away",
+        ))),
     }
 }
 
@@ -194,6 +223,13 @@ async fn process_rpc(
     body: Body,
 ) -> Response {
     use process::method as m;
+    let body = match method.as_str() {
+        m::START | m::SEND_INPUT | m::STREAM_INPUT => body,
+        _ => match small_body(&process::path(&method), body).await {
+            Ok(body) => body,
+            Err(response) => return response,
+        },
+    };
     match method.as_str() {
         m::START => crate::process::start(state, headers, body).await,
         m::CONNECT => crate::process::connect_process(state, headers, body).await,
@@ -214,6 +250,10 @@ async fn filesystem_rpc(
     body: Body,
 ) -> Response {
     use filesystem::method as m;
+    let body = match small_body(&filesystem::path(&method), body).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
     match method.as_str() {
         m::STAT => crate::filesystem::stat(state, headers, body).await,
         m::MAKE_DIR => crate::filesystem::make_dir(state, headers, body).await,

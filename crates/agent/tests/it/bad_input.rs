@@ -236,3 +236,91 @@ async fn connect_calls_answer_invalid_argument_for_bad_paths() {
         );
     }
 }
+
+/// A 200 KB body, as a new user's runaway request would send.
+fn big_body() -> Vec<u8> {
+    serde_json::to_vec(&json!({ "path": "/tmp", "junk": "j".repeat(200 * 1024) })).unwrap()
+}
+
+#[tokio::test]
+async fn an_oversized_connect_body_is_413_not_a_reset() {
+    let agent = Agent::start(&[]).await;
+    for method in [
+        "/filesystem.Filesystem/ListDir",
+        "/filesystem.Filesystem/Stat",
+        "/process.Process/List",
+        "/process.Process/SendSignal",
+    ] {
+        let (status, _, body) = agent
+            .call(
+                Request::post(method)
+                    .header("content-type", "application/json")
+                    .body(full(big_body()))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "{method}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let error: Value = serde_json::from_slice(&body).expect("Connect error body");
+        assert_eq!(error["code"], "resource_exhausted", "{method}");
+        assert!(
+            error["message"].as_str().unwrap().contains("too large"),
+            "{error}"
+        );
+    }
+    // The agent is still serving on the same footing.
+    let (status, _, _) = agent.get("/health").await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+}
+
+#[tokio::test]
+async fn early_answers_read_the_body_first() {
+    let agent = Agent::start(&[]).await;
+    // A wrong content type on a streaming method that takes large bodies: 415, not a reset.
+    let (status, _, body) = agent
+        .call(
+            Request::post("/process.Process/Start")
+                .header("content-type", "application/json")
+                .body(full(big_body()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    // A refused token: 401 in the Connect shape, after the body was read.
+    let (status, _, _) = agent
+        .call(
+            Request::post("/init")
+                .header("content-type", "application/json")
+                .body(full(
+                    serde_json::to_vec(&json!({"accessToken": "t0ken"})).unwrap(),
+                ))
+                .unwrap(),
+        )
+        .await;
+    assert!(status.is_success(), "{status}");
+    let (status, _, body) = agent
+        .call(
+            Request::post("/filesystem.Filesystem/ListDir")
+                .header("content-type", "application/json")
+                .body(full(big_body()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let error: Value = serde_json::from_slice(&body).expect("Connect error body");
+    assert_eq!(error["code"], "unauthenticated");
+}
