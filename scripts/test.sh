@@ -21,8 +21,8 @@
 #   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk js
 #                          interpreter-module interpreter-python interpreter-js
 #                          (local use only: listed as SKIP in the summary; .ci/run unsets it)
-#   BULKHEAD_TEST_EXTRA_CA PEM bundle for the images extra-CA test (default: a throwaway CA
-#                          made once in $BULKHEAD_CACHE_DIR)
+#   BULKHEAD_TEST_EXTRA_CA PEM bundle for the images extra-CA test (default: the host's trust
+#                          store, /etc/ssl/certs/ca-certificates.crt)
 #   BULKHEAD_TEST_LOG_DIR  where the per-suite reports go (default: a new dir under /var/tmp)
 set -euo pipefail
 
@@ -137,17 +137,13 @@ CI_VENV="$(make_venv tests/sdk/interpreter/requirements.txt)"
 BULKHEAD_TEST_KERNEL_VENV="$(make_venv crates/agent/tests/kernel-requirements.txt)"
 export BULKHEAD_TEST_KERNEL_VENV
 echo "agent kernel venv: $BULKHEAD_TEST_KERNEL_VENV"
-# A CA bundle for the images extra-CA test (`#[requires(ExtraCaBundle)]`): a throwaway
-# self-signed CA whose key is discarded, made once so the cached image's hash stays stable.
+# A CA bundle for the images extra-CA test (`#[requires(ExtraCaBundle)]`): the host's own trust
+# store, which holds whatever signs this host's view of pypi.org (public CAs, or the CA of a
+# TLS-inspecting gateway like the one in front of our development machines). The test builds a
+# template trusting it and checks that curl inside the tree verifies pypi.org; a throwaway CA
+# would make that end-to-end half fail on every host.
 if [ -z "${BULKHEAD_TEST_EXTRA_CA:-}" ]; then
-    BULKHEAD_TEST_EXTRA_CA="$CACHE/test-extra-ca.pem"
-    if [ ! -s "$BULKHEAD_TEST_EXTRA_CA" ]; then
-        mkdir -p "$CACHE"
-        openssl req -x509 -newkey rsa:2048 -nodes -keyout /dev/null -days 36500 \
-            -subj "/CN=Bulkhead test CA (throwaway, key discarded)" \
-            -out "$BULKHEAD_TEST_EXTRA_CA.tmp" 2>/dev/null
-        mv "$BULKHEAD_TEST_EXTRA_CA.tmp" "$BULKHEAD_TEST_EXTRA_CA"
-    fi
+    BULKHEAD_TEST_EXTRA_CA=/etc/ssl/certs/ca-certificates.crt
 fi
 export BULKHEAD_TEST_EXTRA_CA
 echo "extra CA bundle: $BULKHEAD_TEST_EXTRA_CA"
