@@ -21,8 +21,8 @@
 #   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk js
 #                          interpreter-module interpreter-python interpreter-js
 #                          (local use only: listed as SKIP in the summary; .ci/run unsets it)
-#   BULKHEAD_TEST_EXTRA_CA PEM bundle for the images extra-CA test (default: the host's trust
-#                          store, /etc/ssl/certs/ca-certificates.crt)
+#   BULKHEAD_TEST_EXTRA_CA PEM CA for the images extra-CA test (default: the top certificate of
+#                          the chain this host is served for pypi.org)
 #   BULKHEAD_TEST_LOG_DIR  where the per-suite reports go (default: a new dir under /var/tmp)
 set -euo pipefail
 
@@ -137,16 +137,27 @@ CI_VENV="$(make_venv tests/sdk/interpreter/requirements.txt)"
 BULKHEAD_TEST_KERNEL_VENV="$(make_venv crates/agent/tests/kernel-requirements.txt)"
 export BULKHEAD_TEST_KERNEL_VENV
 echo "agent kernel venv: $BULKHEAD_TEST_KERNEL_VENV"
-# A CA bundle for the images extra-CA test (`#[requires(ExtraCaBundle)]`): the host's own trust
-# store, which holds whatever signs this host's view of pypi.org (public CAs, or the CA of a
-# TLS-inspecting gateway like the one in front of our development machines). The test builds a
-# template trusting it and checks that curl inside the tree verifies pypi.org; a throwaway CA
-# would make that end-to-end half fail on every host.
+# A CA for the images extra-CA test (`#[requires(ExtraCaBundle)]`): the top certificate of the
+# chain this host is served for pypi.org — a public intermediate, or the CA of a TLS-inspecting
+# gateway like the one in front of our development machines. The test builds a template trusting
+# it and checks that curl inside the tree verifies pypi.org, so it must be a CA that really signs
+# what this host sees (a throwaway CA would fail that half on every host).
 if [ -z "${BULKHEAD_TEST_EXTRA_CA:-}" ]; then
-    BULKHEAD_TEST_EXTRA_CA=/etc/ssl/certs/ca-certificates.crt
+    ca_file="$CACHE/test-extra-ca.pem"
+    mkdir -p "$CACHE"
+    echo | timeout 20 openssl s_client -connect pypi.org:443 -servername pypi.org -showcerts 2>/dev/null \
+        | awk '/-----BEGIN CERTIFICATE-----/{c=""; inside=1} inside{c=c $0 "\n"} /-----END CERTIFICATE-----/{last=c; inside=0} END{printf "%s", last}' \
+        > "$ca_file.tmp" || true
+    if [ -s "$ca_file.tmp" ]; then
+        mv "$ca_file.tmp" "$ca_file"
+        BULKHEAD_TEST_EXTRA_CA="$ca_file"
+    else
+        rm -f "$ca_file.tmp"
+        echo "warning: could not fetch pypi.org's certificate chain; the extra-CA test will fail as missing its CA" >&2
+    fi
 fi
 export BULKHEAD_TEST_EXTRA_CA
-echo "extra CA bundle: $BULKHEAD_TEST_EXTRA_CA"
+echo "extra CA bundle: ${BULKHEAD_TEST_EXTRA_CA:-none}"
 echo "python SDK venv: $VENV (e2b $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "old SDK venv:    $OLD_VENV (e2b $("$OLD_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "interpreter venv: $CI_VENV (e2b-code-interpreter $("$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))'))"
