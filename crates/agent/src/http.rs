@@ -9,7 +9,6 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bulkhead_envd::rest::ErrorBody;
 use serde::Serialize;
-use subtle::ConstantTimeEq;
 
 /// The plain-HTTP error body `{"code": <status>, "message": "..."}`.
 pub fn error_json(status: StatusCode, message: String) -> Response {
@@ -34,24 +33,7 @@ pub fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
     response
 }
 
-/// Constant-time string comparison, for access tokens and URL signatures (the length is not
-/// secret: tokens and signatures have fixed lengths).
-pub fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn compares_whole_strings() {
-        assert!(constant_time_eq("tok", "tok"));
-        assert!(!constant_time_eq("tok", "tok2"));
-        assert!(!constant_time_eq("tok", "toc"));
-        assert!(constant_time_eq("", ""));
-    }
-}
+pub use bulkhead_common::constant_time_eq;
 
 /// Most bytes of an unwanted request body read and thrown away before an early answer.
 pub const DRAIN_LIMIT: usize = 4 << 20;

@@ -126,14 +126,4 @@ fn new_request_id() -> String {
     bulkhead_engine::ids::random_hex(8)
 }
 
-/// `e` and its causes, outermost first, joined with `: ` (for logs only).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+pub use bulkhead_common::error_chain;

@@ -2,7 +2,6 @@
 //! compared in constant time.
 
 use sha2::{Digest, Sha256};
-use subtle::ConstantTimeEq;
 
 use crate::ids::random_hex;
 
@@ -29,9 +28,7 @@ pub fn display_prefix(key: &str) -> String {
     key.chars().take(KEY_PREFIX.len() + 6).collect()
 }
 
-pub fn constant_time_eq(a: &str, b: &str) -> bool {
-    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
-}
+pub use bulkhead_common::constant_time_eq;
 
 #[cfg(test)]
 mod tests {
