@@ -196,7 +196,10 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.templates, ["base"]);
         assert_eq!(c.data_dir, std::path::PathBuf::from("/d"));
-        assert_eq!(c.image_cache_dir(), std::path::PathBuf::from("/d/images"));
+        // `BULKHEAD_IMAGE_CACHE` (set by scripts/test.sh) is a flag default too.
+        let cache = std::env::var_os("BULKHEAD_IMAGE_CACHE")
+            .map_or_else(|| std::path::PathBuf::from("/d/images"), Into::into);
+        assert_eq!(c.image_cache_dir(), cache);
         assert_eq!(c.default_timeout, Duration::from_secs(300));
         assert_eq!(c.max_timeout, Duration::from_secs(24 * 3600));
         assert_eq!(
