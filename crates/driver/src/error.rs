@@ -124,17 +124,7 @@ impl std::fmt::Display for AgentExit {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn error_chain(e: &dyn std::error::Error) -> String {
-        let mut s = e.to_string();
-        let mut cur = e.source();
-        while let Some(c) = cur {
-            s.push_str(": ");
-            s.push_str(&c.to_string());
-            cur = c.source();
-        }
-        s
-    }
+    use bulkhead_common::error_chain;
 
     #[test]
     fn start_causes_stay_reachable() {

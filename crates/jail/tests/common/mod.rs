@@ -283,13 +283,5 @@ pub fn stats(label: &str, mut v: Vec<Duration>) -> String {
 }
 
 /// An error and its causes, joined by `: ` (driver errors keep their causes in `source()`).
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
+#[allow(unused_imports)] // Not every test binary that includes `common` prints errors.
+pub use bulkhead_common::error_chain as chain;
