@@ -1,16 +1,12 @@
-//! Server errors in E2B's shape: provoke driver failures with a test driver that fails on demand
+//! Server errors in E2B's shape: provoke driver failures with the fake driver's failure switches
 //! and check the status, the E2B error code, that the message names the operation and carries a
 //! request id, and that neither a host path nor the internal cause chain leaks into the body.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use async_trait::async_trait;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use bulkhead_engine::driver::{
-    AgentStream, Driver, DriverError, DriverHandle, ResourceUsage, SandboxSpec,
-};
+use bulkhead_engine::driver::DriverError;
 use bulkhead_engine::testing::FakeDriver;
 use bulkhead_engine::{Engine, EngineConfig};
 use bulkhead_store::Store;
@@ -19,14 +15,6 @@ use tower::ServiceExt;
 
 /// A host path a real driver error could carry; it must never reach a client.
 const SECRET_PATH: &str = "/var/lib/bulkhead/slots/7/rootfs";
-
-/// The fake driver, failing `start` and `usage` on demand with errors that name a host path.
-#[derive(Default)]
-struct Flaky {
-    inner: FakeDriver,
-    fail_start: AtomicBool,
-    fail_usage: AtomicBool,
-}
 
 fn io_failure(what: &str) -> DriverError {
     DriverError::io(
@@ -37,52 +25,18 @@ fn io_failure(what: &str) -> DriverError {
     )
 }
 
-#[async_trait]
-impl Driver for Flaky {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-    async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
-        if self.fail_start.load(Ordering::SeqCst) {
-            return Err(io_failure("mounting"));
-        }
-        self.inner.start(spec).await
-    }
-    async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
-        self.inner.stop(h).await
-    }
-    async fn wait(&self, h: &DriverHandle) {
-        self.inner.wait(h).await
-    }
-    async fn adopt(&self, h: &DriverHandle) -> bool {
-        self.inner.adopt(h).await
-    }
-    async fn connect(&self, h: &DriverHandle) -> Result<AgentStream, DriverError> {
-        self.inner.connect(h).await
-    }
-    async fn usage(&self, h: &DriverHandle) -> Result<ResourceUsage, DriverError> {
-        if self.fail_usage.load(Ordering::SeqCst) {
-            return Err(io_failure("reading"));
-        }
-        self.inner.usage(h).await
-    }
-    async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
-        self.inner.reclaim_orphans(keep).await
-    }
-}
-
 struct Ctx {
     _dir: tempfile::TempDir,
     app: axum::Router,
     key: String,
-    driver: Arc<Flaky>,
+    driver: Arc<FakeDriver>,
 }
 
 async fn ctx() -> Ctx {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
     let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
-    let driver = Arc::new(Flaky::default());
+    let driver = Arc::new(FakeDriver::default());
     let engine = Engine::new(
         store,
         driver.clone(),
@@ -152,7 +106,7 @@ fn assert_server_error(
 #[tokio::test]
 async fn driver_failures_name_the_operation_and_leak_nothing() {
     let c = ctx().await;
-    c.driver.fail_start.store(true, Ordering::SeqCst);
+    *c.driver.fail_start.lock().unwrap() = Some(|| io_failure("mounting"));
     let (status, headers, body) = call(
         &c,
         "POST",
@@ -161,7 +115,7 @@ async fn driver_failures_name_the_operation_and_leak_nothing() {
     )
     .await;
     assert_server_error(status, &headers, &body, "sandbox_create_failed", "create");
-    c.driver.fail_start.store(false, Ordering::SeqCst);
+    *c.driver.fail_start.lock().unwrap() = None;
 
     let (status, _, body) = call(
         &c,
@@ -177,10 +131,10 @@ async fn driver_failures_name_the_operation_and_leak_nothing() {
         .to_string();
 
     // A metrics failure is not a failed create.
-    c.driver.fail_usage.store(true, Ordering::SeqCst);
+    *c.driver.fail_usage.lock().unwrap() = Some(|| io_failure("reading"));
     let (status, headers, body) = call(&c, "GET", &format!("/sandboxes/{id}/metrics"), None).await;
     assert_server_error(status, &headers, &body, "internal_server_error", "metrics");
-    c.driver.fail_usage.store(false, Ordering::SeqCst);
+    *c.driver.fail_usage.lock().unwrap() = None;
     let (status, _, _) = call(&c, "GET", &format!("/sandboxes/{id}/metrics"), None).await;
     assert_eq!(status, StatusCode::OK);
 }

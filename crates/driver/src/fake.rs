@@ -54,6 +54,10 @@ pub struct FakeDriver {
     pub stopped: AtomicI32,
     /// `open_network` calls (pids), and the peer ends of the fake links handed out.
     pub networks: Mutex<Vec<(i32, UnixDatagram)>>,
+    /// While set, `start` fails with the error this makes (to provoke server errors in tests).
+    pub fail_start: Mutex<Option<fn() -> DriverError>>,
+    /// While set, `usage` fails with the error this makes.
+    pub fail_usage: Mutex<Option<fn() -> DriverError>>,
 }
 
 impl Default for FakeDriver {
@@ -72,6 +76,8 @@ impl FakeDriver {
             started: AtomicI32::new(0),
             stopped: AtomicI32::new(0),
             networks: Mutex::default(),
+            fail_start: Mutex::default(),
+            fail_usage: Mutex::default(),
         }
     }
 
@@ -134,6 +140,9 @@ impl Driver for FakeDriver {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        if let Some(fail) = *self.fail_start.lock().unwrap() {
+            return Err(fail());
+        }
         let host = &self.host.0;
         let pid = host.next_pid.fetch_add(1, Ordering::SeqCst) + 100;
         let start_time = host.next_start_time.fetch_add(1, Ordering::SeqCst) + 1000;
@@ -249,6 +258,9 @@ impl Driver for FakeDriver {
     }
 
     async fn usage(&self, h: &DriverHandle) -> Result<ResourceUsage, DriverError> {
+        if let Some(fail) = *self.fail_usage.lock().unwrap() {
+            return Err(fail());
+        }
         if !self.live(h) {
             return Err(DriverError::NotRunning);
         }
