@@ -55,6 +55,7 @@ pub enum Operation {
     Checkpoint,
     Snapshot,
     Restore,
+    Changes,
 }
 
 impl std::fmt::Display for Operation {
@@ -66,6 +67,7 @@ impl std::fmt::Display for Operation {
             Operation::Checkpoint => "checkpoint a sandbox",
             Operation::Snapshot => "snapshot a running sandbox",
             Operation::Restore => "restore a sandbox from a checkpoint",
+            Operation::Changes => "list a sandbox's file changes",
         })
     }
 }
@@ -76,6 +78,18 @@ pub struct CheckpointOptions {
     /// Keep the sandbox running afterwards (a snapshot). Otherwise the sandbox has ended once
     /// the checkpoint is written, and its resources (RAM, slot) are free.
     pub leave_running: bool,
+    /// Keep only the filesystem changes, no memory or processes (E2B's `memory: false`): a
+    /// restore boots the template afresh on the saved files.
+    pub filesystem_only: bool,
+}
+
+/// How to [`restore`](crate::Driver::restore).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RestoreOptions {
+    /// The checkpoint is not needed afterwards (resuming a pause): the driver may move files
+    /// out of it instead of copying them. The caller deletes the directory after success; on
+    /// failure the checkpoint is left restorable.
+    pub consume: bool,
 }
 
 /// What [`checkpoint`](crate::Driver::checkpoint) wrote into its directory: memory, process
@@ -91,4 +105,42 @@ pub struct CheckpointInfo {
     pub dir: PathBuf,
     /// Bytes written (for quotas and metering).
     pub size_bytes: u64,
+    /// Whether memory and processes were kept (false: filesystem only).
+    #[serde(default = "yes")]
+    pub memory: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// One entry of a sandbox's filesystem changes against its template (or a snapshot).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileChange {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    pub kind: ChangeKind,
+    /// `file`, `dir`, `symlink` or `other`; for a deletion, what was deleted if known.
+    pub file_type: String,
+    /// Size in bytes (0 for deletions and directories).
+    pub size: u64,
+    /// Modification time, seconds since the epoch (absent for deletions).
+    pub mtime: Option<i64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    Created,
+    Modified,
+    Deleted,
+}
+
+/// Whose changes [`changes`](crate::Driver::changes) lists.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChangeSource {
+    /// A live sandbox.
+    Running(crate::DriverHandle),
+    /// A checkpoint (a paused sandbox or a snapshot) in this directory.
+    Checkpoint(PathBuf),
 }

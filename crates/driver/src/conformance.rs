@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::capability::{CheckpointOptions, NetworkLink, Operation};
+use crate::capability::{CheckpointOptions, NetworkLink, Operation, RestoreOptions};
 use crate::driver::Driver;
 use crate::error::DriverError;
 use crate::handle::{DRIVER_HANDLE_FORMAT, DriverHandle, SandboxSpec};
@@ -304,10 +304,14 @@ pub async fn checkpoint_and_restore<H: Harness>(t: &H) {
     ));
     let opts = CheckpointOptions {
         leave_running: false,
+        ..Default::default()
     };
     if !d.capabilities().checkpoint {
         assert_unsupported(d.checkpoint(&h, &dir, opts).await, Operation::Checkpoint);
-        assert_unsupported(d.restore(&spec, &dir).await, Operation::Restore);
+        assert_unsupported(
+            d.restore(&spec, &dir, RestoreOptions::default()).await,
+            Operation::Restore,
+        );
         d.stop(&h).await.expect("stop");
         t.assert_clean();
         return;
@@ -316,7 +320,10 @@ pub async fn checkpoint_and_restore<H: Harness>(t: &H) {
     assert_eq!(info.driver, d.name());
     assert_dead(&d, &h).await;
     d.stop(&h).await.expect("stop after a checkpoint");
-    let r = d.restore(&spec, &dir).await.expect("restore");
+    let r = d
+        .restore(&spec, &dir, RestoreOptions::default())
+        .await
+        .expect("restore");
     assert_healthy(&d, &r).await;
     d.stop(&r).await.expect("stop the restored sandbox");
     let _ = std::fs::remove_dir_all(&dir);
@@ -336,6 +343,7 @@ pub async fn snapshot_and_fork<H: Harness>(t: &H) {
     ));
     let opts = CheckpointOptions {
         leave_running: true,
+        ..Default::default()
     };
     if !d.capabilities().snapshot {
         assert_unsupported(d.checkpoint(&h, &dir, opts).await, Operation::Snapshot);
@@ -345,7 +353,10 @@ pub async fn snapshot_and_fork<H: Harness>(t: &H) {
     }
     d.checkpoint(&h, &dir, opts).await.expect("snapshot");
     assert_healthy(&d, &h).await;
-    let fork = d.restore(&spec, &dir).await.expect("fork");
+    let fork = d
+        .restore(&spec, &dir, RestoreOptions::default())
+        .await
+        .expect("fork");
     assert_ne!((fork.pid, fork.slot), (h.pid, h.slot));
     assert_healthy(&d, &fork).await;
     assert_healthy(&d, &h).await;

@@ -8,7 +8,10 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::capability::{Capabilities, CheckpointInfo, CheckpointOptions, Operation};
+use crate::capability::{
+    Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, FileChange, Operation,
+    RestoreOptions,
+};
 use crate::error::DriverError;
 use crate::handle::{DriverHandle, SandboxSpec};
 
@@ -111,7 +114,22 @@ pub trait Driver: Send + Sync + 'static {
     /// Start a new sandbox from a checkpoint in `dir`, with the resources `spec` grants (its
     /// template must be the one checkpointed). The image is left in place, so one snapshot can
     /// be restored many times (fork). Returns once the agent accepts connections.
-    async fn restore(&self, _spec: &SandboxSpec, _dir: &Path) -> Result<DriverHandle, DriverError> {
+    async fn restore(
+        &self,
+        _spec: &SandboxSpec,
+        _dir: &Path,
+        _opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError> {
         Err(DriverError::unsupported(self.name(), Operation::Restore))
+    }
+
+    /// Files created, modified and deleted in the sandbox (or checkpoint) against its template,
+    /// or against the checkpoint in `since` when given, sorted by path.
+    async fn changes(
+        &self,
+        _of: &ChangeSource,
+        _since: Option<&Path>,
+    ) -> Result<Vec<FileChange>, DriverError> {
+        Err(DriverError::unsupported(self.name(), Operation::Changes))
     }
 }

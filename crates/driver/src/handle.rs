@@ -38,6 +38,20 @@ pub struct SandboxSpec {
     pub memory_mb: u64,
     /// Maximum number of tasks (processes + threads) in the sandbox.
     pub pids_max: u64,
+    /// Host directories mounted read-write into the sandbox (E2B volumes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// A host directory the driver mounts read-write at `path` inside the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeMount {
+    /// The volume's name (for logs and checkpoint keys).
+    pub name: String,
+    /// The volume's data directory on the host (owned by the engine's volume store).
+    pub host_dir: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub path: String,
 }
 
 /// Driver-specific, serialisable description of a running sandbox; stored so a restarted

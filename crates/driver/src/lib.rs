@@ -20,9 +20,12 @@ pub mod error;
 pub mod fake;
 pub mod handle;
 
-pub use capability::{Capabilities, CheckpointInfo, CheckpointOptions, NetworkLink, Operation};
+pub use capability::{
+    Capabilities, ChangeKind, ChangeSource, CheckpointInfo, CheckpointOptions, FileChange,
+    NetworkLink, Operation, RestoreOptions,
+};
 pub use driver::{AgentIo, AgentStream, Driver, ResourceUsage};
 pub use error::{AgentExit, DriverError, StartError};
 #[cfg(feature = "testing")]
 pub use fake::{FakeDriver, FakeHost};
-pub use handle::{DRIVER_HANDLE_FORMAT, DriverHandle, SandboxSpec};
+pub use handle::{DRIVER_HANDLE_FORMAT, DriverHandle, SandboxSpec, VolumeMount};

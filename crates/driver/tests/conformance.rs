@@ -23,6 +23,7 @@ impl Harness for FakeHarness {
             cpu_count: 1,
             memory_mb,
             pids_max,
+            volumes: Vec::new(),
         }
     }
 

@@ -34,6 +34,7 @@ impl TemplateInfo {
             cpu_count: self.cpu_count,
             memory_mb: self.memory_mb,
             pids_max: self.pids_max,
+            volumes: Vec::new(),
         }
     }
 }

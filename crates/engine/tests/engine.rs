@@ -314,6 +314,7 @@ fn recover_readopts_live_and_buries_dead() {
                 cpu_count: 1,
                 memory_mb: 1,
                 pids_max: 1,
+                volumes: Vec::new(),
             })
             .await
             .unwrap();

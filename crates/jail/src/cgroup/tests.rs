@@ -29,6 +29,7 @@ fn limits() -> CgroupLimits {
         cpu_count: 2,
         memory_mb: 256,
         pids_max: 128,
+        volumes: Vec::new(),
     })
 }
 
@@ -45,6 +46,7 @@ fn limits_follow_the_spec() {
         cpu_count: 0,
         memory_mb: 0,
         pids_max: 0,
+        volumes: Vec::new(),
     });
     assert_eq!(unlimited.cpu_quota_us, None);
     assert_eq!(unlimited.pids_max, 1);

@@ -153,6 +153,7 @@ impl Env {
             cpu_count: 1,
             memory_mb,
             pids_max,
+            volumes: Vec::new(),
         }
     }
 
