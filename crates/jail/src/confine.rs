@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use landlock::{
     ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope,
+    RulesetCreatedAttr, RulesetStatus,
 };
 
 /// Docker's default capability set: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID,
@@ -124,7 +124,10 @@ pub const WRITABLE_DEVICES: [&str; 9] = [
 ];
 
 /// Best-effort Landlock: read+execute everywhere, full access beneath each top-level directory,
-/// read-write on the device nodes, and (ABI 6+) scoped abstract Unix sockets and signals.
+/// read-write on the device nodes. No Landlock scopes: CRIU's parasite (pause, snapshot, fork)
+/// talks to CRIU over an abstract Unix socket, which a scoped domain refuses (the dump fails and
+/// the sandbox dies). The private pid and network namespaces already keep signals and abstract
+/// sockets inside the sandbox, which is what the scopes added.
 pub fn apply_landlock() -> Result<RulesetStatus, String> {
     let abi = ABI::V6;
     let all = AccessFs::from_all(abi);
@@ -133,8 +136,6 @@ pub fn apply_landlock() -> Result<RulesetStatus, String> {
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)
         .map_err(|e| err("handle_access", &e))?
-        .scope(Scope::AbstractUnixSocket | Scope::Signal)
-        .map_err(|e| err("scope", &e))?
         .create()
         .map_err(|e| err("create", &e))?;
     let root = PathFd::new("/").map_err(|e| err("open /", &e))?;

@@ -138,6 +138,7 @@ impl Env {
             start_timeout: Duration::from_secs(30),
             sandbox_ca_pem: None,
             nameserver: None,
+            criu: Some(bulkhead_testkit::criu_binary()),
         };
         Env { tmp, rootfs, cfg }
     }
