@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use bulkhead_driver::{DriverError, DriverHandle, RestoreOptions, SandboxSpec, StartError};
 
+use super::agent_sock::notify_restored;
 use super::checkpoint::{AGENT_KEY, SOCK_KEY, criu_error};
 use super::fsutil::chown;
 use super::manifest::{AGENT_LOG, IMAGES, Manifest, UPPER};
@@ -188,6 +189,12 @@ impl JailDriver {
             .expect("handle data serialises"),
         );
         self.wait_for_socket(slot, &sb, deadline).await?;
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        tokio::time::timeout(remaining, notify_restored(&self.sock_path(slot)))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))
+            .and_then(|r| r)
+            .map_err(|e| DriverError::io("re-confine the restored sandbox (Landlock)", e))?;
         Ok(handle)
     }
 }
