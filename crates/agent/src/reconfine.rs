@@ -24,7 +24,10 @@ pub fn activate() -> Result<(), String> {
 /// The ruleset to apply in a spawned child, once [`activate`]d (None before, or on a kernel
 /// without Landlock).
 pub fn ruleset_fd() -> Option<RawFd> {
-    RULESET.get().and_then(|f| f.as_ref()).map(AsRawFd::as_raw_fd)
+    RULESET
+        .get()
+        .and_then(|f| f.as_ref())
+        .map(AsRawFd::as_raw_fd)
 }
 
 /// In a forked child before `execve`: apply the ruleset. Async-signal-safe (one syscall).

@@ -31,9 +31,9 @@ pub struct Env {
     pub cfg: JailConfig,
 }
 
-const TOOLS: [&str; 15] = [
+const TOOLS: [&str; 16] = [
     "sh", "cat", "ls", "id", "sleep", "touch", "mkdir", "rm", "stat", "head", "chown", "echo",
-    "wc", "dd", "ln",
+    "wc", "dd", "ln", "md5sum",
 ];
 
 fn which(tool: &str) -> PathBuf {
