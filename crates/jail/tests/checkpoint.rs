@@ -223,3 +223,36 @@ async fn a_filesystem_only_checkpoint_keeps_files_but_not_processes() {
     std::fs::remove_dir_all(&dir).unwrap();
     env.assert_clean();
 }
+
+#[bulkhead_testkit::requires(Root, Criu)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_resume_leaves_the_checkpoint_restorable() {
+    let env = Env::new();
+    let d = env.driver();
+    let spec = env.spec(256, 128);
+    let h = d.start(&spec).await.expect("start");
+    let sum = plant(&d, &h, "kept").await;
+    let dir = env.path().join("pause");
+    d.checkpoint(&h, &dir, pause_opts()).await.expect("pause");
+    d.stop(&h).await.expect("stop");
+    // Break the image CRIU reads first, so the restore fails after the files were moved in.
+    let pstree = dir.join("images/pstree.img");
+    let good = std::fs::read(&pstree).unwrap();
+    std::fs::write(&pstree, b"garbage").unwrap();
+    let e = d
+        .restore(&spec, &dir, RestoreOptions { consume: true })
+        .await
+        .expect_err("a broken image");
+    assert!(chain(&e).contains("CRIU restore failed"), "{}", chain(&e));
+    assert!(dir.join("upper/home/data").is_file(), "files given back");
+    std::fs::write(&pstree, good).unwrap();
+    let r = d
+        .restore(&spec, &dir, RestoreOptions { consume: true })
+        .await
+        .unwrap_or_else(|e| panic!("resume: {}", chain(&e)));
+    assert_eq!(checksum(&d, &r).await, sum);
+    assert_eq!(secret(&d, &r).await, "kept");
+    d.stop(&r).await.expect("stop");
+    std::fs::remove_dir_all(&dir).unwrap();
+    env.assert_clean();
+}
