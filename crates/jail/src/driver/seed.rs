@@ -113,15 +113,17 @@ pub(super) fn give_back_seeded_upper(slot_dir: &Path) {
     };
     let origin = PathBuf::from(origin.trim());
     let upper = slot_dir.join("upper");
-    if origin.parent().is_some_and(Path::is_dir) && !origin.exists() && upper.is_dir() {
-        if let Err(e) = fs::rename(&upper, &origin) {
-            tracing::error!(
-                from = %upper.display(),
-                to = %origin.display(),
-                error = %e,
-                "cannot give a sandbox's files back to its checkpoint after a failed restore"
-            );
-        }
+    if origin.parent().is_some_and(Path::is_dir)
+        && !origin.exists()
+        && upper.is_dir()
+        && let Err(e) = fs::rename(&upper, &origin)
+    {
+        tracing::error!(
+            from = %upper.display(),
+            to = %origin.display(),
+            error = %e,
+            "cannot give a sandbox's files back to its checkpoint after a failed restore"
+        );
     }
     let _ = fs::remove_file(slot_dir.join(SEED_ORIGIN));
 }
