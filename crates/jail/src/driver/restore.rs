@@ -56,7 +56,7 @@ impl JailDriver {
             uid_base: m.uid_base,
             slot: m.slot,
         };
-        if !m.memory {
+        if !m.memory || opts.filesystem_only {
             return self.start_sandbox(spec, Some(&seed)).await;
         }
         if !spec.rootfs.is_dir() {
