@@ -12,8 +12,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -461,7 +461,7 @@ impl Driver for FakeDriver {
         &self,
         spec: &SandboxSpec,
         dir: &Path,
-        _opts: RestoreOptions,
+        opts: RestoreOptions,
     ) -> Result<DriverHandle, DriverError> {
         let delay = *self.restore_delay.lock().unwrap();
         if !delay.is_zero() {
@@ -490,6 +490,7 @@ impl Driver for FakeDriver {
         // `/init`s it received since (none yet); a filesystem-only image boots fresh.
         let memory = image
             .memory
+            .filter(|_| !opts.filesystem_only)
             .map(|m| FakeMemory { inits: 0, ..m })
             .unwrap_or_default();
         Ok(self.spawn(spec, memory, image.files))
