@@ -6,6 +6,7 @@
 
 mod control;
 mod error;
+mod persist;
 mod proxy;
 mod state;
 pub mod wire;
