@@ -323,12 +323,12 @@ impl Driver for FakeDriver {
                             let init = serde_json::from_slice::<serde_json::Value>(&body).unwrap();
                             let mut m = memory.lock().unwrap();
                             m.inits += 1;
-                            if let Some(env) = init["env_vars"].as_object() {
+                            if let Some(env) = init["envVars"].as_object() {
                                 for (k, v) in env {
                                     m.env.insert(k.clone(), v.as_str().unwrap_or("").into());
                                 }
                             }
-                            if let Some(t) = init["access_token"].as_str() {
+                            if let Some(t) = init["accessToken"].as_str() {
                                 m.access_token = (!t.is_empty()).then(|| t.to_string());
                             }
                             sink.lock().unwrap().push(init);

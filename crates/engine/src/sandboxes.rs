@@ -107,10 +107,14 @@ impl Engine {
         let id = id.to_string();
         tokio::spawn(async move {
             tokio::select! {
-                _ = engine.driver.wait(&handle) => {
-                    engine.finish(&id, "exited").await;
-                }
+                // A cancelled watcher never reports: a pause ends the process on purpose.
+                biased;
                 _ = cancel.cancelled() => {}
+                _ = engine.driver.wait(&handle) => {
+                    if !cancel.is_cancelled() {
+                        engine.finish(&id, "exited").await;
+                    }
+                }
             }
         });
     }
