@@ -247,7 +247,6 @@ impl Driver for FakeDriver {
             snapshot: true,
             // A datagram pair stands in for the TUN device.
             network: NetworkLink::TunInNetns,
-            ..Capabilities::default()
         }
     }
 

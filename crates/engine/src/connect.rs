@@ -73,7 +73,7 @@ impl Engine {
                         ));
                     }
                     let req = ResumeRequest {
-                        timeout: (extra.timeout_ms > 0).then(|| (extra.timeout_ms / 1000) as u64),
+                        timeout: (extra.timeout_ms > 0).then_some((extra.timeout_ms / 1000) as u64),
                         memory: true,
                     };
                     self.resume_or_extend(id, Operation::Connect, req).await?;
