@@ -1,7 +1,7 @@
 //! Control-plane handlers (E2B REST, both SDK generations).
 
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -10,9 +10,9 @@ use bulkhead_engine::{
     Caller, CreateGeneration, CreateRequest, ListRequest, ResumeRequest, SandboxState,
 };
 use bytes::Bytes;
-use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::http::{next_token_headers, parse_body, parse_limit, query_pairs, timeout_secs};
 use crate::state::AppState;
 use crate::wire::{
     ConnectBody, EgressEvent, NetworkConfig, NewSandbox, NewSecret, RefreshBody, Sandbox,
@@ -80,25 +80,6 @@ async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Nex
         }
         Ok(None) => ApiError::unauthorized().into_response(),
         Err(e) => ApiError::from(e).into_response(),
-    }
-}
-
-/// Parse an optional JSON body: empty → `T::default()`, malformed → 400 in E2B's shape.
-pub(crate) fn parse_body<T: DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
-    if body.iter().all(|b| b.is_ascii_whitespace()) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
-}
-
-pub(crate) fn timeout_secs(t: Option<i64>) -> ApiResult<Option<u64>> {
-    match t {
-        None => Ok(None),
-        Some(t) if t < 0 => Err(ApiError::bad_request(
-            "Timeout must be a non-negative number of seconds",
-        )),
-        Some(t) => Ok(Some(t as u64)),
     }
 }
 
@@ -345,29 +326,6 @@ async fn delete_secret(
 ) -> ApiResult<StatusCode> {
     st.engine.delete_secret(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A `limit` query value: a number from 1 to `max`, else 400.
-pub(crate) fn parse_limit(v: &str, max: usize) -> ApiResult<usize> {
-    v.parse::<usize>()
-        .ok()
-        .filter(|n| (1..=max).contains(n))
-        .ok_or_else(|| ApiError::bad_request(format!("limit must be a number from 1 to {max}")))
-}
-
-/// Paged lists carry the cursor for the next page in `x-next-token`, as E2B's API does.
-pub(crate) fn next_token_headers(next_token: Option<&str>) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    if let Some(t) = next_token.and_then(|t| HeaderValue::from_str(t).ok()) {
-        headers.insert("x-next-token", t);
-    }
-    headers
-}
-
-pub(crate) fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
-    form_urlencoded::parse(q.unwrap_or("").as_bytes())
-        .into_owned()
-        .collect()
 }
 
 /// `GET /sandboxes` (v1, deprecated): running sandboxes, optional `metadata` filter.

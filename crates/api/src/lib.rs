@@ -6,6 +6,7 @@
 
 mod control;
 mod error;
+mod http;
 mod persist;
 mod proxy;
 mod state;

@@ -11,8 +11,8 @@ use axum::{Extension, Json, Router};
 use bulkhead_engine::{Caller, ResumeRequest};
 use bytes::Bytes;
 
-use crate::control::{next_token_headers, parse_body, parse_limit, query_pairs, timeout_secs};
 use crate::error::ApiError;
+use crate::http::{next_token_headers, parse_body, parse_limit, query_pairs, timeout_secs};
 use crate::state::AppState;
 use crate::wire::{ForkBody, PauseBody, ResumeBody, Sandbox, SnapshotBody, SnapshotInfo};
 
