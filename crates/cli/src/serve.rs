@@ -54,6 +54,10 @@ pub struct ServeArgs {
     /// CPUs of `base` sandboxes.
     #[arg(long, default_value_t = 2)]
     pub cpu_count: u32,
+    /// CRIU 4.2+ binary for pause, resume, snapshots and fork (`scripts/criu.sh` builds one
+    /// and prints its path). Without it those answer with how to enable them.
+    #[arg(long, env = "BULKHEAD_CRIU")]
+    pub criu: Option<std::path::PathBuf>,
     /// Templates to build (if not cached) and serve, comma-separated. Built-in: base,
     /// code-interpreter-v1 (the E2B code-interpreter SDKs' default; its first build downloads
     /// about 300 MB and takes a few minutes). Leave it out for quick runs.
@@ -92,6 +96,7 @@ impl ServeArgs {
             max_background_processes: self.max_background_processes,
             extra_ca_bundle: self.extra_ca_bundle.clone(),
             uid_base: self.uid_base,
+            criu: self.criu.clone(),
             base_size: TemplateSize {
                 cpu_count: self.cpu_count,
                 memory_mb: self.memory_mb,

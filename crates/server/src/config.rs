@@ -60,6 +60,8 @@ pub struct ServerConfig {
     /// Extra CA bundle to trust inside templates at build time.
     pub extra_ca_bundle: Option<PathBuf>,
     pub uid_base: u32,
+    /// CRIU binary for checkpoint/restore (pause, resume, snapshots, fork); None disables them.
+    pub criu: Option<PathBuf>,
     /// Size of `base` (and every template without its own size).
     pub base_size: TemplateSize,
     /// Size of `code-interpreter-v1`.
@@ -242,6 +244,7 @@ mod tests {
             max_background_processes: 100,
             extra_ca_bundle: None,
             uid_base: 1_000_000,
+            criu: None,
             base_size: TemplateSize {
                 cpu_count: 2,
                 memory_mb: 512,

@@ -6,12 +6,12 @@ use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentStream, Capabilities, Driver, DriverError, DriverHandle, NetworkLink, ResourceUsage,
-    SandboxSpec,
+    AgentStream, Capabilities, CheckpointInfo, CheckpointOptions, Driver, DriverError,
+    DriverHandle, NetworkLink, ResourceUsage, RestoreOptions, SandboxSpec,
 };
 
 use super::agent_sock::connect_agent;
@@ -28,15 +28,18 @@ impl Driver for JailDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
+        // Checkpoints freeze the cgroup first, so they need the freezer as well as CRIU.
+        let checkpoint = self.can_freeze() && self.inner.cfg.criu.is_some();
         Capabilities {
             freeze: self.can_freeze(),
+            checkpoint,
+            snapshot: checkpoint,
             network: NetworkLink::TunInNetns,
-            ..Capabilities::default()
         }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
-        self.start_sandbox(spec).await
+        self.start_sandbox(spec, None).await
     }
 
     async fn stop(&self, handle: &DriverHandle) -> Result<(), DriverError> {
@@ -251,5 +254,23 @@ impl Driver for JailDriver {
 
     async fn thaw(&self, handle: &DriverHandle) -> Result<(), DriverError> {
         self.set_frozen(handle, false).await
+    }
+
+    async fn checkpoint(
+        &self,
+        handle: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError> {
+        self.checkpoint_sandbox(handle, dir, opts).await
+    }
+
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError> {
+        self.restore_sandbox(spec, dir, opts).await
     }
 }
