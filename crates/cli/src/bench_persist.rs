@@ -81,7 +81,10 @@ async fn run_code(client: &Client, sb: &SandboxRef, code: &str) -> anyhow::Resul
         )
         .await?;
     let text = String::from_utf8_lossy(&b).into_owned();
-    anyhow::ensure!(!text.contains("\"type\":\"error\""), "run_code failed: {text}");
+    anyhow::ensure!(
+        !text.contains("\"type\":\"error\""),
+        "run_code failed: {text}"
+    );
     Ok(text)
 }
 

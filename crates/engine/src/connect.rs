@@ -11,6 +11,7 @@ use crate::clock::now_ms;
 use crate::driver::AgentStream;
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::guarded::GuardedStream;
 use crate::ids;
 use crate::lifecycle::{Operation, Refusal};
 use crate::types::{Caller, ResumeRequest, SandboxInfo};
@@ -50,11 +51,16 @@ impl Engine {
             match self.enter(id, Operation::AgentTraffic) {
                 Ok(_) => {
                     let handle = self.handle(id)?;
-                    return self
+                    let traffic = self
+                        .live
+                        .traffic(id)
+                        .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
+                    let stream = self
                         .driver
                         .connect(&handle)
                         .await
-                        .map_err(EngineError::driver(Operation::AgentTraffic));
+                        .map_err(EngineError::driver(Operation::AgentTraffic))?;
+                    return Ok(Box::new(GuardedStream::new(stream, traffic)));
                 }
                 Err(EngineError::Refused {
                     reason: Refusal::Paused,

@@ -18,6 +18,7 @@ mod config;
 pub mod driver;
 mod engine;
 mod error;
+mod guarded;
 pub mod ids;
 pub mod keys;
 pub mod lifecycle;

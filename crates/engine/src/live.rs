@@ -34,6 +34,8 @@ pub(crate) struct Live {
     /// What its agent said about itself (at claim, or when adopted after a restart).
     pub(crate) agent: AgentInfo,
     pub(crate) extra: LiveExtra,
+    /// Cancelled to cut every proxied stream to the agent (before a checkpoint).
+    pub(crate) traffic: CancellationToken,
 }
 
 /// The persistence side of a live sandbox.
@@ -125,6 +127,19 @@ impl LiveSet {
 
     pub(crate) fn handle(&self, id: &str) -> Option<DriverHandle> {
         self.lock().get(id).and_then(|l| l.handle.clone())
+    }
+
+    /// The token proxied streams to `id` end with.
+    pub(crate) fn traffic(&self, id: &str) -> Option<CancellationToken> {
+        self.lock().get(id).map(|l| l.traffic.clone())
+    }
+
+    /// End every proxied stream to `id` (a checkpoint needs the host's connections closed);
+    /// streams opened afterwards get a new token.
+    pub(crate) fn cut_traffic(&self, id: &str) {
+        if let Some(l) = self.lock().get_mut(id) {
+            std::mem::replace(&mut l.traffic, CancellationToken::new()).cancel();
+        }
     }
 
     pub(crate) fn extra(&self, id: &str) -> Option<LiveExtra> {

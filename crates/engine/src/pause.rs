@@ -86,8 +86,10 @@ impl Engine {
             .set_sandbox_state(id, SandboxState::Pausing, None)
             .await?;
 
-        // The sandbox's end is expected now: the watcher must not take it for a death.
+        // The sandbox's end is expected now: the watcher must not take it for a death. The
+        // driver needs the host's connections closed and the link gone.
         cancel.cancel();
+        self.live.cut_traffic(id);
         if net_attached {
             self.detach_link(id);
         }

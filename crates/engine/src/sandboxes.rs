@@ -81,6 +81,7 @@ impl Engine {
             net_attached,
             agent,
             extra,
+            traffic: CancellationToken::new(),
         };
         self.live.lock().insert(row.id.clone(), live);
         if let Some(handle) = handle {

@@ -152,7 +152,24 @@ impl Engine {
             leave_running: true,
             filesystem_only: !memory,
         };
-        let info = match self.driver.checkpoint(&handle, dir, opts).await {
+        // The driver needs the host's connections closed and takes the link away (it cannot
+        // be dumped); the sandbox runs on and gets a new one with the same policy.
+        self.live.cut_traffic(id);
+        let had_link = self.live.lock().get(id).is_some_and(|l| l.net_attached);
+        if had_link {
+            self.detach_link(id);
+        }
+        let written = self.driver.checkpoint(&handle, dir, opts).await;
+        if had_link {
+            let attached = match self.store.get_sandbox(id).await {
+                Ok(Some(row)) => self.reattach_after_restart(&row, &handle).await,
+                _ => false,
+            };
+            if let Some(l) = self.live.lock().get_mut(id) {
+                l.net_attached = attached;
+            }
+        }
+        let info = match written {
             Ok(info) => info,
             Err(source) => {
                 checkpoints::remove(dir);

@@ -751,3 +751,43 @@ async fn fork_makes_independent_copies_and_leaves_the_parent() {
     let failed = s.engine.fork(&s.owner, &sb.id, 1, None).await.unwrap();
     assert!(failed[0].is_err());
 }
+
+#[tokio::test]
+async fn a_checkpoint_cuts_proxied_streams_and_a_snapshot_gives_the_link_back() {
+    use tokio::io::AsyncReadExt;
+    let s = setup().await;
+    let egress = Arc::new(RecordingEgress::default());
+    s.engine.set_egress(egress.clone(), None);
+    let sb = s
+        .create(CreateRequest {
+            template: "base".into(),
+            allow_internet_access: Some(true),
+            ..Default::default()
+        })
+        .await;
+    let mut open = s.engine.agent_stream(&sb.id).await.unwrap();
+    let reader = tokio::spawn(async move {
+        let mut buf = [0u8; 1];
+        open.read(&mut buf).await
+    });
+    s.engine
+        .create_snapshot(&s.owner, &sb.id, None, true)
+        .await
+        .unwrap();
+    let cut = tokio::time::timeout(Duration::from_secs(2), reader)
+        .await
+        .expect("the open stream ended")
+        .unwrap();
+    assert!(cut.is_err());
+    let calls = egress.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        vec![
+            format!("attach {}", sb.id),
+            format!("detach {}", sb.id),
+            format!("attach {}", sb.id)
+        ]
+    );
+    // New streams work after the snapshot.
+    assert!(s.engine.agent_stream(&sb.id).await.is_ok());
+}
