@@ -6,6 +6,8 @@
 
 mod control;
 mod error;
+mod http;
+mod persist;
 mod proxy;
 mod state;
 pub mod wire;

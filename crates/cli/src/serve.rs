@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// Most sandboxes running at once.
     #[arg(long, env = "BULKHEAD_MAX_SANDBOXES", default_value_t = 500)]
     pub max_sandboxes: usize,
+    /// How long a paused sandbox is kept, in seconds (default 30 days); then its checkpoint
+    /// and record are deleted.
+    #[arg(long, env = "BULKHEAD_PAUSED_RETENTION", default_value_t = 30 * 24 * 3600)]
+    pub paused_retention: u64,
     /// Per-sandbox cap on concurrently running processes started through the API.
     #[arg(long, env = "BULKHEAD_MAX_BACKGROUND_PROCESSES", default_value_t = 100)]
     pub max_background_processes: u32,
@@ -88,6 +92,7 @@ impl ServeArgs {
             default_timeout: Duration::from_secs(self.default_timeout),
             max_timeout: Duration::from_secs(self.max_timeout),
             max_sandboxes: self.max_sandboxes,
+            paused_retention: Duration::from_secs(self.paused_retention),
             max_background_processes: self.max_background_processes,
             extra_ca_bundle: self.extra_ca_bundle.clone(),
             uid_base: self.uid_base,

@@ -1,6 +1,7 @@
 //! The engine's settings (one value, filled by the server's configuration).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -27,6 +28,12 @@ pub struct EngineConfig {
     pub sandbox_env: BTreeMap<String, String>,
     /// How long egress audit events are kept.
     pub audit_retention: Duration,
+    /// Where checkpoints (paused sandboxes, snapshots, forks in flight) are written
+    /// (`<data-dir>/checkpoints`).
+    pub checkpoint_dir: PathBuf,
+    /// How long a paused sandbox is kept before its checkpoint and record are deleted
+    /// (`--paused-retention`).
+    pub paused_retention: Duration,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +49,8 @@ impl Default for EngineConfig {
             network_default_allow: false,
             sandbox_env: BTreeMap::new(),
             audit_retention: Duration::from_secs(7 * 24 * 3600),
+            checkpoint_dir: std::env::temp_dir().join("bulkhead-checkpoints"),
+            paused_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }

@@ -12,11 +12,13 @@
 //! module adds its own `impl Engine` block and imports only leaves.
 
 pub mod agent_client;
+mod checkpoints;
 mod clock;
 mod config;
 pub mod driver;
 mod engine;
 mod error;
+mod guarded;
 pub mod ids;
 pub mod keys;
 pub mod lifecycle;
@@ -31,23 +33,31 @@ mod validate;
 mod connect;
 mod create;
 mod filler;
+mod fork;
 mod kill;
 mod network_ops;
+mod pause;
 mod reaper;
 mod recovery;
+mod restore;
+mod resume;
 mod sandboxes;
 mod secrets;
 mod signed_urls;
+mod snapshots;
 mod templates;
 mod timeout;
 mod usage;
 
+pub use checkpoints::CheckpointError;
 pub use config::EngineConfig;
 pub use engine::Engine;
 pub use error::{EngineError, NetworkError};
+pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use types::{
-    ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, ListPage, ListRequest,
-    SandboxInfo, SecretInfo, SecretPage, TemplateInfo, TemplateStatus, Usage,
+    ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
+    ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,
+    SnapshotPage, TemplateInfo, TemplateStatus, Usage,
 };

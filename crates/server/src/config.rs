@@ -54,6 +54,8 @@ pub struct ServerConfig {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_sandboxes: usize,
+    /// How long a paused sandbox (its checkpoint under `<data-dir>/checkpoints`) is kept.
+    pub paused_retention: Duration,
     pub max_background_processes: u32,
     /// Extra CA bundle to trust inside templates at build time.
     pub extra_ca_bundle: Option<PathBuf>,
@@ -238,6 +240,7 @@ mod tests {
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             max_sandboxes: 500,
+            paused_retention: Duration::from_secs(30 * 24 * 3600),
             max_background_processes: 100,
             extra_ca_bundle: None,
             uid_base: 1_000_000,

@@ -249,6 +249,8 @@ impl Prepared {
                 max_timeout: config.max_timeout,
                 pool_size: config.pool_size,
                 max_sandboxes: config.max_sandboxes,
+                checkpoint_dir: config.data_dir.join("checkpoints"),
+                paused_retention: config.paused_retention,
                 network_default_allow: net.default_allow,
                 sandbox_env: net.sandbox_env.clone(),
                 ..EngineConfig::default()

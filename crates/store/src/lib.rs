@@ -209,5 +209,7 @@ pub struct EgressEventRow {
     pub bytes_in: i64,
 }
 
+mod persistence;
 mod sql;
+pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};
 pub use sql::Store;

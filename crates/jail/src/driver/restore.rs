@@ -56,6 +56,8 @@ impl JailDriver {
             uid_base: m.uid_base,
             slot: m.slot,
         };
+        // A filesystem-only checkpoint, or a resume that asks to ignore the memory (E2B's
+        // `memory: false`), boots afresh on the saved files.
         if !m.memory || opts.filesystem_only {
             return self.start_sandbox(spec, Some(&seed)).await;
         }
