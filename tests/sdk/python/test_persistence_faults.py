@@ -68,3 +68,18 @@ def test_kill_9_during_resume(server, sandbox_factory, delay):
     assert sbx.beta_pause() is True
     _kill_server_during(server, lambda: Sandbox.connect(sbx.sandbox_id), delay)
     _assert_whole(sbx.sandbox_id, marker, bg.pid)
+
+
+def test_repeated_pause_resume_keeps_state_and_confinement(sandbox_factory):
+    """A resumed sandbox can be paused again (nothing the restore left behind blocks the next
+    checkpoint), and every resume confines new processes with Landlock."""
+    sbx = sandbox_factory(timeout=600)
+    sbx.files.write("/home/user/marker.txt", "cycles")
+    bg = sbx.commands.run("sleep 100000", background=True)
+    for i in range(4):
+        assert sbx.beta_pause() is True, f"pause {i}"
+        sbx = Sandbox.connect(sbx.sandbox_id)
+        assert sbx.files.read("/home/user/marker.txt") == "cycles"
+        assert bg.pid in [p.pid for p in sbx.commands.list()]
+        r = sbx.commands.run("echo 500 > /proc/self/oom_score_adj || echo denied")
+        assert r.stdout.strip().endswith("denied"), f"cycle {i}: {r.stdout!r} {r.stderr!r}"

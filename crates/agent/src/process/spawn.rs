@@ -152,7 +152,12 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     };
     let groups: Vec<libc::gid_t> = spec.identity.groups.clone();
     let (uid, gid) = (spec.identity.uid, spec.identity.gid);
-    let landlock = crate::reconfine::ruleset_fd();
+    // Open until the child has been spawned (it applies it before `execve`), closed after.
+    let ruleset = crate::reconfine::child_ruleset().map_err(|source| SpawnError::Other {
+        program: spec.program.clone(),
+        source,
+    })?;
+    let landlock = ruleset.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // raw system calls on data prepared before the fork (no allocation, no locks). Credentials
     // are switched with raw syscalls; in the single-threaded child this is equivalent to the
