@@ -27,6 +27,8 @@ pub struct EngineConfig {
     pub sandbox_env: BTreeMap<String, String>,
     /// How long egress audit events are kept.
     pub audit_retention: Duration,
+    /// Size limit of every new volume, in bytes (`--volume-max-bytes`).
+    pub volume_max_bytes: u64,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +44,7 @@ impl Default for EngineConfig {
             network_default_allow: false,
             sandbox_env: BTreeMap::new(),
             audit_retention: Duration::from_secs(7 * 24 * 3600),
+            volume_max_bytes: 1 << 30,
         }
     }
 }

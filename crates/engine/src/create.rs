@@ -46,6 +46,9 @@ impl Engine {
         if self.live.lock().len() >= self.cfg.max_sandboxes {
             return Err(EngineError::Capacity);
         }
+        // Held until the sandbox is recorded: its volumes cannot be deleted meanwhile.
+        let (volumes, volume_ids, _mounting) =
+            self.resolve_mounts(caller, &req.volume_mounts).await?;
 
         // Validated before anything starts; the new sandbox is `starting` until it is recorded.
         let created = lifecycle::transition(SandboxState::Starting, Operation::Create)
@@ -60,7 +63,14 @@ impl Engine {
             default_user: Some("user".into()),
             ..Default::default()
         };
-        let (handle, agent) = self.claim_and_init(&template, &init).await?;
+        // Pool members have no volumes: a sandbox that mounts some starts cold.
+        let (handle, agent) = if volumes.is_empty() {
+            self.claim_and_init(&template, &init).await?
+        } else {
+            let mut spec = template.spec();
+            spec.volumes = volumes.clone();
+            self.start_cold_and_init(&spec, &init).await?
+        };
         if !agent.is_supported() {
             // The template's image holds an agent this server cannot drive: refuse to hand it
             // out (nothing is lost, the sandbox was never given to anyone).
@@ -103,10 +113,14 @@ impl Engine {
                 .as_ref()
                 .map(|n| serde_json::to_string(n).expect("network config serializes")),
         };
-        if let Err(e) = self.store.insert_sandbox(&row).await {
+        let recorded = match self.store.insert_sandbox(&row).await {
+            Ok(()) => self.record_mounts(&id, &volumes, &volume_ids).await,
+            Err(e) => Err(e.into()),
+        };
+        if let Err(e) = recorded {
             self.detach_link(&id);
             let _ = self.driver.stop(&handle).await;
-            return Err(e.into());
+            return Err(e);
         }
         self.track(&row, handle, net_attached, agent);
         self.pool_wakeup.notify_one();
@@ -143,9 +157,18 @@ impl Engine {
                 }
             }
         }
+        self.start_cold_and_init(&t.spec(), init).await
+    }
+
+    /// Start a sandbox from `spec` (no pool) and give it its identity through `/init`.
+    pub(crate) async fn start_cold_and_init(
+        &self,
+        spec: &crate::driver::SandboxSpec,
+        init: &InitRequest,
+    ) -> Result<(DriverHandle, AgentInfo)> {
         let handle = self
             .driver
-            .start(&t.spec())
+            .start(spec)
             .await
             .map_err(EngineError::driver(Operation::Create))?;
         match self.init_agent(&handle, init).await {

@@ -89,6 +89,12 @@ pub enum EngineError {
         "The server's database failed: try again, and if it keeps failing ask the operator to check the database"
     )]
     Store(#[from] bulkhead_store::StoreError),
+    /// A volume verb or a create's `volumeMounts` failed.
+    #[error(transparent)]
+    Volume(#[from] crate::volumes::VolumeError),
+    /// A volume content operation failed.
+    #[error(transparent)]
+    VolumeFs(#[from] crate::volume_fs::VolumeFsError),
 }
 
 impl EngineError {

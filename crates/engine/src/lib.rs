@@ -26,6 +26,8 @@ pub mod network;
 pub mod testing;
 mod types;
 mod validate;
+pub mod volume_fs;
+pub mod volume_storage;
 
 // Verbs: each an `impl Engine` block.
 mod connect;
@@ -41,6 +43,8 @@ mod signed_urls;
 mod templates;
 mod timeout;
 mod usage;
+mod volume_content;
+mod volumes;
 
 pub use config::EngineConfig;
 pub use engine::Engine;
@@ -51,3 +55,5 @@ pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, ListPage, ListRequest,
     SandboxInfo, SecretInfo, SecretPage, TemplateInfo, TemplateStatus, Usage,
 };
+pub use volume_content::ContentAuth;
+pub use volumes::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};

@@ -50,6 +50,16 @@ impl Store {
         row.as_ref().map(volume_from_row).transpose()
     }
 
+    /// The volume with this id, whatever its team (the content API checks its token).
+    pub async fn find_volume(&self, id: &str) -> Result<Option<VolumeRow>> {
+        let sql = format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(volume_from_row).transpose()
+    }
+
     /// The team's volume with this name.
     pub async fn get_volume_by_name(&self, team: &str, name: &str) -> Result<Option<VolumeRow>> {
         let sql = format!("SELECT {VOLUME_COLUMNS} FROM volumes WHERE team = $1 AND name = $2");
