@@ -41,6 +41,8 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(get_secret).post(update_secret).delete(delete_secret),
         )
         .route("/templates", get(list_templates))
+        .merge(crate::volumes::rest_routes())
+        .merge(crate::changes::routes())
         .layer(axum::middleware::from_fn_with_state(state, require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -81,7 +83,7 @@ async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Nex
 }
 
 /// Parse an optional JSON body: empty → `T::default()`, malformed → 400 in E2B's shape.
-fn parse_body<T: DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
+pub(crate) fn parse_body<T: DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
     if body.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(T::default());
     }
@@ -122,6 +124,15 @@ async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiRes
                 },
                 allow_internet_access: req.allow_internet_access,
                 network,
+                volume_mounts: req
+                    .volume_mounts
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|m| bulkhead_engine::MountRequest {
+                        name: m.name,
+                        path: m.path,
+                    })
+                    .collect(),
             },
         )
         .await?;

@@ -4,10 +4,12 @@
 //! signed `/files` URL; otherwise it is a control-plane call. Handlers only translate between
 //! the wire and [`bulkhead_engine::Engine`].
 
+mod changes;
 mod control;
 mod error;
 mod proxy;
 mod state;
+mod volumes;
 pub mod wire;
 
 use std::sync::Arc;
@@ -22,6 +24,7 @@ pub use state::AppState;
 pub fn router(engine: Arc<Engine>) -> Router {
     let state = AppState { engine };
     control::routes(state.clone())
+        .merge(volumes::content_routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,

@@ -32,6 +32,17 @@ pub struct NewSandbox {
     #[serde(default)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
+    /// `volumeMounts: [{name, path}]` (E2B `SandboxVolumeMount`).
+    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_mounts: Option<Vec<SandboxVolumeMount>>,
+}
+
+/// E2B `SandboxVolumeMount`: a volume (by name) and where it is mounted.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct SandboxVolumeMount {
+    pub name: String,
+    pub path: String,
 }
 
 /// `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (PUT …/network). Inbound

@@ -92,6 +92,9 @@ pub enum EngineError {
     /// A volume verb or a create's `volumeMounts` failed.
     #[error(transparent)]
     Volume(#[from] crate::volumes::VolumeError),
+    /// Listing a sandbox's file changes failed.
+    #[error(transparent)]
+    Changes(#[from] crate::changes::ChangesError),
     /// A volume content operation failed.
     #[error(transparent)]
     VolumeFs(#[from] crate::volume_fs::VolumeFsError),

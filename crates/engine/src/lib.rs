@@ -30,6 +30,7 @@ pub mod volume_fs;
 pub mod volume_storage;
 
 // Verbs: each an `impl Engine` block.
+mod changes;
 mod connect;
 mod create;
 mod filler;
@@ -46,6 +47,8 @@ mod usage;
 mod volume_content;
 mod volumes;
 
+pub use bulkhead_store::VolumeRow;
+pub use changes::ChangesError;
 pub use config::EngineConfig;
 pub use engine::Engine;
 pub use error::{EngineError, NetworkError};
