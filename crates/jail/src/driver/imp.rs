@@ -10,8 +10,8 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentStream, Capabilities, Driver, DriverError, DriverHandle, NetworkLink, ResourceUsage,
-    SandboxSpec,
+    AgentStream, Capabilities, ChangeSource, Driver, DriverError, DriverHandle, FileChange,
+    NetworkLink, ResourceUsage, SandboxSpec,
 };
 
 use super::agent_sock::connect_agent;
@@ -37,6 +37,14 @@ impl Driver for JailDriver {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
         self.start_sandbox(spec).await
+    }
+
+    async fn changes(
+        &self,
+        of: &ChangeSource,
+        since: Option<&std::path::Path>,
+    ) -> Result<Vec<FileChange>, DriverError> {
+        self.list_changes(of, since).await
     }
 
     async fn stop(&self, handle: &DriverHandle) -> Result<(), DriverError> {

@@ -17,6 +17,7 @@
 
 mod agent_sock;
 mod ca;
+mod changes;
 mod freeze;
 mod fsutil;
 mod imp;
