@@ -1,0 +1,43 @@
+"""Change tracking (Bulkhead's `GET /sandboxes/{id}/changes`): files created, modified and
+deleted through the official SDK are listed from the sandbox's overlay upper layer."""
+
+from __future__ import annotations
+
+from bulkhead_testlib import http
+
+
+def changes(server, sandbox_id, query=""):
+    r = http("GET", f"{server.url}/sandboxes/{sandbox_id}/changes{query}", headers=server.api_headers())
+    return r
+
+
+def test_changes_list_created_modified_deleted(server, sandbox):
+    sandbox.files.write("/home/user/proj/main.py", "print('hi')\n")
+    sandbox.files.make_dir("/home/user/proj/pkg")
+    sandbox.commands.run("echo extra >> /etc/hostname && rm /etc/issue && ln -s main.py /home/user/proj/link", user="root")
+    sandbox.files.write("/tmp/not-tracked.txt", "tmpfs, not the overlay")
+
+    r = changes(server, sandbox.sandbox_id)
+    assert r.status == 200, r.body
+    got = {c["path"]: c for c in r.json()}
+    main = got["/home/user/proj/main.py"]
+    assert (main["kind"], main["type"], main["size"]) == ("created", "file", 12)
+    assert main["mtime"].endswith("Z")
+    assert (got["/home/user/proj/pkg"]["kind"], got["/home/user/proj/pkg"]["type"]) == ("created", "dir")
+    assert got["/home/user/proj/link"]["type"] == "symlink"
+    assert got["/etc/hostname"]["kind"] == "modified"
+    issue = got["/etc/issue"]
+    assert (issue["kind"], issue["type"], issue["size"]) == ("deleted", "file", 0)
+    assert "mtime" not in issue
+    # Bookkeeping of the jail, tmpfs files and untouched parents are not changes.
+    for path in ("/etc/resolv.conf", "/tmp/not-tracked.txt", "/etc", "/home/user", "/home"):
+        assert path not in got, path
+    assert [c["path"] for c in r.json()] == sorted(got)
+
+    # Errors in E2B's shape.
+    r = changes(server, "nosuchsandbox0000000")
+    assert r.status == 404 and r.json()["code"] == 404
+    r = changes(server, sandbox.sandbox_id, "?since=nosuchsnapshot")
+    assert r.status == 404, r.body
+    r = http("GET", f"{server.url}/sandboxes/{sandbox.sandbox_id}/changes")
+    assert r.status == 401
