@@ -17,6 +17,7 @@ use std::sync::Arc;
 use axum::Router;
 use bulkhead_engine::Engine;
 
+pub use changes::Change;
 pub use error::ApiError;
 pub use state::AppState;
 

@@ -34,10 +34,18 @@ async fn changes_of_a_running_sandbox() {
         got,
         vec![
             ("/etc/passwd".into(), ChangeKind::Modified, "file".into()),
-            ("/etc/template-marker".into(), ChangeKind::Deleted, "file".into()),
+            (
+                "/etc/template-marker".into(),
+                ChangeKind::Deleted,
+                "file".into()
+            ),
             ("/home/user".into(), ChangeKind::Created, "dir".into()),
             ("/home/user/proj".into(), ChangeKind::Created, "dir".into()),
-            ("/home/user/proj/a.txt".into(), ChangeKind::Created, "file".into()),
+            (
+                "/home/user/proj/a.txt".into(),
+                ChangeKind::Created,
+                "file".into()
+            ),
         ]
     );
     let a = list.iter().find(|c| c.path.ends_with("a.txt")).unwrap();
