@@ -8,8 +8,8 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use bulkhead_engine::{Caller, CreateGeneration, CreateRequest, ListRequest, SandboxState};
 use bytes::Bytes;
-use serde::de::DeserializeOwned;
 
+use crate::body::parse_body;
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::wire::{
@@ -22,7 +22,8 @@ type ApiResult<T> = Result<T, ApiError>;
 /// Request bodies are small JSON documents; anything bigger is a client bug or an attack.
 const MAX_BODY: usize = 2 << 20;
 
-pub fn routes(state: AppState) -> Router<AppState> {
+/// The control plane; `extra` holds routes of other modules that need the API key too.
+pub fn routes(state: AppState, extra: Router<AppState>) -> Router<AppState> {
     let authed = Router::new()
         .route("/sandboxes", post(create_v1).get(list_v1))
         .route("/v2/sandboxes", post(create_v2).get(list_v2))
@@ -41,8 +42,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(get_secret).post(update_secret).delete(delete_secret),
         )
         .route("/templates", get(list_templates))
-        .merge(crate::volumes::rest_routes())
-        .merge(crate::changes::routes())
+        .merge(extra)
         .layer(axum::middleware::from_fn_with_state(state, require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -80,15 +80,6 @@ async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Nex
         Ok(None) => ApiError::unauthorized().into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
-}
-
-/// Parse an optional JSON body: empty → `T::default()`, malformed → 400 in E2B's shape.
-pub(crate) fn parse_body<T: DeserializeOwned + Default>(body: &Bytes) -> ApiResult<T> {
-    if body.iter().all(|b| b.is_ascii_whitespace()) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}")))
 }
 
 fn timeout_secs(t: Option<i64>) -> ApiResult<Option<u64>> {

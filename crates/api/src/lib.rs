@@ -4,6 +4,7 @@
 //! signed `/files` URL; otherwise it is a control-plane call. Handlers only translate between
 //! the wire and [`bulkhead_engine::Engine`].
 
+mod body;
 mod changes;
 mod control;
 mod error;
@@ -24,7 +25,8 @@ pub use state::AppState;
 /// The full application: sandbox routing in front of the control plane.
 pub fn router(engine: Arc<Engine>) -> Router {
     let state = AppState { engine };
-    control::routes(state.clone())
+    let keyed = volumes::rest_routes().merge(changes::routes());
+    control::routes(state.clone(), keyed)
         .merge(volumes::content_routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

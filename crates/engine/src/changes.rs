@@ -12,23 +12,11 @@ use std::path::PathBuf;
 
 use crate::driver::{ChangeSource, FileChange};
 use crate::engine::Engine;
-use crate::error::EngineError;
+use crate::error::{ChangesError, EngineError};
 use crate::lifecycle::Operation;
 use crate::types::Caller;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ChangesError {
-    #[error(
-        "The file changes of sandbox {0} cannot be listed while it is paused on this server: resume it (connect) first"
-    )]
-    Paused(String),
-    #[error("This server's sandbox driver cannot list file changes")]
-    Unsupported,
-    #[error("Snapshot '{0}' not found: list snapshots, or list changes without `since`")]
-    SnapshotNotFound(String),
-}
 
 impl Engine {
     /// `GET /sandboxes/{id}/changes[?since=<snapshot id>]`.

@@ -28,6 +28,7 @@ mod types;
 mod validate;
 pub mod volume_fs;
 pub mod volume_storage;
+mod volume_types;
 
 // Verbs: each an `impl Engine` block.
 mod changes;
@@ -48,10 +49,9 @@ mod volume_content;
 mod volumes;
 
 pub use bulkhead_store::VolumeRow;
-pub use changes::ChangesError;
 pub use config::EngineConfig;
 pub use engine::Engine;
-pub use error::{EngineError, NetworkError};
+pub use error::{ChangesError, EngineError, NetworkError};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use types::{
@@ -59,4 +59,4 @@ pub use types::{
     SandboxInfo, SecretInfo, SecretPage, TemplateInfo, TemplateStatus, Usage,
 };
 pub use volume_content::ContentAuth;
-pub use volumes::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};
+pub use volume_types::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};

@@ -65,7 +65,7 @@ pub struct CreateRequest {
     /// E2B `network` (allowOut, denyOut, rules).
     pub network: Option<SandboxNetwork>,
     /// E2B `volumeMounts`: volumes (by name) to mount read-write at these paths.
-    pub volume_mounts: Vec<crate::volumes::MountRequest>,
+    pub volume_mounts: Vec<crate::volume_types::MountRequest>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]

@@ -10,7 +10,7 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::keys;
 use crate::volume_fs::{Attrs, EntryStat, VolPath, VolumeFsError, VolumeRoot, clean};
-use crate::volumes::VolumeError;
+use crate::volume_types::VolumeError;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 

@@ -273,7 +273,7 @@ mod tests {
     fn whiteout(path: &Path) {
         let c = CString::new(path.as_os_str().as_bytes()).unwrap();
         // SAFETY: valid C string; mknod of a 0/0 character device (needs CAP_MKNOD).
-        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o000, 0) };
+        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) };
         assert_eq!(r, 0, "mknod whiteout: {}", io::Error::last_os_error());
     }
 
