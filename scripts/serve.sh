@@ -31,5 +31,15 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
 fi
 
+# CRIU for pause, resume, snapshots and fork: built once from Debian's source (about a minute),
+# cached under /var/cache/bulkhead. Without it the server runs with those disabled.
+if [ -z "${BULKHEAD_CRIU:-}" ]; then
+    if criu_bin="$(scripts/criu.sh)"; then
+        export BULKHEAD_CRIU="$criu_bin"
+    else
+        echo "warning: CRIU could not be built; pause, snapshots and fork are disabled" >&2
+    fi
+fi
+
 cargo build --release -p bulkhead -p bulkhead-agent
 exec target/release/bulkhead serve "$@"

@@ -167,6 +167,16 @@ echo "js SDK: e2b $(node -p 'require("./tests/sdk/js/node_modules/e2b/package.js
 echo "js interpreter SDK: @e2b/code-interpreter $(node -p 'require("./tests/sdk/js-interpreter/node_modules/@e2b/code-interpreter/package.json").version')"
 mkdir -p "$BULKHEAD_IMAGE_CACHE"
 
+# CRIU 4.2 for pause, resume, snapshots and fork (built from source, cached by content hash;
+# `#[requires(Criu)]` and every server the suites start read BULKHEAD_CRIU).
+section "CRIU"
+if criu_bin="$(scripts/criu.sh)"; then
+    export BULKHEAD_CRIU="$criu_bin"
+    echo "BULKHEAD_CRIU=$BULKHEAD_CRIU ($("$BULKHEAD_CRIU" --version | head -1))"
+else
+    record "CRIU build (scripts/criu.sh)" 1
+fi
+
 # ---- Rust -----------------------------------------------------------------------------------
 if ! skipped lint; then
     run_step "cargo fmt --check" cargo fmt --all -- --check

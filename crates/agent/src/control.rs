@@ -81,6 +81,18 @@ pub async fn agent_info() -> Response {
     json_response(StatusCode::OK, &AgentInfo::current())
 }
 
+/// `POST /bulkhead/restored` (host-only): this sandbox was restored from a checkpoint; spawn
+/// every process from now on under the sandbox's Landlock ruleset (see `crate::reconfine`).
+pub async fn restored() -> Response {
+    match crate::reconfine::activate() {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error_json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot rebuild the sandbox's Landlock ruleset after a restore: {e}"),
+        ),
+    }
+}
+
 /// `GET /envs`: the sandbox-wide environment variables.
 pub async fn envs(State(state): State<SharedState>) -> Response {
     Json(state.settings().env_vars).into_response()

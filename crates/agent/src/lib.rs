@@ -36,6 +36,7 @@ pub mod interpreter;
 pub mod metrics;
 pub mod paths;
 pub mod process;
+pub mod reconfine;
 pub mod report;
 pub mod server;
 pub mod state;

@@ -1,20 +1,22 @@
 //! Control-plane handlers (E2B REST, both SDK generations).
 
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
-use bulkhead_engine::{Caller, CreateGeneration, CreateRequest, ListRequest, SandboxState};
+use bulkhead_engine::{
+    Caller, CreateGeneration, CreateRequest, ListRequest, ResumeRequest, SandboxState,
+};
 use bytes::Bytes;
 
-use crate::body::parse_body;
 use crate::error::ApiError;
+use crate::http::{next_token_headers, parse_body, parse_limit, query_pairs, timeout_secs};
 use crate::state::AppState;
 use crate::wire::{
-    EgressEvent, NetworkConfig, NewSandbox, NewSecret, RefreshBody, Sandbox, SandboxDetail,
-    SandboxMetric, Secret, SecretUpdate, TimeoutBody,
+    ConnectBody, EgressEvent, NetworkConfig, NewSandbox, NewSecret, RefreshBody, Sandbox,
+    SandboxDetail, SandboxMetric, Secret, SecretUpdate, TimeoutBody,
 };
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -43,6 +45,7 @@ pub fn routes(state: AppState, extra: Router<AppState>) -> Router<AppState> {
         )
         .route("/templates", get(list_templates))
         .merge(extra)
+        .merge(crate::persist::routes())
         .layer(axum::middleware::from_fn_with_state(state, require_api_key));
     Router::new()
         .route("/health", get(health))
@@ -82,21 +85,12 @@ async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Nex
     }
 }
 
-fn timeout_secs(t: Option<i64>) -> ApiResult<Option<u64>> {
-    match t {
-        None => Ok(None),
-        Some(t) if t < 0 => Err(ApiError::bad_request(
-            "Timeout must be a non-negative number of seconds",
-        )),
-        Some(t) => Ok(Some(t as u64)),
-    }
-}
-
 async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiResult<Response> {
     let req: NewSandbox = parse_body(body)?;
     if req.template_id.trim().is_empty() {
         return Err(ApiError::bad_request("templateID is required"));
     }
+    let lifecycle = req.lifecycle()?;
     let network = req.network.map(NetworkConfig::into_engine).transpose()?;
     let info = st
         .engine
@@ -124,6 +118,7 @@ async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiRes
                         path: m.path,
                     })
                     .collect(),
+                lifecycle,
             },
         )
         .await?;
@@ -184,9 +179,11 @@ async fn refresh(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let b: RefreshBody = parse_body(&body)?;
-    st.engine
-        .connect(&caller, &id, timeout_secs(b.duration)?)
-        .await?;
+    let req = ResumeRequest {
+        timeout: timeout_secs(b.duration)?,
+        memory: true,
+    };
+    st.engine.connect(&caller, &id, req).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -196,11 +193,12 @@ async fn connect(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let b: TimeoutBody = parse_body(&body)?;
-    let (info, resumed) = st
-        .engine
-        .connect(&caller, &id, timeout_secs(b.timeout)?)
-        .await?;
+    let b: ConnectBody = parse_body(&body)?;
+    let req = ResumeRequest {
+        timeout: timeout_secs(b.timeout)?,
+        memory: b.memory.unwrap_or(true),
+    };
+    let (info, resumed) = st.engine.connect(&caller, &id, req).await?;
     let status = if resumed {
         StatusCode::CREATED
     } else {
@@ -339,29 +337,6 @@ async fn delete_secret(
 ) -> ApiResult<StatusCode> {
     st.engine.delete_secret(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A `limit` query value: a number from 1 to `max`, else 400.
-fn parse_limit(v: &str, max: usize) -> ApiResult<usize> {
-    v.parse::<usize>()
-        .ok()
-        .filter(|n| (1..=max).contains(n))
-        .ok_or_else(|| ApiError::bad_request(format!("limit must be a number from 1 to {max}")))
-}
-
-/// Paged lists carry the cursor for the next page in `x-next-token`, as E2B's API does.
-fn next_token_headers(next_token: Option<&str>) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    if let Some(t) = next_token.and_then(|t| HeaderValue::from_str(t).ok()) {
-        headers.insert("x-next-token", t);
-    }
-    headers
-}
-
-fn query_pairs(q: Option<&str>) -> Vec<(String, String)> {
-    form_urlencoded::parse(q.unwrap_or("").as_bytes())
-        .into_owned()
-        .collect()
 }
 
 /// `GET /sandboxes` (v1, deprecated): running sandboxes, optional `metadata` filter.

@@ -64,13 +64,16 @@ impl IntoResponse for ApiError {
 fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
     match e {
         EngineError::SandboxNotFound(_)
+        | EngineError::SnapshotNotFound(_)
         | EngineError::TemplateNotFound(_)
         | EngineError::SecretNotFound(_) => (StatusCode::NOT_FOUND, None),
         EngineError::Conflict(_) | EngineError::Refused { .. } => (StatusCode::CONFLICT, None),
         EngineError::AgentTooOld { .. } => {
             (StatusCode::CONFLICT, Some("sandbox_agent_unsupported"))
         }
-        EngineError::Unsupported(_) => (StatusCode::NOT_IMPLEMENTED, None),
+        EngineError::Unsupported(_) | EngineError::NotCapable { .. } => {
+            (StatusCode::NOT_IMPLEMENTED, None)
+        }
         EngineError::BadRequest(_) => (StatusCode::BAD_REQUEST, None),
         EngineError::Capacity => (
             StatusCode::TOO_MANY_REQUESTS,
@@ -98,6 +101,9 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
         | EngineError::Agent { .. }
         | EngineError::Network { .. }
         | EngineError::Recover(_)
+        | EngineError::CheckpointFailed { .. }
+        | EngineError::RestoreFailed { .. }
+        | EngineError::Checkpoint { .. }
         | EngineError::Store(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Some("internal_server_error"),

@@ -4,10 +4,11 @@
 //! signed `/files` URL; otherwise it is a control-plane call. Handlers only translate between
 //! the wire and [`bulkhead_engine::Engine`].
 
-mod body;
 mod changes;
 mod control;
 mod error;
+mod http;
+mod persist;
 mod proxy;
 mod state;
 mod volumes;

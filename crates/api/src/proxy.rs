@@ -9,7 +9,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use bulkhead_engine::EngineError;
+use bulkhead_engine::{EngineError, Refusal};
 use bulkhead_envd::rest::FileOperation;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
@@ -138,6 +138,17 @@ async fn forward(st: &AppState, id: String, port: u16, req: Request) -> Response
         Ok(s) => s,
         Err(EngineError::SandboxNotFound(_)) => {
             return not_found_502(&id, "The sandbox was not found");
+        }
+        // E2B's proxy answers a paused sandbox (without auto-resume) as not running; the SDK
+        // keys on "The sandbox was not found".
+        Err(EngineError::Refused {
+            reason: Refusal::Paused,
+            ..
+        }) => {
+            return not_found_502(
+                &id,
+                "The sandbox was not found: it is paused; resume it with Sandbox.connect() (or create it with lifecycle auto_resume)",
+            );
         }
         // Says which versions and what to do; more use than "port is not open".
         Err(e @ EngineError::AgentTooOld { .. }) => {

@@ -89,7 +89,7 @@ async fn create(
     Extension(caller): Extension<Caller>,
     body: Bytes,
 ) -> ApiResult<Response> {
-    let b: NewVolume = crate::body::parse_body(&body)?;
+    let b: NewVolume = crate::http::parse_body(&body)?;
     let v = st.engine.create_volume(&caller, &b.name).await?;
     Ok((StatusCode::CREATED, Json(VolumeAndToken::from(&v))).into_response())
 }
@@ -222,7 +222,7 @@ async fn patch_path(
     let body = axum::body::to_bytes(req.into_body(), 64 << 10)
         .await
         .map_err(|_| ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "Body over 64 KiB"))?;
-    let b: PatchBody = crate::body::parse_body(&body)?;
+    let b: PatchBody = crate::http::parse_body(&body)?;
     let attrs = Attrs {
         uid: b.uid,
         gid: b.gid,

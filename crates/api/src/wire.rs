@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use bulkhead_engine::{NetworkRule, SandboxInfo, SandboxNetwork, SecretInfo};
+use bulkhead_engine::{
+    LifecyclePolicy, NetworkRule, OnTimeout, SandboxInfo, SandboxNetwork, SecretInfo,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -36,6 +38,18 @@ pub struct NewSandbox {
     #[serde(default)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub volume_mounts: Option<Vec<SandboxVolumeMount>>,
+    /// Pause instead of kill at the TTL's end (what the SDKs send for `lifecycle.on_timeout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause: Option<bool>,
+    /// The auto-pause keeps memory (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_pause_memory: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<AutoResume>,
+    /// The lifecycle as one object (`onTimeout`/`on_timeout`, `autoResume`/`auto_resume`),
+    /// accepted too; the fields above win when both are given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<LifecycleBody>,
 }
 
 /// E2B `SandboxVolumeMount`: a volume (by name) and where it is mounted.
@@ -43,6 +57,68 @@ pub struct NewSandbox {
 pub struct SandboxVolumeMount {
     pub name: String,
     pub path: String,
+}
+
+/// `SandboxAutoResumeConfig`.
+#[derive(Debug, Serialize, Deserialize, Default)]
+pub struct AutoResume {
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// A create body's `lifecycle` object.
+#[derive(Debug, Serialize, Deserialize, Default)]
+pub struct LifecycleBody {
+    #[serde(default, alias = "onTimeout", skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<String>,
+    #[serde(default, alias = "autoResume", skip_serializing_if = "Option::is_none")]
+    pub auto_resume: Option<serde_json::Value>,
+}
+
+impl NewSandbox {
+    /// The engine's lifecycle settings from either spelling (E2B's rules: auto-resume needs
+    /// `on_timeout: pause`, and never with a filesystem-only auto-pause).
+    pub fn lifecycle(&self) -> Result<LifecyclePolicy, ApiError> {
+        let mut p = LifecyclePolicy::default();
+        if let Some(l) = &self.lifecycle {
+            if let Some(t) = &l.on_timeout {
+                p.on_timeout = OnTimeout::parse(t).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "lifecycle.on_timeout must be kill or pause (got {t:?})"
+                    ))
+                })?;
+            }
+            match &l.auto_resume {
+                Some(serde_json::Value::Bool(b)) => p.auto_resume = *b,
+                Some(v) => p.auto_resume = v["enabled"].as_bool().unwrap_or(false),
+                None => {}
+            }
+        }
+        if let Some(pause) = self.auto_pause {
+            p.on_timeout = if pause {
+                OnTimeout::Pause
+            } else {
+                OnTimeout::Kill
+            };
+        }
+        if let Some(m) = self.auto_pause_memory {
+            p.pause_memory = m;
+        }
+        if let Some(r) = &self.auto_resume {
+            p.auto_resume = r.enabled;
+        }
+        if p.auto_resume && p.on_timeout != OnTimeout::Pause {
+            return Err(ApiError::bad_request(
+                "autoResume needs autoPause (lifecycle.on_timeout: pause)",
+            ));
+        }
+        if p.auto_resume && !p.pause_memory {
+            return Err(ApiError::bad_request(
+                "autoResume cannot be used with autoPauseMemory false: a filesystem-only pause is resumed with connect",
+            ));
+        }
+        Ok(p)
+    }
 }
 
 /// `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (PUT …/network). Inbound
@@ -165,6 +241,59 @@ impl From<&bulkhead_engine::EgressEvent> for EgressEvent {
     }
 }
 
+/// `ConnectSandbox` / `ConnectSandboxV2`.
+#[derive(Debug, Deserialize, Default)]
+pub struct ConnectBody {
+    pub timeout: Option<i64>,
+    /// false: resume a paused sandbox by booting afresh on its files.
+    pub memory: Option<bool>,
+}
+
+/// `SandboxPauseRequest` (`requireHealthyGuest` is accepted and ignored: the engine always
+/// needs the agent to answer after a restore).
+#[derive(Debug, Deserialize, Default)]
+pub struct PauseBody {
+    pub memory: Option<bool>,
+}
+
+/// `ResumedSandbox` (older resume; `autoPause` is accepted and ignored).
+#[derive(Debug, Deserialize, Default)]
+pub struct ResumeBody {
+    pub timeout: Option<i64>,
+    pub memory: Option<bool>,
+}
+
+/// `SandboxSnapshotRequest`.
+#[derive(Debug, Deserialize, Default)]
+pub struct SnapshotBody {
+    pub name: Option<String>,
+    pub memory: Option<bool>,
+}
+
+/// `SandboxForkRequest`.
+#[derive(Debug, Deserialize, Default)]
+pub struct ForkBody {
+    pub timeout: Option<i64>,
+    pub count: Option<i64>,
+}
+
+/// `SnapshotInfo`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+}
+
+impl From<&bulkhead_engine::SnapshotInfo> for SnapshotInfo {
+    fn from(s: &bulkhead_engine::SnapshotInfo) -> Self {
+        SnapshotInfo {
+            snapshot_id: s.snapshot_id.clone(),
+            names: s.names.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize, Default)]
 pub struct TimeoutBody {
     pub timeout: Option<i64>,
@@ -238,6 +367,9 @@ pub struct SandboxDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<SandboxNetwork>,
     pub lifecycle: serde_json::Value,
+    /// `full` or `filesystem`: what a paused sandbox's checkpoint kept (only when paused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<String>,
     pub volume_mounts: Vec<serde_json::Value>,
 }
 
@@ -264,7 +396,13 @@ impl SandboxDetail {
             domain: None,
             allow_internet_access: s.allow_internet_access,
             network: s.network.clone(),
-            lifecycle: serde_json::json!({ "onTimeout": "kill", "autoResume": false }),
+            lifecycle: serde_json::json!({
+                "onTimeout": s.lifecycle.on_timeout.as_str(),
+                "autoResume": s.lifecycle.auto_resume,
+            }),
+            pause_mode: s
+                .pause_memory
+                .map(|m| if m { "full" } else { "filesystem" }.to_string()),
             volume_mounts: Vec::new(),
         }
     }

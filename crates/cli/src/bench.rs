@@ -37,17 +37,27 @@ pub struct BenchArgs {
     image_cache: PathBuf,
     #[arg(long, default_value = "base")]
     template: String,
+    /// `create` (create→first command, with host and bwrap baselines) or `persistence`
+    /// (pause, resume, fork, create from a snapshot; against a cold create in the same run).
+    #[arg(long, value_enum, default_value_t = Mode::Create)]
+    mode: Mode,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Create,
+    Persistence,
 }
 
 const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-struct Stats {
-    name: String,
-    samples: Vec<Duration>,
+pub(crate) struct Stats {
+    pub(crate) name: String,
+    pub(crate) samples: Vec<Duration>,
 }
 
 impl Stats {
-    fn pct(&self, p: f64) -> f64 {
+    pub(crate) fn pct(&self, p: f64) -> f64 {
         let mut v: Vec<f64> = self.samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
         v.sort_by(|a, b| a.total_cmp(b));
         if v.is_empty() {
@@ -56,7 +66,7 @@ impl Stats {
         let idx = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
         v[idx.min(v.len() - 1)]
     }
-    fn row(&self, base: Option<&Stats>) -> String {
+    pub(crate) fn row(&self, base: Option<&Stats>) -> String {
         let mut s = format!(
             "{:<44} n={:<4} p50={:>8.2}ms p95={:>8.2}ms p99={:>8.2}ms",
             self.name,
@@ -76,7 +86,7 @@ impl Stats {
     }
 }
 
-async fn create_and_run(
+pub(crate) async fn create_and_run(
     client: &Client,
     template: &str,
     cmd: &[String],
@@ -109,6 +119,9 @@ fn time_process(mut c: std::process::Command) -> anyhow::Result<Duration> {
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let client = Arc::new(args.client.client()?);
+    if args.mode == Mode::Persistence {
+        return crate::bench_persist::run(&client, args.n).await;
+    }
     let rootfs = args.rootfs.clone().unwrap_or_else(|| {
         ImageCache::new(args.image_cache.clone()).rootfs_path(&TemplateRecipe::base())
     });

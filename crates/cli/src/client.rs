@@ -88,6 +88,34 @@ impl Client {
         Ok((parts.status, parts.headers, bytes))
     }
 
+    /// POST a JSON body to a port of a sandbox through the sandbox proxy (e.g. the code
+    /// interpreter's `/execute` on 49999) and read the whole answer.
+    pub async fn port_post(
+        &self,
+        sb: &SandboxRef,
+        port: u16,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> anyhow::Result<Bytes> {
+        let mut b = self
+            .builder(http::Method::POST, path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("E2b-Sandbox-Id", &sb.id)
+            .header("E2b-Sandbox-Port", port.to_string());
+        if let Some(t) = &sb.access_token {
+            b = b.header("X-Access-Token", t);
+        }
+        let resp = self
+            .send(b.body(Full::new(Bytes::from(body.to_string())))?)
+            .await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            bail!("{path}: {status}: {}", String::from_utf8_lossy(&bytes));
+        }
+        Ok(bytes)
+    }
+
     /// Open a Connect server-streaming call on a sandbox's envd and return the raw response.
     pub async fn envd_stream<T: serde::Serialize>(
         &self,

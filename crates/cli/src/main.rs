@@ -4,6 +4,7 @@
 
 mod args;
 mod bench;
+mod bench_persist;
 mod client;
 mod keys;
 mod netargs;
@@ -59,7 +60,8 @@ enum Cmd {
         #[command(subcommand)]
         cmd: template::TemplateCmd,
     },
-    /// Measure create→first-command latency against a running server, with baselines.
+    /// Measure create→first-command latency (or, with `--mode persistence`, pause, resume,
+    /// fork and snapshot restores) against a running server, with baselines.
     Bench(bench::BenchArgs),
 }
 

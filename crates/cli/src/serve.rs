@@ -34,6 +34,10 @@ pub struct ServeArgs {
     /// Most sandboxes running at once.
     #[arg(long, env = "BULKHEAD_MAX_SANDBOXES", default_value_t = 500)]
     pub max_sandboxes: usize,
+    /// How long a paused sandbox is kept, in seconds (default 30 days); then its checkpoint
+    /// and record are deleted.
+    #[arg(long, env = "BULKHEAD_PAUSED_RETENTION", default_value_t = 30 * 24 * 3600)]
+    pub paused_retention: u64,
     /// Per-sandbox cap on concurrently running processes started through the API.
     #[arg(long, env = "BULKHEAD_MAX_BACKGROUND_PROCESSES", default_value_t = 100)]
     pub max_background_processes: u32,
@@ -50,6 +54,10 @@ pub struct ServeArgs {
     /// CPUs of `base` sandboxes.
     #[arg(long, default_value_t = 2)]
     pub cpu_count: u32,
+    /// CRIU 4.2+ binary for pause, resume, snapshots and fork (`scripts/criu.sh` builds one
+    /// and prints its path). Without it those answer with how to enable them.
+    #[arg(long, env = "BULKHEAD_CRIU")]
+    pub criu: Option<std::path::PathBuf>,
     /// Templates to build (if not cached) and serve, comma-separated. Built-in: base,
     /// code-interpreter-v1 (the E2B code-interpreter SDKs' default; its first build downloads
     /// about 300 MB and takes a few minutes). Leave it out for quick runs.
@@ -88,9 +96,11 @@ impl ServeArgs {
             default_timeout: Duration::from_secs(self.default_timeout),
             max_timeout: Duration::from_secs(self.max_timeout),
             max_sandboxes: self.max_sandboxes,
+            paused_retention: Duration::from_secs(self.paused_retention),
             max_background_processes: self.max_background_processes,
             extra_ca_bundle: self.extra_ca_bundle.clone(),
             uid_base: self.uid_base,
+            criu: self.criu.clone(),
             base_size: TemplateSize {
                 cpu_count: self.cpu_count,
                 memory_mb: self.memory_mb,

@@ -90,6 +90,10 @@ pub struct RestoreOptions {
     /// out of it instead of copying them. The caller deletes the directory after success; on
     /// failure the checkpoint is left restorable.
     pub consume: bool,
+    /// Ignore the checkpoint's memory and processes: boot the template afresh on the
+    /// checkpoint's saved filesystem (E2B's `memory: false` on connect). The memory part of the
+    /// image is left as it was. A checkpoint without memory always restores this way.
+    pub filesystem_only: bool,
 }
 
 /// What [`checkpoint`](crate::Driver::checkpoint) wrote into its directory: memory, process

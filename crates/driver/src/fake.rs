@@ -4,23 +4,57 @@
 //! The sandboxes live on a [`FakeHost`] that several driver instances can share, which is how
 //! a test restarts the server: a fresh `FakeDriver` on the same host adopts what the old one
 //! started. It freezes and thaws (a frozen agent accepts connections and answers once thawed)
-//! and offers a stand-in network link; it cannot checkpoint.
+//! and offers a stand-in network link. It checkpoints for real within its model: the state a
+//! fake agent holds in memory (the env and access token `/init` gave it, variables a test set)
+//! and its "filesystem" (files a test wrote) go as JSON into the checkpoint directory, and
+//! restore starts a new fake sandbox from that file (without the memory part when the
+//! checkpoint is filesystem-only, as a cold boot would).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::capability::{Capabilities, NetworkLink};
+use crate::capability::{
+    Capabilities, CheckpointInfo, CheckpointOptions, NetworkLink, RestoreOptions,
+};
 use crate::driver::{AgentStream, Driver, ResourceUsage};
 use crate::error::DriverError;
 use crate::handle::{DriverHandle, SandboxSpec};
 
 const NAME: &str = "fake";
+/// The file a fake checkpoint is written to, inside the checkpoint directory.
+pub const CHECKPOINT_FILE: &str = "fake-checkpoint.json";
+/// Layout of [`CHECKPOINT_FILE`].
+const CHECKPOINT_FORMAT: u32 = 1;
+
+/// What a fake agent holds in memory: lost by a filesystem-only checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FakeMemory {
+    /// Environment merged from every `/init`.
+    pub env: BTreeMap<String, String>,
+    /// The access token the last `/init` set.
+    pub access_token: Option<String>,
+    /// How many `/init` requests this agent (this process) received.
+    pub inits: u32,
+    /// Anything a test keeps "in a process" (a REPL variable, a background job).
+    pub vars: BTreeMap<String, String>,
+}
+
+/// A fake checkpoint as written to [`CHECKPOINT_FILE`].
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FakeImage {
+    format: u32,
+    template_id: String,
+    /// None: filesystem only.
+    memory: Option<FakeMemory>,
+    files: BTreeMap<String, String>,
+}
 
 /// The machine the fake sandboxes run on; clones share it.
 #[derive(Clone, Default)]
@@ -41,7 +75,12 @@ struct FakeSandbox {
     /// true once it has died.
     dead: watch::Sender<bool>,
     frozen: watch::Sender<bool>,
+    memory: Arc<Mutex<FakeMemory>>,
+    /// Its filesystem changes: path → content.
+    files: BTreeMap<String, String>,
 }
+
+type FailSwitch = Mutex<Option<fn() -> DriverError>>;
 
 pub struct FakeDriver {
     host: FakeHost,
@@ -57,7 +96,17 @@ pub struct FakeDriver {
     /// While set, `start` fails with the error this makes (to provoke server errors in tests).
     pub fail_start: Mutex<Option<fn() -> DriverError>>,
     /// While set, `usage` fails with the error this makes.
-    pub fail_usage: Mutex<Option<fn() -> DriverError>>,
+    pub fail_usage: FailSwitch,
+    /// While set, `checkpoint` fails with the error this makes, before touching anything (the
+    /// sandbox keeps running, as a failed CRIU dump leaves it).
+    pub fail_checkpoint: FailSwitch,
+    /// While set, `restore` fails with the error this makes (the checkpoint stays as it was).
+    pub fail_restore: FailSwitch,
+    /// `checkpoint` and `restore` calls made through this driver.
+    pub checkpoints: AtomicI32,
+    pub restores: AtomicI32,
+    /// How long `restore` takes (to let tests overlap concurrent resumes).
+    pub restore_delay: Mutex<std::time::Duration>,
 }
 
 impl Default for FakeDriver {
@@ -78,7 +127,68 @@ impl FakeDriver {
             networks: Mutex::default(),
             fail_start: Mutex::default(),
             fail_usage: Mutex::default(),
+            fail_checkpoint: Mutex::default(),
+            fail_restore: Mutex::default(),
+            checkpoints: AtomicI32::new(0),
+            restores: AtomicI32::new(0),
+            restore_delay: Mutex::default(),
         }
+    }
+
+    /// What the fake agent of `pid` holds in memory.
+    pub fn memory(&self, pid: i32) -> Option<FakeMemory> {
+        let sbs = self.host.0.sandboxes.lock().unwrap();
+        sbs.get(&pid).map(|sb| sb.memory.lock().unwrap().clone())
+    }
+
+    /// Keep `key = value` in the memory of the fake agent of `pid` (like a REPL variable).
+    pub fn set_var(&self, pid: i32, key: &str, value: &str) {
+        if let Some(sb) = self.host.0.sandboxes.lock().unwrap().get(&pid) {
+            sb.memory
+                .lock()
+                .unwrap()
+                .vars
+                .insert(key.into(), value.into());
+        }
+    }
+
+    /// Write a file into the fake sandbox's filesystem.
+    pub fn write_file(&self, pid: i32, path: &str, content: &str) {
+        if let Some(sb) = self.host.0.sandboxes.lock().unwrap().get_mut(&pid) {
+            sb.files.insert(path.into(), content.into());
+        }
+    }
+
+    /// A file of the fake sandbox's filesystem.
+    pub fn file(&self, pid: i32, path: &str) -> Option<String> {
+        let sbs = self.host.0.sandboxes.lock().unwrap();
+        sbs.get(&pid).and_then(|sb| sb.files.get(path).cloned())
+    }
+
+    /// Start a fake sandbox process holding `memory` and `files`.
+    fn spawn(
+        &self,
+        spec: &SandboxSpec,
+        memory: FakeMemory,
+        files: BTreeMap<String, String>,
+    ) -> DriverHandle {
+        let host = &self.host.0;
+        let pid = host.next_pid.fetch_add(1, Ordering::SeqCst) + 100;
+        let start_time = host.next_start_time.fetch_add(1, Ordering::SeqCst) + 1000;
+        host.sandboxes.lock().unwrap().insert(
+            pid,
+            FakeSandbox {
+                start_time,
+                spec: spec.clone(),
+                dead: watch::Sender::new(false),
+                frozen: watch::Sender::new(false),
+                memory: Arc::new(Mutex::new(memory)),
+                files,
+            },
+        );
+        self.alive.lock().unwrap().insert(pid);
+        self.started.fetch_add(1, Ordering::SeqCst);
+        DriverHandle::new(NAME, pid, start_time, pid as u32, serde_json::Value::Null)
     }
 
     /// The host this driver runs its sandboxes on.
@@ -133,9 +243,10 @@ impl Driver for FakeDriver {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             freeze: true,
+            checkpoint: true,
+            snapshot: true,
             // A datagram pair stands in for the TUN device.
             network: NetworkLink::TunInNetns,
-            ..Capabilities::default()
         }
     }
 
@@ -143,27 +254,7 @@ impl Driver for FakeDriver {
         if let Some(fail) = *self.fail_start.lock().unwrap() {
             return Err(fail());
         }
-        let host = &self.host.0;
-        let pid = host.next_pid.fetch_add(1, Ordering::SeqCst) + 100;
-        let start_time = host.next_start_time.fetch_add(1, Ordering::SeqCst) + 1000;
-        host.sandboxes.lock().unwrap().insert(
-            pid,
-            FakeSandbox {
-                start_time,
-                spec: spec.clone(),
-                dead: watch::Sender::new(false),
-                frozen: watch::Sender::new(false),
-            },
-        );
-        self.alive.lock().unwrap().insert(pid);
-        self.started.fetch_add(1, Ordering::SeqCst);
-        Ok(DriverHandle::new(
-            NAME,
-            pid,
-            start_time,
-            pid as u32,
-            serde_json::Value::Null,
-        ))
+        Ok(self.spawn(spec, FakeMemory::default(), BTreeMap::new()))
     }
 
     async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
@@ -207,12 +298,19 @@ impl Driver for FakeDriver {
             return Err(DriverError::NotRunning);
         }
         let frozen = self.frozen_rx(h.pid).ok_or(DriverError::NotRunning)?;
+        let memory = {
+            let sbs = self.host.0.sandboxes.lock().unwrap();
+            sbs.get(&h.pid)
+                .map(|sb| sb.memory.clone())
+                .ok_or(DriverError::NotRunning)?
+        };
         let (client, server) = tokio::io::duplex(64 * 1024);
         let sink = Arc::clone(&self.inits);
         tokio::spawn(async move {
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let sink = sink.clone();
+                    let memory = memory.clone();
                     let mut frozen = frozen.clone();
                     async move {
                         use http_body_util::BodyExt;
@@ -221,9 +319,18 @@ impl Driver for FakeDriver {
                         let path = req.uri().path().to_string();
                         let body = req.into_body().collect().await?.to_bytes();
                         if path == "/init" {
-                            sink.lock()
-                                .unwrap()
-                                .push(serde_json::from_slice::<serde_json::Value>(&body).unwrap());
+                            let init = serde_json::from_slice::<serde_json::Value>(&body).unwrap();
+                            let mut m = memory.lock().unwrap();
+                            m.inits += 1;
+                            if let Some(env) = init["envVars"].as_object() {
+                                for (k, v) in env {
+                                    m.env.insert(k.clone(), v.as_str().unwrap_or("").into());
+                                }
+                            }
+                            if let Some(t) = init["accessToken"].as_str() {
+                                m.access_token = (!t.is_empty()).then(|| t.to_string());
+                            }
+                            sink.lock().unwrap().push(init);
                         }
                         let status = if path == "/init" || path == "/health" {
                             204
@@ -307,5 +414,84 @@ impl Driver for FakeDriver {
 
     async fn thaw(&self, h: &DriverHandle) -> Result<(), DriverError> {
         self.set_frozen(h, false)
+    }
+
+    async fn checkpoint(
+        &self,
+        h: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError> {
+        if let Some(fail) = *self.fail_checkpoint.lock().unwrap() {
+            return Err(fail());
+        }
+        if !self.live(h) {
+            return Err(DriverError::NotRunning);
+        }
+        let image = {
+            let sbs = self.host.0.sandboxes.lock().unwrap();
+            let sb = sbs.get(&h.pid).ok_or(DriverError::NotRunning)?;
+            FakeImage {
+                format: CHECKPOINT_FORMAT,
+                template_id: sb.spec.template_id.clone(),
+                memory: (!opts.filesystem_only).then(|| sb.memory.lock().unwrap().clone()),
+                files: sb.files.clone(),
+            }
+        };
+        let json = serde_json::to_vec_pretty(&image).expect("a fake image serializes");
+        std::fs::create_dir_all(dir)
+            .map_err(|e| DriverError::io("Cannot create the checkpoint directory", e))?;
+        std::fs::write(dir.join(CHECKPOINT_FILE), &json)
+            .map_err(|e| DriverError::io("Cannot write the checkpoint", e))?;
+        self.checkpoints.fetch_add(1, Ordering::SeqCst);
+        if !opts.leave_running {
+            self.crash(h.pid);
+        }
+        Ok(CheckpointInfo {
+            driver: NAME.into(),
+            format: CHECKPOINT_FORMAT,
+            dir: dir.to_path_buf(),
+            size_bytes: json.len() as u64,
+            memory: !opts.filesystem_only,
+        })
+    }
+
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError> {
+        let delay = *self.restore_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(fail) = *self.fail_restore.lock().unwrap() {
+            return Err(fail());
+        }
+        let bytes = std::fs::read(dir.join(CHECKPOINT_FILE))
+            .map_err(|e| DriverError::io("Cannot read the checkpoint", e))?;
+        let image: FakeImage = serde_json::from_slice(&bytes).map_err(|e| {
+            DriverError::io(
+                "The checkpoint is not a fake checkpoint",
+                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            )
+        })?;
+        if image.format != CHECKPOINT_FORMAT || image.template_id != spec.template_id {
+            return Err(crate::StartError::Config(format!(
+                "checkpoint of template '{}' (format {}) cannot be restored as '{}'",
+                image.template_id, image.format, spec.template_id
+            ))
+            .into());
+        }
+        self.restores.fetch_add(1, Ordering::SeqCst);
+        // The restored process has the memory it was checkpointed with, except the count of
+        // `/init`s it received since (none yet); a filesystem-only image boots fresh.
+        let memory = image
+            .memory
+            .filter(|_| !opts.filesystem_only)
+            .map(|m| FakeMemory { inits: 0, ..m })
+            .unwrap_or_default();
+        Ok(self.spawn(spec, memory, image.files))
     }
 }

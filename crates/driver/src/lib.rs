@@ -27,5 +27,5 @@ pub use capability::{
 pub use driver::{AgentIo, AgentStream, Driver, ResourceUsage};
 pub use error::{AgentExit, DriverError, StartError};
 #[cfg(feature = "testing")]
-pub use fake::{FakeDriver, FakeHost};
+pub use fake::{FakeDriver, FakeHost, FakeMemory};
 pub use handle::{DRIVER_HANDLE_FORMAT, DriverHandle, SandboxSpec, VolumeMount};

@@ -4,12 +4,12 @@
 //! sandbox runs.
 //!
 //! Which [`ChangeSource`] a sandbox id means depends on its state: a running sandbox is read
-//! live; a paused one (and a `since` snapshot) needs the checkpoint directory the persistence
-//! verbs record. [`Engine::changes_of`] takes the resolved source, so those verbs plug in by
-//! resolving their ids to directories.
+//! live, a paused one from its pause checkpoint; `since` names a snapshot, whose checkpoint is
+//! the baseline. [`Engine::changes_of`] takes a resolved source (forks and restores may use it).
 
 use std::path::PathBuf;
 
+use crate::checkpoints;
 use crate::driver::{ChangeSource, FileChange};
 use crate::engine::Engine;
 use crate::error::{ChangesError, EngineError};
@@ -52,20 +52,31 @@ impl Engine {
             })
     }
 
-    /// What a sandbox id's changes are read from. A running sandbox is read live.
-    // A paused sandbox reads its pause checkpoint: wire it here when pauses record their
-    // directory (`ChangeSource::Checkpoint(dir)`).
+    /// What a sandbox id's changes are read from: a running sandbox live, a paused one from
+    /// its pause checkpoint.
     async fn change_source(&self, _caller: &Caller, id: &str) -> Result<ChangeSource> {
         let row = self.running_row(id, Operation::Get).await?;
-        match self.handle(&row.id) {
-            Ok(h) => Ok(ChangeSource::Running(h)),
-            Err(_) => Err(ChangesError::Paused(row.id).into()),
+        if let Ok(h) = self.handle(&row.id) {
+            return Ok(ChangeSource::Running(h));
+        }
+        match self.live.extra(&row.id).and_then(|e| e.paused) {
+            Some(p) => Ok(ChangeSource::Checkpoint(p.dir)),
+            None => Err(ChangesError::Paused(row.id).into()),
         }
     }
 
     /// The checkpoint directory of a snapshot, the baseline of `?since=`.
-    // Wire it to the snapshot records when snapshots land.
     async fn snapshot_dir(&self, _caller: &Caller, snapshot: &str) -> Result<PathBuf> {
-        Err(ChangesError::SnapshotNotFound(snapshot.chars().take(80).collect()).into())
+        let missing = || ChangesError::SnapshotNotFound(snapshot.chars().take(80).collect());
+        let row = self
+            .store
+            .get_snapshot(crate::snapshots::bare_name(snapshot))
+            .await?
+            .ok_or_else(missing)?;
+        let dir = PathBuf::from(row.checkpoint_dir);
+        match checkpoints::completed(&dir) {
+            Some(_) => Ok(dir),
+            None => Err(missing().into()),
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! The engine's settings (one value, filled by the server's configuration).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Clone)]
@@ -29,6 +30,12 @@ pub struct EngineConfig {
     pub audit_retention: Duration,
     /// Size limit of every new volume, in bytes (`--volume-max-bytes`).
     pub volume_max_bytes: u64,
+    /// Where checkpoints (paused sandboxes, snapshots, forks in flight) are written
+    /// (`<data-dir>/checkpoints`).
+    pub checkpoint_dir: PathBuf,
+    /// How long a paused sandbox is kept before its checkpoint and record are deleted
+    /// (`--paused-retention`).
+    pub paused_retention: Duration,
 }
 
 impl Default for EngineConfig {
@@ -45,6 +52,8 @@ impl Default for EngineConfig {
             sandbox_env: BTreeMap::new(),
             audit_retention: Duration::from_secs(7 * 24 * 3600),
             volume_max_bytes: 1 << 30,
+            checkpoint_dir: std::env::temp_dir().join("bulkhead-checkpoints"),
+            paused_retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }

@@ -1,4 +1,9 @@
-//! Connect: extend a sandbox's TTL (never shorten it), and open byte streams to its agent for the routing proxy.
+//! Connect: extend a running sandbox's TTL (never shorten it) or resume a paused one, and open
+//! byte streams to its agent for the routing proxy (resuming a paused sandbox whose lifecycle
+//! says `auto_resume`).
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use bulkhead_store::SandboxState;
 
@@ -6,44 +11,94 @@ use crate::clock::now_ms;
 use crate::driver::AgentStream;
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::lifecycle::Operation;
-use crate::types::{Caller, SandboxInfo};
+use crate::guarded::GuardedStream;
+use crate::ids;
+use crate::lifecycle::{Operation, Refusal};
+use crate::types::{Caller, ResumeRequest, SandboxInfo};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
-    /// Connect to a running sandbox: extends the TTL to at least now + timeout, never shortens.
-    /// Returns the info and whether the sandbox had to be resumed (never, until pause exists).
+    /// Connect: on a running sandbox extend the TTL to at least now + timeout (never shorten);
+    /// on a paused one resume it. Returns the info and whether it was resumed (E2B: 201).
     pub async fn connect(
-        &self,
+        self: &Arc<Self>,
         _caller: &Caller,
         id: &str,
-        secs: Option<u64>,
+        req: ResumeRequest,
     ) -> Result<(SandboxInfo, bool)> {
-        let (nid, step) = self.enter(id, Operation::Connect)?;
-        if step.during == SandboxState::Resuming {
-            // Nothing can be paused until the pause verb exists (a paused record adopted from
-            // a newer server, say): leave it paused and say so rather than half-resume it.
-            self.live.settle(nid, SandboxState::Paused);
-            return Err(EngineError::Unsupported(Operation::Resume));
-        }
-        let row = self.running_row(nid, Operation::Get).await?;
+        self.resume_or_extend(id, Operation::Connect, req).await
+    }
+
+    /// The TTL extension of a running sandbox (the sandbox has entered `Connect`).
+    pub(crate) async fn extend(&self, id: &str, secs: Option<u64>) -> Result<SandboxInfo> {
+        let row = self.running_row(id, Operation::Get).await?;
         let timeout = self.check_timeout(secs.unwrap_or(self.cfg.default_timeout.as_secs()))?;
         let wanted = now_ms() + timeout.as_millis() as i64;
         if wanted > row.end_at {
             self.set_end_at(&row.id, wanted).await?;
         }
         let row = self.running_row(&row.id, Operation::Get).await?;
-        Ok((self.info_from_row(&row), false))
+        Ok(self.info_from_row(&row))
     }
 
-    /// A fresh byte stream to a running sandbox's agent (for the routing proxy).
-    pub async fn agent_stream(&self, id: &str) -> Result<AgentStream> {
-        let (id, _) = self.enter(id, Operation::AgentTraffic)?;
-        let handle = self.handle(id)?;
-        self.driver
-            .connect(&handle)
-            .await
-            .map_err(EngineError::driver(Operation::AgentTraffic))
+    /// A fresh byte stream to a running sandbox's agent (for the routing proxy). A paused
+    /// sandbox whose lifecycle allows it is resumed first (auto-resume); otherwise the caller
+    /// is told it is paused.
+    pub async fn agent_stream(self: &Arc<Self>, id: &str) -> Result<AgentStream> {
+        let id = ids::normalize_sandbox_id(id);
+        for _ in 0..3 {
+            match self.enter(id, Operation::AgentTraffic) {
+                Ok(_) => {
+                    let handle = self.handle(id)?;
+                    let traffic = self
+                        .live
+                        .traffic(id)
+                        .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
+                    let stream = self
+                        .driver
+                        .connect(&handle)
+                        .await
+                        .map_err(EngineError::driver(Operation::AgentTraffic))?;
+                    return Ok(Box::new(GuardedStream::new(stream, traffic)));
+                }
+                Err(EngineError::Refused {
+                    reason: Refusal::Paused,
+                    ..
+                }) => {
+                    let extra = self.live.extra(id).unwrap_or_default();
+                    // A filesystem-only checkpoint is never resumed by traffic (E2B: it
+                    // reboots, so only an explicit connect may do that).
+                    let resumable = extra.lifecycle.auto_resume
+                        && extra.paused.as_ref().is_some_and(|p| p.memory);
+                    if !resumable {
+                        return Err(EngineError::refused(
+                            id,
+                            Operation::AgentTraffic,
+                            Refusal::Paused,
+                        ));
+                    }
+                    let req = ResumeRequest {
+                        timeout: (extra.timeout_ms > 0).then_some((extra.timeout_ms / 1000) as u64),
+                        memory: true,
+                    };
+                    self.resume_or_extend(id, Operation::Connect, req).await?;
+                }
+                Err(EngineError::Refused {
+                    reason: Refusal::Busy(SandboxState::Resuming),
+                    ..
+                }) => {
+                    self.live
+                        .wait_while(id, SandboxState::Resuming, Duration::from_secs(300))
+                        .await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(EngineError::refused(
+            id,
+            Operation::AgentTraffic,
+            Refusal::Busy(SandboxState::Resuming),
+        ))
     }
 }

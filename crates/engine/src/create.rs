@@ -1,12 +1,15 @@
-//! Create: claim a warm sandbox (or start one cold), give it its identity through the agent's
-//! `/init`, attach its network link, record it and arm its TTL.
+//! Create: claim a warm sandbox (or start one cold, or restore a snapshot's checkpoint), give
+//! it its identity through the agent's `/init`, attach its network link, record it and arm its
+//! TTL.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
 use bulkhead_envd::rest::InitRequest;
-use bulkhead_store::{SandboxRow, SandboxState};
+use bulkhead_store::{PersistenceRow, SandboxRow, SandboxState};
 
 use bulkhead_envd::protocol::AgentInfo;
 
@@ -15,11 +18,31 @@ use crate::clock::now_ms;
 use crate::driver::DriverHandle;
 use crate::ids;
 use crate::lifecycle::{self, Operation};
+use crate::live::LiveExtra;
 use crate::network;
 use crate::types::{Caller, CreateRequest, SandboxInfo, TemplateInfo};
 use crate::validate::{validate_env, validate_metadata};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// What a new sandbox starts from: a template's pool, or a checkpoint (a snapshot, a fork).
+pub(crate) enum Source {
+    Template(Arc<TemplateInfo>),
+    Checkpoint(CheckpointSource),
+}
+
+/// A complete checkpoint a new sandbox is restored from.
+pub(crate) struct CheckpointSource {
+    /// The template the checkpoint was taken on (the restore's base).
+    pub(crate) template: Arc<TemplateInfo>,
+    pub(crate) dir: PathBuf,
+    /// Restore its memory (else boot afresh on its files).
+    pub(crate) memory: bool,
+    /// The env the source had (given again to a fresh boot; a memory restore still has it).
+    pub(crate) env_vars: BTreeMap<String, String>,
+    /// The source's access token, which its restored agent asks for until it gets its own.
+    pub(crate) access_token: Option<String>,
+}
 
 impl Engine {
     pub async fn create(
@@ -32,9 +55,28 @@ impl Engine {
         } else {
             req.template.as_str()
         };
-        let template = self
-            .template(template_name)
-            .ok_or_else(|| EngineError::TemplateNotFound(template_name.to_string()))?;
+        let source = match self.template(template_name) {
+            Some(t) => Source::Template(t),
+            // E2B: a snapshot is a template; creating from it restores it.
+            None => match self.snapshot_source(template_name).await? {
+                Some(s) => Source::Checkpoint(s),
+                None => return Err(EngineError::TemplateNotFound(template_name.to_string())),
+            },
+        };
+        self.create_from(caller, req, source).await
+    }
+
+    /// Create a sandbox from `source` with the settings of `req` (its `template` is ignored).
+    pub(crate) async fn create_from(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateRequest,
+        source: Source,
+    ) -> Result<SandboxInfo> {
+        let template = match &source {
+            Source::Template(t) => t.clone(),
+            Source::Checkpoint(c) => c.template.clone(),
+        };
         let timeout =
             self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
         validate_env(&req.env_vars)?;
@@ -46,6 +88,11 @@ impl Engine {
         if self.live.lock().len() >= self.cfg.max_sandboxes {
             return Err(EngineError::Capacity);
         }
+        if matches!(source, Source::Checkpoint(_)) && !req.volume_mounts.is_empty() {
+            return Err(EngineError::BadRequest(
+                "volumeMounts cannot be given when creating from a snapshot yet: create from a template".into(),
+            ));
+        }
         // Held until the sandbox is recorded: its volumes cannot be deleted meanwhile.
         let (volumes, volume_ids, _mounting) =
             self.resolve_mounts(caller, &req.volume_mounts).await?;
@@ -56,6 +103,9 @@ impl Engine {
         let id = ids::sandbox_id();
         let token = req.is_secure().then(|| ids::random_hex(20));
         let mut env = self.cfg.sandbox_env.clone();
+        if let Source::Checkpoint(c) = &source {
+            env.extend(c.env_vars.clone());
+        }
         env.extend(req.env_vars.clone());
         let init = InitRequest {
             env_vars: Some(env),
@@ -63,13 +113,28 @@ impl Engine {
             default_user: Some("user".into()),
             ..Default::default()
         };
-        // Pool members have no volumes: a sandbox that mounts some starts cold.
-        let (handle, agent) = if volumes.is_empty() {
-            self.claim_and_init(&template, &init).await?
-        } else {
-            let mut spec = template.spec();
-            spec.volumes = volumes.clone();
-            self.start_cold_and_init(&spec, &init).await?
+        let (handle, agent) = match &source {
+            // Pool members have no volumes: a sandbox that mounts some starts cold.
+            Source::Template(t) if !volumes.is_empty() => {
+                let mut spec = t.spec();
+                spec.volumes = volumes.clone();
+                self.start_cold_and_init(&spec, &init).await?
+            }
+            Source::Template(t) => self.claim_and_init(t, &init).await?,
+            Source::Checkpoint(c) => {
+                // A memory restore's agent already has the source's env and user: it gets the
+                // request's env on top, and its own token (E2B: a fresh one per sandbox).
+                let init = if c.memory {
+                    InitRequest {
+                        env_vars: Some(req.env_vars.clone()),
+                        access_token: Some(token.clone().unwrap_or_default()),
+                        ..Default::default()
+                    }
+                } else {
+                    init
+                };
+                self.restore_new(c, &init).await?
+            }
         };
         if !agent.is_supported() {
             // The template's image holds an agent this server cannot drive: refuse to hand it
@@ -89,6 +154,12 @@ impl Engine {
             return Err(e);
         }
 
+        // What a fresh boot of this sandbox (a filesystem-only resume) is given again.
+        let mut stored_env = match &source {
+            Source::Checkpoint(c) => c.env_vars.clone(),
+            Source::Template(_) => BTreeMap::new(),
+        };
+        stored_env.extend(req.env_vars.clone());
         let started = now_ms();
         let end_at = started + timeout.as_millis() as i64;
         let row = SandboxRow {
@@ -98,7 +169,7 @@ impl Engine {
             state: created.after,
             owner_key_id: caller.key_id.clone(),
             metadata: req.metadata.clone(),
-            env_vars: req.env_vars.clone(),
+            env_vars: stored_env,
             envd_access_token: token.clone(),
             cpu_count: template.cpu_count as i64,
             memory_mb: template.memory_mb as i64,
@@ -113,16 +184,29 @@ impl Engine {
                 .as_ref()
                 .map(|n| serde_json::to_string(n).expect("network config serializes")),
         };
-        let recorded = match self.store.insert_sandbox(&row).await {
-            Ok(()) => self.record_mounts(&id, &volumes, &volume_ids).await,
-            Err(e) => Err(e.into()),
+        let extra = LiveExtra {
+            lifecycle: req.lifecycle,
+            timeout_ms: timeout.as_millis() as i64,
+            paused: None,
         };
-        if let Err(e) = recorded {
+        let stored = async {
+            self.store.insert_sandbox(&row).await?;
+            self.store
+                .upsert_persistence(&persistence_row(&id, &extra))
+                .await?;
+            self.record_mounts(&id, &volumes, &volume_ids).await
+        };
+        if let Err(e) = stored.await {
             self.detach_link(&id);
             let _ = self.driver.stop(&handle).await;
+            let _ = self.store.delete_persistence(&id).await;
+            let _ = self
+                .store
+                .set_sandbox_state(&id, SandboxState::Dead, Some("create failed"))
+                .await;
             return Err(e);
         }
-        self.track(&row, handle, net_attached, agent);
+        self.track(&row, Some(handle), net_attached, agent, extra);
         self.pool_wakeup.notify_one();
         tracing::info!(sandbox = %id, template = %template.id, "sandbox created");
         Ok(self.info_from_row(&row))
@@ -146,7 +230,10 @@ impl Engine {
             else {
                 break;
             };
-            match self.init_agent(&handle, init).await {
+            match self
+                .init_agent(&handle, init, None, Operation::Create)
+                .await
+            {
                 Ok(agent) => return Ok((handle, agent)),
                 Err(e) => {
                     tracing::warn!(
@@ -171,7 +258,10 @@ impl Engine {
             .start(spec)
             .await
             .map_err(EngineError::driver(Operation::Create))?;
-        match self.init_agent(&handle, init).await {
+        match self
+            .init_agent(&handle, init, None, Operation::Create)
+            .await
+        {
             Ok(agent) => Ok((handle, agent)),
             Err(e) => {
                 let _ = self.driver.stop(&handle).await;
@@ -181,20 +271,38 @@ impl Engine {
     }
 
     /// Give the agent its identity; its answer says which protocol it speaks (an agent that
-    /// predates versioning answers 204 and counts as the legacy protocol).
+    /// predates versioning answers 204 and counts as the legacy protocol). `auth` is the token
+    /// an agent restored from a checkpoint still requires (it was given one before).
     pub(crate) async fn init_agent(
         &self,
         handle: &DriverHandle,
         init: &InitRequest,
+        auth: Option<&str>,
+        op: Operation,
     ) -> Result<AgentInfo> {
         let stream = self
             .driver
             .connect(handle)
             .await
-            .map_err(EngineError::driver(Operation::Create))?;
-        let body = agent_client::request(stream, http::Method::POST, "/init", Some(init), None)
+            .map_err(EngineError::driver(op))?;
+        let body = agent_client::request(stream, http::Method::POST, "/init", Some(init), auth)
             .await
-            .map_err(EngineError::agent(Operation::Create))?;
+            .map_err(EngineError::agent(op))?;
         Ok(agent_client::info_from_init(&body))
+    }
+}
+
+/// The stored lifecycle settings (and checkpoint, when paused) of a sandbox.
+pub(crate) fn persistence_row(id: &str, extra: &LiveExtra) -> PersistenceRow {
+    PersistenceRow {
+        sandbox_id: id.to_string(),
+        on_timeout: extra.lifecycle.on_timeout.as_str().into(),
+        auto_resume: extra.lifecycle.auto_resume,
+        pause_memory: extra.lifecycle.pause_memory,
+        timeout_ms: extra.timeout_ms,
+        checkpoint_dir: extra.paused.as_ref().map(|p| p.dir.display().to_string()),
+        checkpoint_memory: extra.paused.as_ref().is_some_and(|p| p.memory),
+        generation: 0,
+        paused_at: extra.paused.as_ref().map(|p| p.at_ms),
     }
 }

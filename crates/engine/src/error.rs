@@ -5,6 +5,7 @@
 use bulkhead_envd::protocol::{AGENT_PROTOCOL_VERSION, AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
 
 use crate::agent_client::AgentClientError;
+use crate::checkpoints::CheckpointError;
 use crate::driver::DriverError;
 use crate::lifecycle::{Operation, Refusal};
 
@@ -23,7 +24,7 @@ pub enum NetworkError {
 /// Why a sandbox's file changes cannot be listed.
 pub enum ChangesError {
     #[error(
-        "The file changes of sandbox {0} cannot be listed while it is paused on this server: resume it (connect) first"
+        "The file changes of sandbox {0} cannot be listed while it is being paused or resumed: try again in a moment"
     )]
     Paused(String),
     #[error("This server's sandbox driver cannot list file changes")]
@@ -98,6 +99,41 @@ pub enum EngineError {
         "Could not clean up sandboxes left over from the previous server run: check the server log and the host"
     )]
     Recover(#[source] DriverError),
+    /// The driver could not checkpoint a running sandbox; it keeps running with its state.
+    #[error(
+        "Could not {op} sandbox {id}: taking its checkpoint failed, so it keeps running with its state; try again, and if it keeps failing ask the operator to check the server log (the host may lack CRIU — run `scripts/criu.sh` — or free space in the data directory)"
+    )]
+    CheckpointFailed {
+        id: String,
+        op: Operation,
+        #[source]
+        source: DriverError,
+    },
+    /// The driver could not restore a paused sandbox; it stays paused and resumable.
+    #[error(
+        "Could not resume sandbox {id}: restoring its checkpoint failed; it stays paused and can be resumed again (connect with memory false boots it afresh on its saved files); if it keeps failing ask the operator to check the server log"
+    )]
+    RestoreFailed {
+        id: String,
+        #[source]
+        source: DriverError,
+    },
+    /// A checkpoint directory could not be prepared, completed or copied during `op`.
+    #[error("Could not {op} the sandbox: its checkpoint could not be stored")]
+    Checkpoint {
+        op: Operation,
+        #[source]
+        source: CheckpointError,
+    },
+    #[error(
+        "Snapshot '{0}' not found: list snapshots with GET /snapshots (Sandbox.list_snapshots())"
+    )]
+    SnapshotNotFound(String),
+    /// The sandbox driver lacks the capability `op` needs.
+    #[error(
+        "This server's sandbox driver ({driver}) cannot {op} sandboxes: ask the operator to run a driver that can (the jail driver with CRIU installed)"
+    )]
+    NotCapable { driver: &'static str, op: Operation },
     #[error(
         "The server's database failed: try again, and if it keeps failing ask the operator to check the database"
     )]
@@ -162,7 +198,11 @@ impl EngineError {
             | EngineError::AgentTooOld { op, .. }
             | EngineError::Network { op, .. }
             | EngineError::Refused { op, .. }
+            | EngineError::CheckpointFailed { op, .. }
+            | EngineError::Checkpoint { op, .. }
+            | EngineError::NotCapable { op, .. }
             | EngineError::Unsupported(op) => Some(*op),
+            EngineError::RestoreFailed { .. } => Some(Operation::Resume),
             _ => None,
         }
     }

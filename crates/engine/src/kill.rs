@@ -1,7 +1,9 @@
-//! Kill: the one way a sandbox ends (killed, timed out, exited): out of the live set, torn down, recorded.
+//! Kill: the one way a sandbox ends (killed, timed out, exited, paused too long): out of the
+//! live set, torn down (processes, or the checkpoint of a paused one), recorded.
 
 use bulkhead_store::SandboxState;
 
+use crate::checkpoints;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
@@ -41,8 +43,15 @@ impl Engine {
         // Unconditionally (idempotent): a concurrent network update may have attached a link
         // after this sandbox left the live set.
         self.detach_link(id);
-        if let Err(e) = self.driver.stop(&handle).await {
+        // A paused sandbox has no processes, only its checkpoint.
+        if let Some(handle) = handle
+            && let Err(e) = self.driver.stop(&handle).await
+        {
             tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
+        }
+        checkpoints::remove(&checkpoints::sandbox_root(&self.cfg.checkpoint_dir, id));
+        if let Err(e) = self.store.delete_persistence(id).await {
+            tracing::error!(sandbox = %id, error = %e, "deleting the sandbox's lifecycle record failed");
         }
         if let Err(e) = self
             .store
@@ -53,6 +62,7 @@ impl Engine {
         }
         let _ = self.store.set_sandbox_driver_handle(id, None).await;
         self.live.lock().remove(id);
+        self.live.notify();
         tracing::info!(sandbox = %id, reason, "sandbox ended");
         true
     }

@@ -12,11 +12,13 @@
 //! module adds its own `impl Engine` block and imports only leaves.
 
 pub mod agent_client;
+mod checkpoints;
 mod clock;
 mod config;
 pub mod driver;
 mod engine;
 mod error;
+mod guarded;
 pub mod ids;
 pub mod keys;
 pub mod lifecycle;
@@ -35,13 +37,18 @@ mod changes;
 mod connect;
 mod create;
 mod filler;
+mod fork;
 mod kill;
 mod network_ops;
+mod pause;
 mod reaper;
 mod recovery;
+mod restore;
+mod resume;
 mod sandboxes;
 mod secrets;
 mod signed_urls;
+mod snapshots;
 mod templates;
 mod timeout;
 mod usage;
@@ -49,14 +56,17 @@ mod volume_content;
 mod volumes;
 
 pub use bulkhead_store::VolumeRow;
+pub use checkpoints::CheckpointError;
 pub use config::EngineConfig;
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
+pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use types::{
-    ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, ListPage, ListRequest,
-    SandboxInfo, SecretInfo, SecretPage, TemplateInfo, TemplateStatus, Usage,
+    ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
+    ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,
+    SnapshotPage, TemplateInfo, TemplateStatus, Usage,
 };
 pub use volume_content::ContentAuth;
 pub use volume_types::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};

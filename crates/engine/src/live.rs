@@ -1,21 +1,27 @@
-//! The live set: every sandbox this server drives right now, with its lifecycle state and what
-//! the verbs need at hand (driver handle, TTL, access token, CPU sample, network link). A leaf:
-//! the verb modules share it through [`crate::engine::Engine`], and state changes go through
-//! [`lifecycle::transition`] only.
+//! The live set: every sandbox this server drives right now (running or paused), with its
+//! lifecycle state and what the verbs need at hand (driver handle, TTL, access token, CPU
+//! sample, network link, lifecycle settings, checkpoint). A leaf: the verb modules share it
+//! through [`crate::engine::Engine`], and state changes go through [`lifecycle::transition`]
+//! only.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use bulkhead_envd::protocol::AgentInfo;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::DriverHandle;
 use crate::lifecycle::{self, Operation, Refusal, SandboxState, Step};
+use crate::types::LifecyclePolicy;
 
 pub(crate) struct Live {
     /// Where it is in its life; only [`lifecycle::transition`] decides the next one.
     pub(crate) state: SandboxState,
-    pub(crate) handle: DriverHandle,
+    /// The running sandbox; `None` while it is paused (its processes are gone).
+    pub(crate) handle: Option<DriverHandle>,
     pub(crate) end_at_ms: i64,
     pub(crate) access_token: Option<String>,
     /// Cancels the watcher task that notices the sandbox's death.
@@ -27,15 +33,41 @@ pub(crate) struct Live {
     pub(crate) net_attached: bool,
     /// What its agent said about itself (at claim, or when adopted after a restart).
     pub(crate) agent: AgentInfo,
+    pub(crate) extra: LiveExtra,
+    /// Cancelled to cut every proxied stream to the agent (before a checkpoint).
+    pub(crate) traffic: CancellationToken,
+}
+
+/// The persistence side of a live sandbox.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LiveExtra {
+    pub(crate) lifecycle: LifecyclePolicy,
+    /// The TTL it was created with (auto-resume gives it again).
+    pub(crate) timeout_ms: i64,
+    /// Its checkpoint while it is paused.
+    pub(crate) paused: Option<Paused>,
+}
+
+/// A completed pause: where the checkpoint is and what it kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Paused {
+    pub(crate) dir: PathBuf,
+    pub(crate) memory: bool,
+    /// Unix ms; retention counts from here.
+    pub(crate) at_ms: i64,
 }
 
 /// Sandbox id → [`Live`]. A sandbox absent from the set is, to the lifecycle, dead.
 #[derive(Default)]
-pub(crate) struct LiveSet(Mutex<HashMap<String, Live>>);
+pub(crate) struct LiveSet {
+    map: Mutex<HashMap<String, Live>>,
+    /// Woken whenever an operation settles a sandbox (coalesced resumes wait on it).
+    changed: Notify,
+}
 
 impl LiveSet {
     pub(crate) fn lock(&self) -> MutexGuard<'_, HashMap<String, Live>> {
-        self.0.lock().expect("live lock")
+        self.map.lock().expect("live lock")
     }
 
     /// May `op` run on `id` now? If it may, the sandbox moves to the step's `during` state.
@@ -58,6 +90,28 @@ impl LiveSet {
         {
             l.state = state;
         }
+        self.changed.notify_waiters();
+    }
+
+    /// Tell waiters that a sandbox changed (left the set, say).
+    pub(crate) fn notify(&self) {
+        self.changed.notify_waiters();
+    }
+
+    /// Wait (at most `limit`) until sandbox `id` is no longer in `state`.
+    pub(crate) async fn wait_while(&self, id: &str, state: SandboxState, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.lock().get(id).map(|l| l.state) != Some(state) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return;
+            }
+        }
     }
 
     /// Is the sandbox in the set and not on its way out?
@@ -72,6 +126,23 @@ impl LiveSet {
     }
 
     pub(crate) fn handle(&self, id: &str) -> Option<DriverHandle> {
-        self.lock().get(id).map(|l| l.handle.clone())
+        self.lock().get(id).and_then(|l| l.handle.clone())
+    }
+
+    /// The token proxied streams to `id` end with.
+    pub(crate) fn traffic(&self, id: &str) -> Option<CancellationToken> {
+        self.lock().get(id).map(|l| l.traffic.clone())
+    }
+
+    /// End every proxied stream to `id` (a checkpoint needs the host's connections closed);
+    /// streams opened afterwards get a new token.
+    pub(crate) fn cut_traffic(&self, id: &str) {
+        if let Some(l) = self.lock().get_mut(id) {
+            std::mem::replace(&mut l.traffic, CancellationToken::new()).cancel();
+        }
+    }
+
+    pub(crate) fn extra(&self, id: &str) -> Option<LiveExtra> {
+        self.lock().get(id).map(|l| l.extra.clone())
     }
 }

@@ -88,7 +88,11 @@ impl Engine {
             let l = live
                 .get(&row.id)
                 .ok_or_else(|| EngineError::SandboxNotFound(row.id.clone()))?;
-            (l.handle.clone(), l.net_attached)
+            let handle = l
+                .handle
+                .clone()
+                .ok_or_else(|| EngineError::SandboxNotFound(row.id.clone()))?;
+            (handle, l.net_attached)
         };
         match (attached, wanted) {
             (true, true) => self

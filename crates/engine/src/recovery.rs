@@ -1,16 +1,23 @@
-//! Recovery after a server restart: re-adopt sandboxes that survived, bury the rest, reclaim driver leftovers.
+//! Recovery after a server restart: re-adopt sandboxes that survived, keep paused ones whose
+//! checkpoint is complete, bury the rest, reclaim driver leftovers. A sandbox the previous
+//! server left `pausing` or `resuming` ends up running (its process lives) or paused (its
+//! checkpoint is complete), never half-restored.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
-use bulkhead_store::{SandboxFilter, SandboxState};
+use bulkhead_store::{PersistenceRow, SandboxFilter, SandboxState};
 
 use bulkhead_envd::protocol::{AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
 
 use crate::agent_client;
+use crate::checkpoints;
 use crate::clock::now_ms;
 use crate::driver::DriverHandle;
+use crate::live::{LiveExtra, Paused};
+use crate::types::{LifecyclePolicy, OnTimeout};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -22,7 +29,12 @@ impl Engine {
             .store
             .list_sandboxes(
                 &SandboxFilter {
-                    states: vec![SandboxState::Running, SandboxState::Paused],
+                    states: vec![
+                        SandboxState::Running,
+                        SandboxState::Pausing,
+                        SandboxState::Paused,
+                        SandboxState::Resuming,
+                    ],
                     ..Default::default()
                 },
                 None,
@@ -31,40 +43,108 @@ impl Engine {
             )
             .await?;
         let mut keep = Vec::new();
-        for row in rows {
+        for mut row in rows {
+            let persist = self.store.get_persistence(&row.id).await?;
+            let mut extra = live_extra(persist.as_ref());
             let handle = row
                 .driver_handle
                 .as_deref()
                 .and_then(|h| serde_json::from_str::<DriverHandle>(h).ok());
-            match handle {
+            let expired = row.state == SandboxState::Running
+                && row.end_at <= now_ms()
+                && extra.lifecycle.on_timeout == OnTimeout::Kill;
+            let alive = match handle {
                 Some(h)
                     if h.driver == self.driver.name()
-                        && row.end_at > now_ms()
+                        && !expired
                         && self.driver.adopt(&h).await =>
                 {
-                    keep.push(h.clone());
-                    let agent = self.adopted_agent_info(&row.id, &h).await;
-                    if !agent.is_supported() {
-                        // Kept (listed, killable, never killed on its own), but every other
-                        // operation answers that its agent is too old.
-                        tracing::warn!(
-                            sandbox = %row.id,
-                            agent_protocol = agent.protocol_version,
-                            agent_build = %agent.agent_build,
-                            min_protocol = MIN_AGENT_PROTOCOL_VERSION,
-                            "re-adopted a sandbox whose agent is too old to drive"
-                        );
-                        self.track(&row, h, false, agent);
-                        continue;
-                    }
-                    tracing::info!(sandbox = %row.id, agent_protocol = agent.protocol_version, "re-adopted running sandbox");
-                    // The links died with the previous server process (it held the TUN fds,
-                    // so the devices are gone): give sandboxes with egress a new one.
-                    let net_attached = self.reattach_after_restart(&row, &h).await;
-                    self.track(&row, h, net_attached, agent);
+                    Some(h)
                 }
-                _ => {
-                    tracing::info!(sandbox = %row.id, "sandbox did not survive the restart");
+                _ => None,
+            };
+            let checkpoint = persist
+                .as_ref()
+                .and_then(|p| p.checkpoint_dir.as_deref())
+                .map(PathBuf::from);
+            if let Some(h) = alive {
+                // Still running (a pause or resume the previous server did not finish either
+                // never stopped it or had already restored it): it runs on.
+                if row.state != SandboxState::Running {
+                    tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found running after an interrupted operation");
+                    if let Some(dir) = &checkpoint {
+                        checkpoints::remove(dir);
+                    }
+                    if let Some(mut p) = persist.clone() {
+                        p.checkpoint_dir = None;
+                        p.paused_at = None;
+                        self.store.upsert_persistence(&p).await?;
+                    }
+                    self.store
+                        .set_sandbox_state(&row.id, SandboxState::Running, None)
+                        .await?;
+                    row.state = SandboxState::Running;
+                }
+                keep.push(h.clone());
+                let agent = self.adopted_agent_info(&row.id, &h).await;
+                if !agent.is_supported() {
+                    // Kept (listed, killable, never killed on its own), but every other
+                    // operation answers that its agent is too old.
+                    tracing::warn!(
+                        sandbox = %row.id,
+                        agent_protocol = agent.protocol_version,
+                        agent_build = %agent.agent_build,
+                        min_protocol = MIN_AGENT_PROTOCOL_VERSION,
+                        "re-adopted a sandbox whose agent is too old to drive"
+                    );
+                    self.track(&row, Some(h), false, agent, extra);
+                    continue;
+                }
+                tracing::info!(sandbox = %row.id, agent_protocol = agent.protocol_version, "re-adopted running sandbox");
+                // The links died with the previous server process (it held the TUN fds,
+                // so the devices are gone): give sandboxes with egress a new one.
+                let net_attached = self.reattach_after_restart(&row, &h).await;
+                self.track(&row, Some(h), net_attached, agent, extra);
+                continue;
+            }
+            // Not running: paused if its checkpoint is complete (a pause interrupted before
+            // its completion marker, or a resume that consumed it, left nothing to resume).
+            let complete = match (row.state, &checkpoint) {
+                (SandboxState::Running, _) | (_, None) => None,
+                (_, Some(dir)) => checkpoints::completed(dir).map(|info| (dir.clone(), info)),
+            };
+            match complete {
+                Some((dir, info)) => {
+                    let at_ms = persist
+                        .as_ref()
+                        .and_then(|p| p.paused_at)
+                        .unwrap_or_else(now_ms);
+                    if row.state != SandboxState::Paused {
+                        tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found paused after an interrupted operation");
+                        if let Some(mut p) = persist.clone() {
+                            p.paused_at = Some(at_ms);
+                            p.checkpoint_memory = info.memory;
+                            self.store.upsert_persistence(&p).await?;
+                        }
+                        self.store
+                            .set_sandbox_state(&row.id, SandboxState::Paused, None)
+                            .await?;
+                        self.store.set_sandbox_driver_handle(&row.id, None).await?;
+                        row.state = SandboxState::Paused;
+                    }
+                    extra.paused = Some(Paused {
+                        dir,
+                        memory: info.memory,
+                        at_ms,
+                    });
+                    tracing::info!(sandbox = %row.id, "paused sandbox kept");
+                    self.track(&row, None, false, AgentInfo::current(), extra);
+                }
+                None => {
+                    tracing::info!(sandbox = %row.id, state = %row.state, "sandbox did not survive the restart");
+                    if let Some(dir) = &checkpoint {
+                        checkpoints::remove(dir);
+                    }
                     self.store
                         .set_sandbox_state(&row.id, SandboxState::Dead, Some("lost on restart"))
                         .await?;
@@ -98,5 +178,22 @@ impl Engine {
             tracing::warn!(sandbox = %id, error = &e as &dyn std::error::Error, "cannot ask the agent of an adopted sandbox for its version; assuming the legacy protocol");
             AgentInfo::legacy()
         })
+    }
+}
+
+/// The live set's persistence fields from the stored row (defaults for sandboxes created
+/// before persistence existed).
+fn live_extra(p: Option<&PersistenceRow>) -> LiveExtra {
+    let Some(p) = p else {
+        return LiveExtra::default();
+    };
+    LiveExtra {
+        lifecycle: LifecyclePolicy {
+            on_timeout: OnTimeout::parse(&p.on_timeout).unwrap_or_default(),
+            auto_resume: p.auto_resume,
+            pause_memory: p.pause_memory,
+        },
+        timeout_ms: p.timeout_ms,
+        paused: None,
     }
 }

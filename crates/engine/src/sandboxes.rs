@@ -13,7 +13,7 @@ use crate::clock::ms_to_dt;
 use crate::driver::DriverHandle;
 use crate::ids;
 use crate::lifecycle::{self, Operation, Step};
-use crate::live::Live;
+use crate::live::{Live, LiveExtra};
 use crate::types::{Caller, ListPage, ListRequest, SandboxInfo};
 use crate::validate::{decode_token, encode_token};
 
@@ -60,13 +60,14 @@ impl Engine {
             .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))
     }
 
-    /// Put a sandbox in the live set and watch for its death.
+    /// Put a sandbox in the live set and, when it runs (`handle`), watch for its death.
     pub(crate) fn track(
         self: &Arc<Self>,
         row: &SandboxRow,
-        handle: DriverHandle,
+        handle: Option<DriverHandle>,
         net_attached: bool,
         agent: AgentInfo,
+        extra: LiveExtra,
     ) {
         let cancel = CancellationToken::new();
         let live = Live {
@@ -79,27 +80,52 @@ impl Engine {
             last_cpu: (0, row.started_at),
             net_attached,
             agent,
+            extra,
+            traffic: CancellationToken::new(),
         };
         self.live.lock().insert(row.id.clone(), live);
+        if let Some(handle) = handle {
+            self.spawn_watcher(&row.id, handle, cancel);
+        }
+    }
+
+    /// Watch a (new) process of sandbox `id` for its death, replacing any earlier watcher.
+    pub(crate) fn rewatch(self: &Arc<Self>, id: &str, handle: DriverHandle) {
+        let cancel = CancellationToken::new();
+        let old = self
+            .live
+            .lock()
+            .get_mut(id)
+            .map(|l| std::mem::replace(&mut l.cancel, cancel.clone()));
+        if let Some(old) = old {
+            old.cancel();
+        }
+        self.spawn_watcher(id, handle, cancel);
+    }
+
+    fn spawn_watcher(self: &Arc<Self>, id: &str, handle: DriverHandle, cancel: CancellationToken) {
         let engine = Arc::clone(self);
-        let id = row.id.clone();
+        let id = id.to_string();
         tokio::spawn(async move {
             tokio::select! {
-                _ = engine.driver.wait(&handle) => {
-                    engine.finish(&id, "exited").await;
-                }
+                // A cancelled watcher never reports: a pause ends the process on purpose.
+                biased;
                 _ = cancel.cancelled() => {}
+                _ = engine.driver.wait(&handle) => {
+                    if !cancel.is_cancelled() {
+                        engine.finish(&id, "exited").await;
+                    }
+                }
             }
         });
     }
 
     pub(crate) fn info_from_row(&self, row: &SandboxRow) -> SandboxInfo {
         // The live set is ahead of the store (TTL changes, transient states).
-        let (end_at, state) = self
-            .live
-            .lock()
-            .get(&row.id)
-            .map_or((row.end_at, row.state), |l| (l.end_at_ms, l.state));
+        let (end_at, state, extra) = self.live.lock().get(&row.id).map_or_else(
+            || (row.end_at, row.state, LiveExtra::default()),
+            |l| (l.end_at_ms, l.state, l.extra.clone()),
+        );
         SandboxInfo {
             id: row.id.clone(),
             template_id: row.template_id.clone(),
@@ -118,6 +144,8 @@ impl Engine {
                 .network
                 .as_deref()
                 .and_then(|n| serde_json::from_str(n).ok()),
+            lifecycle: extra.lifecycle,
+            pause_memory: extra.paused.as_ref().map(|p| p.memory),
         }
     }
 
@@ -129,11 +157,22 @@ impl Engine {
     /// One page of sandboxes. Every key of a server without teams sees every sandbox; a
     /// per-team filter attaches here, on `caller.team_id`.
     pub async fn list(&self, _caller: &Caller, req: &ListRequest) -> Result<ListPage> {
-        let states = if req.states.is_empty() {
+        let asked = if req.states.is_empty() {
             vec![SandboxState::Running, SandboxState::Paused]
         } else {
             req.states.clone()
         };
+        // E2B knows two states: a sandbox being paused is still running, one being resumed
+        // still paused (see `lifecycle::e2b_state`); the store may hold the transient ones.
+        let mut states = Vec::new();
+        for s in asked {
+            states.push(s);
+            match s {
+                SandboxState::Running => states.push(SandboxState::Pausing),
+                SandboxState::Paused => states.push(SandboxState::Resuming),
+                _ => {}
+            }
+        }
         let filter = SandboxFilter {
             states,
             metadata: req.metadata.clone(),

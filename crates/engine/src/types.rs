@@ -66,6 +66,92 @@ pub struct CreateRequest {
     pub network: Option<SandboxNetwork>,
     /// E2B `volumeMounts`: volumes (by name) to mount read-write at these paths.
     pub volume_mounts: Vec<crate::volume_types::MountRequest>,
+    /// What the TTL's end does and whether traffic resumes it (E2B `autoPause`,
+    /// `autoPauseMemory`, `autoResume`, `lifecycle`).
+    pub lifecycle: LifecyclePolicy,
+}
+
+/// What happens at the end of a sandbox's TTL (E2B `SandboxOnTimeout`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    #[default]
+    Kill,
+    Pause,
+}
+
+impl OnTimeout {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Kill => "kill",
+            OnTimeout::Pause => "pause",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "kill" => Some(OnTimeout::Kill),
+            "pause" => Some(OnTimeout::Pause),
+            _ => None,
+        }
+    }
+}
+
+/// A sandbox's lifecycle settings (E2B `SandboxLifecycle` plus the auto-pause's memory mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LifecyclePolicy {
+    pub on_timeout: OnTimeout,
+    /// The first envd request to the paused sandbox resumes it.
+    pub auto_resume: bool,
+    /// An auto-pause keeps memory (E2B `autoPauseMemory`, default true).
+    pub pause_memory: bool,
+}
+
+impl Default for LifecyclePolicy {
+    fn default() -> Self {
+        LifecyclePolicy {
+            on_timeout: OnTimeout::Kill,
+            auto_resume: false,
+            pause_memory: true,
+        }
+    }
+}
+
+/// A snapshot as shown to clients (E2B `SnapshotInfo`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotInfo {
+    /// `<name>:default` when named, else `<id>:default` (E2B's template id with its tag).
+    pub snapshot_id: String,
+    /// Full names (`<name>:default`); empty when unnamed.
+    pub names: Vec<String>,
+    /// The sandbox it was taken from.
+    pub sandbox_id: String,
+    /// Whether sandboxes created from it get its memory (else they boot on its files).
+    pub memory: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SnapshotPage {
+    pub items: Vec<SnapshotInfo>,
+    pub next_token: Option<String>,
+}
+
+/// `POST /sandboxes/{id}/connect` and `/resume`: the new TTL and how to resume a paused one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumeRequest {
+    /// TTL in seconds from now; `None` = the server default.
+    pub timeout: Option<u64>,
+    /// false: boot afresh on the saved filesystem, ignoring saved memory (E2B `memory`).
+    pub memory: bool,
+}
+
+impl Default for ResumeRequest {
+    fn default() -> Self {
+        ResumeRequest {
+            timeout: None,
+            memory: true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -84,6 +170,10 @@ pub struct SandboxInfo {
     pub envd_version: String,
     pub allow_internet_access: bool,
     pub network: Option<SandboxNetwork>,
+    pub lifecycle: LifecyclePolicy,
+    /// For a paused sandbox: whether its checkpoint kept memory (E2B `pauseMode` full /
+    /// filesystem).
+    pub pause_memory: Option<bool>,
 }
 
 /// A secret as shown to clients: never the value.

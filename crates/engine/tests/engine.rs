@@ -193,10 +193,30 @@ async fn ttl_reaper_kills_and_timeouts_move_end_at() {
         .await
         .unwrap();
     // connect extends, never shortens.
-    let (c, resumed) = engine.connect(&me(), &sb.id, Some(60)).await.unwrap();
+    let (c, resumed) = engine
+        .connect(
+            &me(),
+            &sb.id,
+            bulkhead_engine::ResumeRequest {
+                timeout: Some(60),
+                memory: true,
+            },
+        )
+        .await
+        .unwrap();
     assert!(!resumed);
     assert!((c.end_at - c.started_at).num_seconds() >= 59);
-    let (c2, _) = engine.connect(&me(), &sb.id, Some(1)).await.unwrap();
+    let (c2, _) = engine
+        .connect(
+            &me(),
+            &sb.id,
+            bulkhead_engine::ResumeRequest {
+                timeout: Some(1),
+                memory: true,
+            },
+        )
+        .await
+        .unwrap();
     assert_eq!(c2.end_at, c.end_at);
     // set_timeout may shorten.
     engine.set_timeout(&me(), &sb.id, 1).await.unwrap();

@@ -230,7 +230,17 @@ fn restart_adopts_old_agents_and_keeps_unsupported_ones() {
 
             // Legacy agent: served as before.
             engine2.usage(&me(), &old.id).await.unwrap();
-            engine2.connect(&me(), &old.id, Some(60)).await.unwrap();
+            engine2
+                .connect(
+                    &me(),
+                    &old.id,
+                    bulkhead_engine::ResumeRequest {
+                        timeout: Some(60),
+                        memory: true,
+                    },
+                )
+                .await
+                .unwrap();
 
             // Unsupported agent: listed and described, everything else refused clearly.
             let listed = engine2.list(&me(), &ListRequest::default()).await.unwrap();
@@ -238,7 +248,14 @@ fn restart_adopts_old_agents_and_keeps_unsupported_ones() {
             assert!(engine2.get(&me(), &too_old.id).await.is_ok());
             for err in [
                 engine2.usage(&me(), &too_old.id).await.unwrap_err(),
-                engine2.connect(&me(), &too_old.id, None).await.unwrap_err(),
+                engine2
+                    .connect(
+                        &me(),
+                        &too_old.id,
+                        bulkhead_engine::ResumeRequest::default(),
+                    )
+                    .await
+                    .unwrap_err(),
                 engine2
                     .set_timeout(&me(), &too_old.id, 60)
                     .await

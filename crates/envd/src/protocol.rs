@@ -23,6 +23,11 @@ pub const LEGACY_PROTOCOL_VERSION: u32 = 1;
 /// Host-only route where the agent describes itself (`GET`, answers [`AgentInfo`]).
 pub const AGENT_INFO_PATH: &str = "/bulkhead/agent";
 
+/// Host-only: the driver tells a restored agent it was restored (it then re-applies the
+/// sandbox's Landlock ruleset to what it spawns). The jail driver sends it over the agent
+/// socket with this literal path.
+pub const RESTORED_PATH: &str = "/bulkhead/restored";
+
 /// What the agent says about itself: in the body of `POST /init` answers and on
 /// [`AGENT_INFO_PATH`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

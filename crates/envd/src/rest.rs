@@ -7,7 +7,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::protocol::AGENT_INFO_PATH;
+use crate::protocol::{AGENT_INFO_PATH, RESTORED_PATH};
 
 /// Port the SDKs address envd on (`E2b-Sandbox-Port` value).
 pub const ENVD_PORT: u16 = 49983;
@@ -38,6 +38,7 @@ pub const HOST_ONLY_PATHS: &[&str] = &[
     "/fsthaw",
     "/upgrade",
     AGENT_INFO_PATH,
+    RESTORED_PATH,
 ];
 
 /// Body of `POST /init`, sent by the host after it claims a sandbox.
@@ -209,6 +210,7 @@ mod tests {
     fn host_only_paths_include_init_and_the_agent_info() {
         assert!(HOST_ONLY_PATHS.contains(&"/init"));
         assert!(HOST_ONLY_PATHS.contains(&AGENT_INFO_PATH));
+        assert!(HOST_ONLY_PATHS.contains(&RESTORED_PATH));
         assert!(!HOST_ONLY_PATHS.contains(&"/files"));
         assert!(!HOST_ONLY_PATHS.contains(&"/health"));
     }

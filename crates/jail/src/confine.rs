@@ -1,14 +1,6 @@
 //! Last steps before `execve`: capabilities, `no_new_privs`, Landlock. Run in the launcher's
 //! child, after `pivot_root`, so paths are sandbox paths.
 
-use std::fs;
-use std::path::{Path, PathBuf};
-
-use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope,
-};
-
 /// Docker's default capability set: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID,
 /// SETPCAP, NET_BIND_SERVICE, NET_RAW, SYS_CHROOT, MKNOD, AUDIT_WRITE, SETFCAP. Inside the user
 /// namespace they act only on objects mapped into it; `useradd`/`su`-style tools need them.
@@ -98,72 +90,10 @@ pub fn set_no_new_privs() -> Result<(), String> {
     Ok(())
 }
 
-/// Top-level directories that get full access: everything under `/` except the kernel's
-/// pseudo-filesystems (`/proc`, `/sys`) and `/dev` (only the device nodes below are writable).
-pub fn writable_roots(entries: impl IntoIterator<Item = String>) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = entries
-        .into_iter()
-        .filter(|n| !matches!(n.as_str(), "proc" | "sys" | "dev"))
-        .map(|n| Path::new("/").join(n))
-        .collect();
-    v.sort();
-    v
-}
-
-/// Device paths readable and writable inside the sandbox.
-pub const WRITABLE_DEVICES: [&str; 9] = [
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/tty",
-    "/dev/ptmx",
-    "/dev/pts",
-    "/dev/shm",
-    "/dev/random",
-    "/dev/urandom",
-];
-
-/// Best-effort Landlock: read+execute everywhere, full access beneath each top-level directory,
-/// read-write on the device nodes, and (ABI 6+) scoped abstract Unix sockets and signals.
-pub fn apply_landlock() -> Result<RulesetStatus, String> {
-    let abi = ABI::V6;
-    let all = AccessFs::from_all(abi);
-    let err = |what: &str, e: &dyn std::fmt::Display| format!("landlock {what}: {e}");
-    let mut ruleset = Ruleset::default()
-        .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(all)
-        .map_err(|e| err("handle_access", &e))?
-        .scope(Scope::AbstractUnixSocket | Scope::Signal)
-        .map_err(|e| err("scope", &e))?
-        .create()
-        .map_err(|e| err("create", &e))?;
-    let root = PathFd::new("/").map_err(|e| err("open /", &e))?;
-    ruleset = ruleset
-        .add_rule(PathBeneath::new(root, AccessFs::from_read(abi)))
-        .map_err(|e| err("rule /", &e))?;
-
-    let names = fs::read_dir("/")
-        .map_err(|e| err("read /", &e))?
-        .filter_map(Result::ok)
-        // metadata() follows symlinks, so merged-/usr links like /bin count as directories.
-        .filter(|e| fs::metadata(e.path()).is_ok_and(|m| m.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned());
-    for dir in writable_roots(names) {
-        let fd = PathFd::new(&dir).map_err(|e| err(&format!("open {}", dir.display()), &e))?;
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, all))
-            .map_err(|e| err(&format!("rule {}", dir.display()), &e))?;
-    }
-    for dev in WRITABLE_DEVICES {
-        let Ok(fd) = PathFd::new(dev) else { continue };
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, all))
-            .map_err(|e| err(&format!("rule {dev}"), &e))?;
-    }
-    let status = ruleset
-        .restrict_self()
-        .map_err(|e| err("restrict_self", &e))?;
-    Ok(status.ruleset)
+/// Landlock (the ruleset lives in `bulkhead-landlock`, shared with the agent, which re-applies
+/// it to what it spawns after a restore).
+pub fn apply_landlock() -> Result<landlock::RulesetStatus, String> {
+    bulkhead_landlock::restrict_self()
 }
 
 #[cfg(test)]
@@ -179,16 +109,5 @@ mod tests {
         assert_eq!(mask, DOCKER_DEFAULT_CAPS);
         const CAP_SYS_ADMIN: u32 = 21;
         assert_eq!(DOCKER_DEFAULT_CAPS & (1 << CAP_SYS_ADMIN), 0);
-    }
-
-    #[test]
-    fn writable_roots_skip_kernel_filesystems() {
-        let names = ["usr", "proc", "etc", "dev", "sys", "home", "app"].map(String::from);
-        assert_eq!(
-            writable_roots(names),
-            ["/app", "/etc", "/home", "/usr"]
-                .map(PathBuf::from)
-                .to_vec()
-        );
     }
 }

@@ -21,6 +21,17 @@ pub enum Freezer {
 }
 
 impl Freezer {
+    /// The cgroup directory itself (CRIU's `--freeze-cgroup`).
+    pub fn cgroup_dir(&self) -> PathBuf {
+        let file = match self {
+            Freezer::V1 { state } => state,
+            Freezer::V2 { freeze, .. } => freeze,
+        };
+        file.parent()
+            .map(std::path::Path::to_path_buf)
+            .unwrap_or_default()
+    }
+
     /// Ask the kernel to freeze (`true`) or thaw the cgroup, without waiting.
     pub fn request(&self, frozen: bool) -> io::Result<()> {
         let (path, value) = match self {

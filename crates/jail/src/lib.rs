@@ -21,6 +21,7 @@ pub mod cgroup;
 pub mod changes;
 mod child;
 pub mod confine;
+pub mod criu;
 mod driver;
 pub mod freezer;
 pub mod launcher;
@@ -30,6 +31,7 @@ pub mod seccomp;
 pub mod slots;
 pub mod spec;
 pub mod sys;
+pub mod uidshift;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -73,6 +75,9 @@ pub struct JailConfig {
     /// The only `nameserver` of every sandbox's `/etc/resolv.conf` (the egress gateway). None
     /// leaves the template's file alone.
     pub nameserver: Option<std::net::Ipv4Addr>,
+    /// The CRIU binary (see `scripts/criu.sh`) for checkpoint and restore (pause, resume,
+    /// snapshot, fork). None: those answer `Unsupported` with how to fix it.
+    pub criu: Option<PathBuf>,
 }
 
 impl JailConfig {
@@ -90,6 +95,7 @@ impl JailConfig {
             start_timeout: Duration::from_secs(10),
             sandbox_ca_pem: None,
             nameserver: None,
+            criu: None,
         }
     }
 }

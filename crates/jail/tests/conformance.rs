@@ -36,5 +36,5 @@ impl Harness for JailHarness {
 
 bulkhead_driver::conformance_tests!(
     JailHarness { env: Env::new() };
-    #[bulkhead_testkit::requires(Root, "a host the jail driver supports")]
+    #[bulkhead_testkit::requires(Root, Criu, "a host the jail driver supports")]
 );

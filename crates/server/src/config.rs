@@ -54,10 +54,14 @@ pub struct ServerConfig {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_sandboxes: usize,
+    /// How long a paused sandbox (its checkpoint under `<data-dir>/checkpoints`) is kept.
+    pub paused_retention: Duration,
     pub max_background_processes: u32,
     /// Extra CA bundle to trust inside templates at build time.
     pub extra_ca_bundle: Option<PathBuf>,
     pub uid_base: u32,
+    /// CRIU binary for checkpoint/restore (pause, resume, snapshots, fork); None disables them.
+    pub criu: Option<PathBuf>,
     /// Size of `base` (and every template without its own size).
     pub base_size: TemplateSize,
     /// Size of `code-interpreter-v1`.
@@ -244,9 +248,11 @@ mod tests {
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             max_sandboxes: 500,
+            paused_retention: Duration::from_secs(30 * 24 * 3600),
             max_background_processes: 100,
             extra_ca_bundle: None,
             uid_base: 1_000_000,
+            criu: None,
             base_size: TemplateSize {
                 cpu_count: 2,
                 memory_mb: 512,

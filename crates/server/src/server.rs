@@ -237,6 +237,7 @@ impl Prepared {
             start_timeout: Duration::from_secs(10),
             sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
             nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
+            criu: usable_criu(config.criu.as_deref()),
         })
         .map_err(StartError::Driver)?;
         let driver = Arc::new(driver);
@@ -248,6 +249,8 @@ impl Prepared {
                 max_timeout: config.max_timeout,
                 pool_size: config.pool_size,
                 max_sandboxes: config.max_sandboxes,
+                checkpoint_dir: config.data_dir.join("checkpoints"),
+                paused_retention: config.paused_retention,
                 network_default_allow: net.default_allow,
                 sandbox_env: net.sandbox_env.clone(),
                 volume_max_bytes: config.volume_max_bytes,
@@ -342,4 +345,26 @@ fn cgroup_parent(data_dir: &Path) -> String {
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// The configured CRIU if it runs here; otherwise None, said loudly (pause, snapshots and fork
+/// then answer with how to enable them).
+fn usable_criu(criu: Option<&std::path::Path>) -> Option<PathBuf> {
+    let Some(path) = criu else {
+        tracing::warn!(
+            "no CRIU configured: pause, resume with memory, snapshots and fork are disabled; \
+             build it with scripts/criu.sh and pass --criu <path> (or BULKHEAD_CRIU)"
+        );
+        return None;
+    };
+    match bulkhead_jail::criu::Criu::check(path) {
+        Ok(version) => {
+            tracing::info!(criu = %path.display(), %version, "checkpoint/restore enabled");
+            Some(path.to_path_buf())
+        }
+        Err(e) => {
+            tracing::error!(criu = %path.display(), error = %e, "CRIU does not run: pause, snapshots and fork are disabled");
+            None
+        }
+    }
 }

@@ -248,5 +248,7 @@ pub struct SandboxVolumeRow {
     pub path: String,
 }
 
+mod persistence;
 mod sql;
+pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};
 pub use sql::Store;

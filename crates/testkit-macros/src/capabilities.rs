@@ -16,6 +16,6 @@ const CAPABILITIES: &[(&str, &str)] = &[
         "ExtraCaBundle",
         "a PEM bundle to trust (BULKHEAD_TEST_EXTRA_CA)",
     ),
-    ("Criu", "CRIU (`criu`)"),
+    ("Criu", "CRIU 4.2+ (`$BULKHEAD_CRIU` or `criu`)"),
     ("Qemu", "QEMU with KVM (`qemu-system-x86_64`, /dev/kvm)"),
 ];

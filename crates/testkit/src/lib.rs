@@ -57,6 +57,15 @@ pub const DEFAULT_KERNEL_VENV: &str = "/var/cache/bulkhead/venv-agent-kernels";
 pub const KERNEL_VENV_ENV: &str = "BULKHEAD_TEST_KERNEL_VENV";
 pub const POSTGRES_ENV: &str = "BULKHEAD_TEST_POSTGRES_URL";
 pub const EXTRA_CA_ENV: &str = "BULKHEAD_TEST_EXTRA_CA";
+/// The CRIU binary the tests use (scripts/criu.sh prints its path); `criu` on PATH otherwise.
+pub const CRIU_ENV: &str = "BULKHEAD_CRIU";
+
+/// The CRIU binary for tests that checkpoint: `$BULKHEAD_CRIU`, else `criu` from PATH.
+pub fn criu_binary() -> std::path::PathBuf {
+    std::env::var_os(CRIU_ENV)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "criu".into())
+}
 
 impl Capability {
     pub const ALL: [Capability; 7] = [
@@ -118,7 +127,10 @@ impl Capability {
                     .map_err(|e| format!("{EXTRA_CA_ENV}={} is unreadable: {e}", path.display())),
                 None => Err(format!("{EXTRA_CA_ENV} is not set")),
             },
-            Capability::Criu => runs("criu", &["--version"]),
+            Capability::Criu => {
+                let bin = criu_binary();
+                runs(&bin.to_string_lossy(), &["--version"])
+            }
             Capability::Qemu => {
                 runs("qemu-system-x86_64", &["--version"]).and_then(|()| open_rw("/dev/kvm"))
             }
@@ -148,7 +160,10 @@ impl Capability {
                 "point {EXTRA_CA_ENV} at a PEM CA bundle, e.g. a TLS-inspecting proxy's CA \
                  (scripts/test.sh generates a throwaway one)"
             ),
-            Capability::Criu => "`apt-get install criu`".to_owned(),
+            Capability::Criu => format!(
+                "build CRIU 4.2+ with `scripts/criu.sh` and point {CRIU_ENV} at the path it \
+                 prints (Debian 12's criu 3.17 does not work on kernels >= 6.x)"
+            ),
             Capability::Qemu => {
                 "`apt-get install qemu-system-x86` on a host with KVM (/dev/kvm)".to_owned()
             }

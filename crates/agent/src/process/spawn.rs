@@ -152,6 +152,7 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     };
     let groups: Vec<libc::gid_t> = spec.identity.groups.clone();
     let (uid, gid) = (spec.identity.uid, spec.identity.gid);
+    let landlock = crate::reconfine::ruleset_fd();
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // raw system calls on data prepared before the fork (no allocation, no locks). Credentials
     // are switched with raw syscalls; in the single-threaded child this is equivalent to the
@@ -188,6 +189,12 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
             if fd >= 0 {
                 let _ = libc::write(fd, b"100".as_ptr().cast(), 3);
                 libc::close(fd);
+            }
+            // A restored sandbox: CRIU could not restore the agent's Landlock domain, so each
+            // child takes the sandbox's ruleset itself (after the /proc write above, which it
+            // forbids).
+            if let Some(fd) = landlock {
+                crate::reconfine::restrict_child(fd)?;
             }
             Ok(())
         });

@@ -59,8 +59,11 @@ fn handle(req: &str) -> String {
     let (cmd, arg) = req.split_once(' ').unwrap_or((req, ""));
     match cmd {
         // Only the request line is read; the connection is closed after the reply.
-        "GET" => {
-            let status = if arg.split(' ').next() == Some("/health") {
+        "GET" | "POST" => {
+            let path = arg.split(' ').next();
+            let status = if (cmd, path) == ("GET", Some("/health"))
+                || (cmd, path) == ("POST", Some("/bulkhead/restored"))
+            {
                 "204 No Content"
             } else {
                 "404 Not Found"

@@ -4,34 +4,29 @@
 //! - A running sandbox: its slot's upper directory (`<state>/s/<slot>/upper`) over the
 //!   idmapped view of its template recorded in the handle (ids do not matter, only names and
 //!   types).
-//! - A checkpoint directory: `<dir>/upper/` over the template rootfs named in
-//!   `<dir>/checkpoint.json` (`{"rootfs": "…"}`).
+//! - A checkpoint directory: `<dir>/upper/` over the template rootfs named in its manifest
+//!   (`<dir>/checkpoint.json`, see `manifest.rs`).
 //! - `since`: another checkpoint directory; its `upper/` is the baseline.
 
 use std::path::{Path, PathBuf};
 
 use bulkhead_driver::{ChangeSource, DriverError, FileChange};
-use serde::Deserialize;
 
+use super::manifest::{Manifest, UPPER};
 use super::state::{HandleData, JailDriver};
 
-/// The part of a checkpoint's `checkpoint.json` change listing needs.
-#[derive(Debug, Deserialize)]
-struct CheckpointMeta {
-    rootfs: PathBuf,
-}
-
 fn checkpoint_layers(dir: &Path) -> Result<(PathBuf, PathBuf), DriverError> {
-    let meta_path = dir.join("checkpoint.json");
-    let text = std::fs::read_to_string(&meta_path)
-        .map_err(|e| DriverError::io("Cannot read the checkpoint's metadata", e))?;
-    let meta: CheckpointMeta = serde_json::from_str(&text).map_err(|e| {
+    let m = Manifest::read(dir)?;
+    let rootfs = m.rootfs.ok_or_else(|| {
         DriverError::io(
-            "The checkpoint's metadata is unreadable",
-            std::io::Error::other(e),
+            format!(
+                "checkpoint {} does not name its template root; its changes cannot be listed",
+                dir.display()
+            ),
+            std::io::Error::other("no rootfs"),
         )
     })?;
-    Ok((dir.join("upper"), meta.rootfs))
+    Ok((dir.join(UPPER), rootfs))
 }
 
 impl JailDriver {
@@ -48,7 +43,7 @@ impl JailDriver {
             }
             ChangeSource::Checkpoint(dir) => checkpoint_layers(dir)?,
         };
-        let base = since.map(|d| d.join("upper"));
+        let base = since.map(|d| d.join(UPPER));
         tokio::task::spawn_blocking(move || {
             crate::changes::changes(&upper, &lower, base.as_deref())
         })

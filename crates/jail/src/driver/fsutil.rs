@@ -47,14 +47,29 @@ pub(super) fn chown(path: &Path, uid: u32) -> io::Result<()> {
     std::os::unix::fs::chown(path, Some(uid), Some(uid))
 }
 
-/// Copy the agent into the state directory. The bind mount's source path shows in the
-/// sandbox's mountinfo, so it should be the neutral state path rather than wherever the binary
-/// was built or installed; the copy also pins the version for this server's lifetime. The
-/// rename leaves the inode that running sandboxes have bind-mounted untouched.
+/// Copy the agent into the state directory, content-addressed (`agents/<hash>`). The bind
+/// mount's source path shows in the sandbox's mountinfo, so it should be a neutral state path
+/// rather than wherever the binary was built or installed. Each build keeps its own file: a
+/// paused sandbox is restored with exactly the agent binary it ran (CRIU re-maps the running
+/// executable), even after the server was upgraded.
 pub(super) fn install_agent(src: &Path, state_dir: &Path) -> Result<PathBuf, JailError> {
-    let dst = state_dir.join("agent");
-    let tmp = state_dir.join(format!(".agent.{}", std::process::id()));
-    fs::copy(src, &tmp)
+    let data = fs::read(src)
+        .map_err(|e| JailError::io(format!("read the agent binary {}", src.display()), e))?;
+    let key = data
+        .chunks(1 << 20)
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, chunk| {
+            chunk.iter().fold(h, |h, x| {
+                (h ^ u64::from(*x)).wrapping_mul(0x0000_0100_0000_01b3)
+            })
+        });
+    let dir = state_dir.join("agents");
+    mkdir_mode(&dir, 0o711)?;
+    let dst = dir.join(format!("{key:016x}-{}", data.len()));
+    if fs::metadata(&dst).is_ok_and(|m| m.len() == data.len() as u64) {
+        return Ok(dst);
+    }
+    let tmp = dir.join(format!(".agent.{}", std::process::id()));
+    fs::write(&tmp, &data)
         .map_err(|e| JailError::io(format!("copy the agent binary {}", src.display()), e))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
         .map_err(|e| JailError::io(format!("chmod {}", tmp.display()), e))?;

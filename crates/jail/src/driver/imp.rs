@@ -6,12 +6,12 @@ use std::fs;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentStream, Capabilities, ChangeSource, Driver, DriverError, DriverHandle, FileChange,
-    NetworkLink, ResourceUsage, SandboxSpec,
+    AgentStream, Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, Driver,
+    DriverError, DriverHandle, FileChange, NetworkLink, ResourceUsage, RestoreOptions, SandboxSpec,
 };
 
 use super::agent_sock::connect_agent;
@@ -28,15 +28,18 @@ impl Driver for JailDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
+        // Checkpoints freeze the cgroup first, so they need the freezer as well as CRIU.
+        let checkpoint = self.can_freeze() && self.inner.cfg.criu.is_some();
         Capabilities {
             freeze: self.can_freeze(),
+            checkpoint,
+            snapshot: checkpoint,
             network: NetworkLink::TunInNetns,
-            ..Capabilities::default()
         }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
-        self.start_sandbox(spec).await
+        self.start_sandbox(spec, None).await
     }
 
     async fn changes(
@@ -92,6 +95,9 @@ impl Driver for JailDriver {
         let Some(fd) = verified_pidfd(handle.pid, handle.pid_start_time) else {
             return false;
         };
+        // A server that died during a checkpoint leaves the sandbox frozen; nobody else ever
+        // keeps one frozen across a restart.
+        freezer::thaw_now(self.inner.cgroups.freezer(&data.cgroup));
         self.register(
             handle.slot,
             handle.pid,
@@ -259,5 +265,23 @@ impl Driver for JailDriver {
 
     async fn thaw(&self, handle: &DriverHandle) -> Result<(), DriverError> {
         self.set_frozen(handle, false).await
+    }
+
+    async fn checkpoint(
+        &self,
+        handle: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError> {
+        self.checkpoint_sandbox(handle, dir, opts).await
+    }
+
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError> {
+        self.restore_sandbox(spec, dir, opts).await
     }
 }

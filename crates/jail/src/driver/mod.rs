@@ -12,19 +12,25 @@
 //! - [`watch`]: owning a running sandbox (pidfd, reaper) and waiting for its death;
 //! - [`teardown`]: killing a sandbox and removing what it held;
 //! - [`freeze`]: freeze and thaw through the cgroup freezer;
+//! - [`manifest`]: a checkpoint directory's layout; [`seed`]: a slot's upper dir from one;
 //! - [`start`]: a slot's start as one pipeline;
+//! - [`checkpoint`], [`restore`]: pause/snapshot and restore with CRIU;
 //! - [`imp`]: the `Driver` trait over all of the above.
 
 mod agent_sock;
 mod ca;
 mod changes;
+mod checkpoint;
 mod freeze;
 mod fsutil;
 mod imp;
 mod launch;
 mod lowers;
+mod manifest;
 mod pidfd;
 mod resolv;
+mod restore;
+mod seed;
 mod setup;
 mod start;
 mod state;

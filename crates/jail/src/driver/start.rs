@@ -9,6 +9,8 @@
 //!    hands the slot out while the sandbox lives;
 //! 7. waiting for the agent's socket, with the agent's log tail when it dies or is late.
 //!
+//! A start from a filesystem-only checkpoint ([`Seed`]) fills the upper dir after step 1.
+//!
 //! Any failure tears down whatever the steps left (the init, if any, is found in the cgroup).
 
 use std::fs;
@@ -23,6 +25,7 @@ use super::ca::sandbox_ca_bundle;
 use super::fsutil::{chown, mkdir_mode};
 use super::launch::{LaunchError, run_launcher};
 use super::resolv::write_resolv_conf;
+use super::seed::{Seed, give_back_seeded_upper};
 use super::state::{DRIVER_NAME, HandleData, JailDriver, Sandbox};
 use crate::cgroup::CgroupLimits;
 use crate::mountplan::{AGENT_PATH, SOCK_DIR, SOCK_NAME};
@@ -36,20 +39,30 @@ impl JailDriver {
     pub(super) async fn start_sandbox(
         &self,
         spec: &SandboxSpec,
+        seed: Option<&Seed>,
     ) -> Result<DriverHandle, DriverError> {
         let started = Instant::now();
         let deadline = started + self.inner.cfg.start_timeout;
         if !spec.rootfs.is_dir() {
             return Err(StartError::RootfsMissing.into());
         }
-        let slot = self.reserve_slot()?;
+        let slot = self.reserve_slot_preferring(seed.map(|s| s.slot_hint()))?;
         let cgroup_name = format!("{slot}-{:08x}", sys::random_u64() as u32);
-        match self.start_in_slot(slot, &cgroup_name, spec, deadline).await {
+        match self
+            .start_in_slot(slot, &cgroup_name, spec, deadline, seed)
+            .await
+        {
             Ok(h) => {
+                if seed.is_some() {
+                    self.seed_done(slot);
+                }
                 tracing::debug!(slot, pid = h.pid, elapsed = ?started.elapsed(), "jail sandbox started");
                 Ok(h)
             }
             Err(e) => {
+                if seed.is_some() {
+                    self.unseed_upper(slot);
+                }
                 // The init (if any) is in the cgroup: teardown finds it there even when the
                 // launcher failed before telling us its pid.
                 let registered = {
@@ -76,8 +89,12 @@ impl JailDriver {
         cgroup_name: &str,
         spec: &SandboxSpec,
         deadline: Instant,
+        seed: Option<&Seed>,
     ) -> Result<DriverHandle, DriverError> {
         let dir = self.fresh_slot_dir(slot)?;
+        if let Some(seed) = seed {
+            self.seed_upper(slot, seed).await?;
+        }
         if let Some(ns) = self.inner.cfg.nameserver {
             write_resolv_conf(&dir.join("upper"), self.slot_uid(slot), ns)?;
         }
@@ -101,6 +118,8 @@ impl JailDriver {
                 cgroup: cgroup_name.to_string(),
                 cgroup_version: self.inner.cgroups.version(),
                 lower,
+                agent: Some(self.inner.agent.clone()),
+                rootfs: Some(spec.rootfs.clone()),
             })
             .expect("handle data serialises"),
         );
@@ -108,15 +127,16 @@ impl JailDriver {
         Ok(handle)
     }
 
-    fn slot_uid(&self, slot: u32) -> u32 {
+    pub(super) fn slot_uid(&self, slot: u32) -> u32 {
         slots::slot_uid(self.inner.cfg.uid_base, slot)
     }
 
     /// Step 1: fresh per-sandbox directories; leftovers of a crashed run in this slot are
     /// removed together with their cgroups.
-    fn fresh_slot_dir(&self, slot: u32) -> Result<PathBuf, JailError> {
+    pub(super) fn fresh_slot_dir(&self, slot: u32) -> Result<PathBuf, JailError> {
         let dir = self.slot_dir(slot);
         if dir.exists() {
+            give_back_seeded_upper(&dir);
             fs::remove_dir_all(&dir)
                 .map_err(|e| JailError::io(format!("clean {}", dir.display()), e))?;
         }
@@ -222,7 +242,7 @@ impl JailDriver {
 
     /// Step 6: record the owner first (if we crash from here on, the next run will not hand
     /// this slot out while the sandbox lives), then take it over.
-    async fn register_started(
+    pub(super) async fn register_started(
         &self,
         slot: u32,
         dir: &Path,
@@ -252,7 +272,7 @@ impl JailDriver {
     }
 
     /// Step 7: until the agent accepts connections, it dies, or the deadline passes.
-    async fn wait_for_socket(
+    pub(super) async fn wait_for_socket(
         &self,
         slot: u32,
         sb: &Sandbox,

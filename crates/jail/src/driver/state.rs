@@ -33,6 +33,12 @@ pub(super) struct HandleData {
     pub(super) cgroup: String,
     pub(super) cgroup_version: CgroupVersion,
     pub(super) lower: PathBuf,
+    /// The agent binary bound into the sandbox (absent in handles of older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) agent: Option<PathBuf>,
+    /// The template root the lower is a view of (absent in handles of older servers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) rootfs: Option<PathBuf>,
 }
 
 /// A sandbox this driver owns (started or adopted).
@@ -132,6 +138,26 @@ impl JailDriver {
             .is_some_and(|(pid, st, _)| sys::proc_start_time(pid).is_ok_and(|t| t == st))
     }
 
+    /// Reserve a free slot, `preferred` if it is free (a resumed sandbox gets its own uid
+    /// range back when it can, so its files need no re-owning).
+    pub(super) fn reserve_slot_preferring(
+        &self,
+        preferred: Option<u32>,
+    ) -> Result<u32, DriverError> {
+        if let Some(n) = preferred.filter(|n| *n < self.inner.cfg.max_slots)
+            && !self.slot_held_elsewhere(n)
+            && self
+                .inner
+                .slots
+                .lock()
+                .expect("slot table poisoned")
+                .reserve_at(n)
+        {
+            return Ok(n);
+        }
+        self.reserve_slot()
+    }
+
     pub(super) fn reserve_slot(&self) -> Result<u32, DriverError> {
         let mut slots = self.inner.slots.lock().expect("slot table poisoned");
         slots
@@ -157,6 +183,8 @@ mod tests {
             cgroup: "3-deadbeef".into(),
             cgroup_version: CgroupVersion::V1,
             lower: "/var/lib/bulkhead/jail/l/3-abc".into(),
+            agent: None,
+            rootfs: None,
         };
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["cgroup_version"], "v1");

@@ -31,9 +31,9 @@ pub struct Env {
     pub cfg: JailConfig,
 }
 
-const TOOLS: [&str; 15] = [
+const TOOLS: [&str; 16] = [
     "sh", "cat", "ls", "id", "sleep", "touch", "mkdir", "rm", "stat", "head", "chown", "echo",
-    "wc", "dd", "ln",
+    "wc", "dd", "ln", "md5sum",
 ];
 
 fn which(tool: &str) -> PathBuf {
@@ -138,6 +138,7 @@ impl Env {
             start_timeout: Duration::from_secs(30),
             sandbox_ca_pem: None,
             nameserver: None,
+            criu: Some(bulkhead_testkit::criu_binary()),
         };
         Env { tmp, rootfs, cfg }
     }

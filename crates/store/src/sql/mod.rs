@@ -9,6 +9,7 @@
 
 mod api_keys;
 mod egress;
+mod persistence;
 mod query;
 mod rows;
 mod sandboxes;

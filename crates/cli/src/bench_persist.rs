@@ -1,0 +1,253 @@
+//! `bulkhead bench --mode persistence`: pause, resume (request → first command answered),
+//! fork and create-from-snapshot through the HTTP API, for a `base` sandbox running a Python
+//! process that holds ~50 MB and for a `code-interpreter-v1` sandbox after `import pandas`.
+//! The baseline, measured in the same run, is a cold create→first command of the same
+//! template. Host memory: MemAvailable before the sandbox started, while it runs, and while it
+//! is paused (a paused sandbox should hold none). Run the server with `--pool-size 0` so no
+//! warm-pool refill moves the memory figures.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::bench::{Stats, create_and_run};
+use crate::client::{Client, SandboxRef, run_command};
+
+const HOLD_50MB: &str = "import time; x = bytearray(50 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nopen('/tmp/ready', 'w').close(); time.sleep(10**6)";
+const INTERPRETER_PORT: u16 = 49999;
+
+fn stats(name: &str) -> Stats {
+    Stats {
+        name: name.into(),
+        samples: Vec::new(),
+    }
+}
+
+fn mem_available_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn sandbox_ref(v: &serde_json::Value) -> anyhow::Result<SandboxRef> {
+    Ok(SandboxRef {
+        id: v["sandboxID"]
+            .as_str()
+            .context("no sandboxID in the answer")?
+            .to_string(),
+        access_token: v["envdAccessToken"].as_str().map(str::to_owned),
+    })
+}
+
+async fn create(client: &Client, template: &str) -> anyhow::Result<SandboxRef> {
+    let (_, _, b) = client
+        .api(
+            http::Method::POST,
+            "/v2/sandboxes",
+            Some(serde_json::json!({ "templateID": template, "timeout": 3600 })),
+        )
+        .await?;
+    sandbox_ref(&serde_json::from_slice(&b)?)
+}
+
+async fn sh(client: &Client, sb: &SandboxRef, script: &str) -> anyhow::Result<()> {
+    let args = ["-c".to_string(), script.to_string()];
+    let code = run_command(client, sb, "/bin/sh", &args, Some(60_000), |_, _| {}).await?;
+    anyhow::ensure!(code == 0, "`{script}` exited with {code}");
+    Ok(())
+}
+
+async fn kill(client: &Client, id: &str) -> anyhow::Result<()> {
+    client
+        .api(http::Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await
+        .map(drop)
+}
+
+/// Run code in the interpreter's default Python context and return its answer (NDJSON).
+async fn run_code(client: &Client, sb: &SandboxRef, code: &str) -> anyhow::Result<String> {
+    let b = client
+        .port_post(
+            sb,
+            INTERPRETER_PORT,
+            "/execute",
+            &serde_json::json!({ "code": code }),
+        )
+        .await?;
+    let text = String::from_utf8_lossy(&b).into_owned();
+    anyhow::ensure!(
+        !text.contains("\"type\":\"error\""),
+        "run_code failed: {text}"
+    );
+    Ok(text)
+}
+
+/// The first interaction after a resume, by case.
+#[derive(Clone, Copy)]
+enum Probe {
+    Command,
+    Code,
+}
+
+async fn probe(client: &Client, sb: &SandboxRef, p: Probe) -> anyhow::Result<()> {
+    match p {
+        Probe::Command => sh(client, sb, "true").await,
+        Probe::Code => run_code(client, sb, "int(df.x.sum())").await.map(drop),
+    }
+}
+
+struct Case {
+    label: &'static str,
+    template: &'static str,
+    probe: Probe,
+}
+
+pub async fn run(client: &Client, n: usize) -> anyhow::Result<ExitCode> {
+    println!("bulkhead bench --mode persistence: {n} pause/resume cycles per case");
+    let cases = [
+        Case {
+            label: "base + python holding 50 MB",
+            template: "base",
+            probe: Probe::Command,
+        },
+        Case {
+            label: "code-interpreter-v1 after import pandas",
+            template: "code-interpreter-v1",
+            probe: Probe::Code,
+        },
+    ];
+    for case in cases {
+        if let Err(e) = run_case(client, n, &case).await {
+            println!("{}: failed: {e:#}", case.label);
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> {
+    println!("\n== {} ==", case.label);
+    let mut cold = stats(&format!("cold create→first command ({})", case.template));
+    for _ in 0..n.min(20) {
+        let cmd = ["true".to_string()];
+        let (d, id) = create_and_run(client, case.template, &cmd).await?;
+        cold.samples.push(d);
+        kill(client, &id).await?;
+    }
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mem_before = mem_available_kib();
+    let sb = create(client, case.template).await?;
+    match case.probe {
+        Probe::Command => {
+            let script = format!(
+                "nohup python3 -c \"{}\" >/dev/null 2>&1 & while [ ! -e /tmp/ready ]; do sleep 0.05; done",
+                HOLD_50MB.replace('"', "\\\"")
+            );
+            sh(client, &sb, &script).await?;
+        }
+        Probe::Code => {
+            run_code(
+                client,
+                &sb,
+                "import pandas as pd\ndf = pd.DataFrame({'x': range(1000)})",
+            )
+            .await?;
+        }
+    }
+    let mem_running = mem_available_kib();
+
+    let mut pause = stats("pause");
+    let mut resume = stats("resume → first answer");
+    let mut mem_paused = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        client
+            .api(
+                http::Method::POST,
+                &format!("/sandboxes/{}/pause", sb.id),
+                Some(serde_json::json!({})),
+            )
+            .await?;
+        pause.samples.push(t.elapsed());
+        mem_paused.push(mem_available_kib());
+        let t = Instant::now();
+        client
+            .api(
+                http::Method::POST,
+                &format!("/sandboxes/{}/connect", sb.id),
+                Some(serde_json::json!({ "timeout": 3600 })),
+            )
+            .await?;
+        probe(client, &sb, case.probe).await?;
+        resume.samples.push(t.elapsed());
+    }
+
+    let mut fork = stats("fork → first answer");
+    for _ in 0..n.min(20) {
+        let t = Instant::now();
+        let (_, _, b) = client
+            .api(
+                http::Method::POST,
+                &format!("/sandboxes/{}/fork", sb.id),
+                Some(serde_json::json!({ "count": 1 })),
+            )
+            .await?;
+        let v: serde_json::Value = serde_json::from_slice(&b)?;
+        let child = sandbox_ref(&v[0]["sandbox"]).with_context(|| format!("fork answer {v}"))?;
+        probe(client, &child, case.probe).await?;
+        fork.samples.push(t.elapsed());
+        kill(client, &child.id).await?;
+    }
+
+    let (_, _, b) = client
+        .api(
+            http::Method::POST,
+            &format!("/sandboxes/{}/snapshots", sb.id),
+            Some(serde_json::json!({})),
+        )
+        .await?;
+    let snap: serde_json::Value = serde_json::from_slice(&b)?;
+    let snapshot_id = snap["snapshotID"]
+        .as_str()
+        .context("no snapshotID in the answer")?
+        .to_string();
+    let mut from_snapshot = stats("create from snapshot → first answer");
+    for _ in 0..n.min(20) {
+        let t = Instant::now();
+        let c = create(client, &snapshot_id).await?;
+        probe(client, &c, case.probe).await?;
+        from_snapshot.samples.push(t.elapsed());
+        kill(client, &c.id).await?;
+    }
+    client
+        .api(
+            http::Method::DELETE,
+            &format!("/templates/{snapshot_id}"),
+            None,
+        )
+        .await?;
+    kill(client, &sb.id).await?;
+
+    println!("{}", cold.row(None));
+    for s in [&pause, &resume, &fork, &from_snapshot] {
+        println!("{}", s.row(Some(&cold)));
+    }
+    mem_paused.sort_unstable();
+    let paused_median = mem_paused.get(mem_paused.len() / 2).copied().unwrap_or(0);
+    let mib = |kib: i64| kib as f64 / 1024.0;
+    println!(
+        "host MemAvailable: before {:.1} MiB; running: {:+.1} MiB; paused (median of {}): {:+.1} MiB against before",
+        mib(mem_before as i64),
+        mib(mem_running as i64 - mem_before as i64),
+        mem_paused.len(),
+        mib(paused_median as i64 - mem_before as i64),
+    );
+    Ok(())
+}

@@ -1,0 +1,365 @@
+//! `Driver::checkpoint`: pause (the sandbox ends, its RAM and slot are freed) and snapshot
+//! (it runs on). One sequence for both, so memory and files always match:
+//!
+//! 1. freeze the sandbox's cgroup; remove its network link (the engine re-opens one for a
+//!    sandbox that runs on, and for a restored one);
+//! 2. CRIU dumps memory and processes, leaving the cgroup frozen (skipped when
+//!    filesystem-only);
+//! 3. the upper dir is moved (pause) or copied with reflinks (snapshot) into the checkpoint,
+//!    with the agent's log; the manifest is written under a temporary name, then synced;
+//! 4. the manifest is renamed into place: only now is the checkpoint complete;
+//! 5. pause: the sandbox is killed and its slot torn down; snapshot: thawed.
+//!
+//! Anything failing before step 4 thaws the sandbox, which runs on as before, and removes
+//! what was written; a disk filling up is reported as such.
+
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use bulkhead_driver::{CheckpointInfo, CheckpointOptions, DriverError, DriverHandle};
+
+use super::fsutil::disk_usage;
+use super::manifest::{AGENT_LOG, CHECKPOINT_FORMAT, IMAGES, MANIFEST, Manifest, UPPER};
+use super::seed::copy_tree;
+use super::state::{DRIVER_NAME, HandleData, JailDriver};
+use crate::criu::{Criu, CriuError, ExternalMount, dump_args};
+use crate::mountplan::SOCK_DIR;
+use crate::slots;
+
+/// How long one CRIU run may take (a dump writes the sandbox's whole memory).
+pub(super) const CRIU_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// The image key of the agent socket directory, whose host path is per slot.
+pub(super) const SOCK_KEY: &str = "sock";
+/// The image key of the agent binary, restored from the exact file the sandbox ran.
+pub(super) const AGENT_KEY: &str = "agent";
+
+impl JailDriver {
+    pub(super) fn criu(&self) -> Result<Criu, DriverError> {
+        let binary = self
+            .inner
+            .cfg
+            .criu
+            .clone()
+            .ok_or_else(|| criu_error(CriuError::NotConfigured))?;
+        Ok(Criu {
+            binary,
+            timeout: CRIU_TIMEOUT,
+        })
+    }
+
+    pub(super) async fn checkpoint_sandbox(
+        &self,
+        handle: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError> {
+        let sb = self.lookup(handle).ok_or(DriverError::NotRunning)?;
+        if sb.exited().is_some() {
+            return Err(DriverError::NotRunning);
+        }
+        let criu = if opts.filesystem_only {
+            None
+        } else {
+            Some(self.criu()?)
+        };
+        let data: HandleData = serde_json::from_value(handle.data.clone())
+            .map_err(|e| DriverError::io("read the sandbox handle", io::Error::other(e)))?;
+        let freezer =
+            self.inner.cgroups.freezer(&sb.cgroup).ok_or_else(|| {
+                criu_error(CriuError::io("freeze", io::Error::other("no freezer")))
+            })?;
+        if dir.exists()
+            && fs::read_dir(dir)
+                .map(|mut d| d.next().is_some())
+                .unwrap_or(true)
+        {
+            return Err(DriverError::io(
+                format!("checkpoint directory {} is not empty", dir.display()),
+                io::Error::from(io::ErrorKind::AlreadyExists),
+            ));
+        }
+        fs::create_dir_all(dir)
+            .map_err(|e| DriverError::io(format!("create {}", dir.display()), e))?;
+
+        let pids = self.inner.cgroups.pids(&sb.cgroup).unwrap_or_default();
+        wait_for_host_connections_to_close(&pids).await?;
+        self.set_frozen(handle, true).await?;
+        let slot_dir = self.slot_dir(handle.slot);
+        let manifest = Manifest {
+            format: CHECKPOINT_FORMAT,
+            driver: DRIVER_NAME.into(),
+            memory: criu.is_some(),
+            rootfs: data.rootfs.clone(),
+            uid_base: slots::slot_uid(self.inner.cfg.uid_base, handle.slot),
+            slot: handle.slot,
+            agent: data.agent.clone(),
+            volumes: Vec::new(),
+        };
+        let written = async {
+            remove_network_link(handle.pid).await?;
+            if let Some(criu) = &criu {
+                let images = dir.join(IMAGES);
+                fs::create_dir(&images)
+                    .map_err(|e| DriverError::io("create the image directory", e))?;
+                let mut external = vec![ExternalMount {
+                    mountpoint: SOCK_DIR.into(),
+                    key: SOCK_KEY.into(),
+                }];
+                if data.agent.is_some() {
+                    external.push(ExternalMount {
+                        mountpoint: crate::mountplan::AGENT_PATH.into(),
+                        key: AGENT_KEY.into(),
+                    });
+                }
+                let args = dump_args(handle.pid, &images, &freezer.cgroup_dir(), &external);
+                let mut attempt = 1;
+                loop {
+                    match criu.run("dump", &args, &images.join("dump.log"), &[]).await {
+                        Ok(()) => break,
+                        // A connection from the host still queued at the agent's listening
+                        // socket (e.g. a health probe not yet accepted): let the agent take it.
+                        Err(e) if attempt < DUMP_ATTEMPTS && is_foreign_socket(&e) => {
+                            attempt += 1;
+                            self.set_frozen(handle, false).await?;
+                            tokio::time::sleep(std::time::Duration::from_millis(20 * attempt))
+                                .await;
+                            wait_for_host_connections_to_close(&pids).await?;
+                            self.set_frozen(handle, true).await?;
+                            clear_dir(&images)
+                                .map_err(|e| DriverError::io("clear the image directory", e))?;
+                        }
+                        Err(e) => return Err(criu_error(e)),
+                    }
+                }
+            }
+            let (slot_dir, cdir, leave_running) =
+                (slot_dir.clone(), dir.to_path_buf(), opts.leave_running);
+            let manifest = manifest.clone();
+            tokio::task::spawn_blocking(move || -> io::Result<std::path::PathBuf> {
+                let dir = cdir;
+                let log = slot_dir.join("sock").join(AGENT_LOG);
+                if log.exists() {
+                    copy_tree(&log, &dir.join(AGENT_LOG))?;
+                }
+                let (from, to) = (slot_dir.join(UPPER), dir.join(UPPER));
+                if leave_running {
+                    copy_tree(&from, &to)?;
+                } else if let Err(e) = fs::rename(&from, &to) {
+                    if e.raw_os_error() != Some(libc::EXDEV) {
+                        return Err(e);
+                    }
+                    copy_tree(&from, &to)?;
+                }
+                let pending = manifest.write_pending(&dir)?;
+                sys_syncfs(&dir)?;
+                Ok(pending)
+            })
+            .await
+            .map_err(|e| DriverError::io("checkpoint task", io::Error::other(e)))?
+            .map_err(|e| checkpoint_io(e, dir))
+        }
+        .await;
+
+        let pending = match written {
+            Ok(p) => p,
+            Err(e) => {
+                // Put back a moved upper dir, thaw, and forget what was written.
+                let moved = dir.join(UPPER);
+                if !opts.leave_running && moved.exists() && !slot_dir.join(UPPER).exists() {
+                    let _ = fs::rename(&moved, slot_dir.join(UPPER));
+                }
+                let _ = self.set_frozen(handle, false).await;
+                let _ = fs::remove_dir_all(dir);
+                return Err(e);
+            }
+        };
+        // Complete before the sandbox goes: a server dying in between leaves a live sandbox and
+        // a complete checkpoint (either is a valid outcome), never neither.
+        if let Err(e) = Manifest::commit(&pending, dir) {
+            let moved = dir.join(UPPER);
+            if !opts.leave_running && moved.exists() && !slot_dir.join(UPPER).exists() {
+                let _ = fs::rename(&moved, slot_dir.join(UPPER));
+            }
+            let _ = self.set_frozen(handle, false).await;
+            let _ = fs::remove_dir_all(dir);
+            return Err(checkpoint_io(e, dir));
+        }
+        if opts.leave_running {
+            self.set_frozen(handle, false).await?;
+        } else {
+            let cgroup = sb.cgroup.clone();
+            if let Err(e) = self
+                .teardown(
+                    handle.slot,
+                    handle.pid,
+                    handle.pid_start_time,
+                    Some(&cgroup),
+                    false,
+                )
+                .await
+            {
+                // The checkpoint is complete; `stop` finishes the cleanup.
+                tracing::warn!(slot = handle.slot, error = %e, "teardown after a pause");
+            }
+        }
+        let info = CheckpointInfo {
+            driver: DRIVER_NAME.into(),
+            format: CHECKPOINT_FORMAT,
+            dir: dir.to_path_buf(),
+            size_bytes: disk_usage(dir),
+            memory: manifest.memory,
+        };
+        tracing::debug!(slot = handle.slot, dir = %dir.display(), memory = info.memory,
+            leave_running = opts.leave_running, size = info.size_bytes, "jail checkpoint written");
+        debug_assert!(dir.join(MANIFEST).exists());
+        Ok(info)
+    }
+}
+
+/// Dumps tried when a host connection got in the way (see [`is_foreign_socket`]).
+const DUMP_ATTEMPTS: u64 = 4;
+
+fn is_foreign_socket(e: &CriuError) -> bool {
+    matches!(e, CriuError::Failed { log_tail, .. }
+        if log_tail.contains("Unix socket") && log_tail.contains("not found"))
+}
+
+fn clear_dir(dir: &Path) -> io::Result<()> {
+    for e in fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            fs::remove_dir_all(&p)?;
+        } else {
+            fs::remove_file(&p)?;
+        }
+    }
+    Ok(())
+}
+
+/// How long a checkpoint waits for connections from the host to the agent to close.
+const HOST_CONNECTIONS_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A Unix connection the server opened to the agent belongs to the host's network namespace
+/// (the kernel puts the accepted socket in the connecting side's), so CRIU cannot find it in
+/// the sandbox's and refuses to dump. The engine closes its connections before a checkpoint;
+/// this waits until the agent has closed its ends too.
+async fn wait_for_host_connections_to_close(pids: &[i32]) -> Result<(), DriverError> {
+    let deadline = std::time::Instant::now() + HOST_CONNECTIONS_BUDGET;
+    loop {
+        let pids = pids.to_vec();
+        let open = tokio::task::spawn_blocking(move || host_socket_fds(&pids))
+            .await
+            .unwrap_or(0);
+        if open == 0 {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(DriverError::io(
+                format!(
+                    "{open} connection(s) from the host to the sandbox are still open: close \
+                     them (end the streams to this sandbox) and retry; the sandbox keeps running"
+                ),
+                io::Error::from(io::ErrorKind::ResourceBusy),
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// How many descriptors of `pids` are Unix sockets of the host's network namespace.
+fn host_socket_fds(pids: &[i32]) -> usize {
+    let host: std::collections::HashSet<u64> = fs::read_to_string("/proc/self/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(6)?.parse().ok())
+        .collect();
+    let mut n = 0;
+    for pid in pids {
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(link) = fs::read_link(fd.path()) else {
+                continue;
+            };
+            let link = link.to_string_lossy();
+            if let Some(ino) = link
+                .strip_prefix("socket:[")
+                .and_then(|r| r.strip_suffix(']'))
+                .and_then(|i| i.parse::<u64>().ok())
+                && host.contains(&ino)
+            {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// The sandbox's TUN link (`eth0`) is attached to the server's egress stack, which CRIU cannot
+/// dump; the link goes, and the engine re-opens one where the sandbox runs again.
+async fn remove_network_link(pid: i32) -> Result<(), DriverError> {
+    let dev = fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
+    if !dev.lines().any(|l| l.trim_start().starts_with("eth0:")) {
+        return Ok(());
+    }
+    let out = tokio::process::Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["--", "ip", "link", "delete", "eth0"])
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .output()
+        .await
+        .map_err(|e| DriverError::io("run nsenter/ip to remove the sandbox's network link", e))?;
+    if !out.status.success() {
+        return Err(DriverError::io(
+            "remove the sandbox's network link before the checkpoint",
+            io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        ));
+    }
+    Ok(())
+}
+
+fn sys_syncfs(dir: &Path) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = fs::File::open(dir)?;
+    // SAFETY: syncfs on a descriptor we own.
+    if unsafe { libc::syncfs(f.as_raw_fd()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn checkpoint_io(e: io::Error, dir: &Path) -> DriverError {
+    if e.raw_os_error() == Some(libc::ENOSPC) {
+        return DriverError::io(
+            format!(
+                "The disk holding {} is full: the checkpoint was not written and the sandbox \
+                 keeps running; free space in the data directory and retry",
+                dir.display()
+            ),
+            e,
+        );
+    }
+    DriverError::io("write the checkpoint; the sandbox keeps running", e)
+}
+
+/// CRIU's errors as driver errors, with the operator's fix in the message.
+pub(super) fn criu_error(e: CriuError) -> DriverError {
+    let context = if e.is_disk_full() {
+        "The disk holding the data directory is full: nothing was checkpointed and the sandbox \
+         keeps running; free space and retry"
+            .to_string()
+    } else {
+        match &e {
+            CriuError::NotConfigured | CriuError::Spawn { .. } => {
+                "Checkpoint/restore is not available on this server".to_string()
+            }
+            _ => "Checkpoint/restore failed".to_string(),
+        }
+    };
+    DriverError::io(context, io::Error::other(e))
+}
