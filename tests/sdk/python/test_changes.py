@@ -41,3 +41,26 @@ def test_changes_list_created_modified_deleted(server, sandbox):
     assert r.status == 404, r.body
     r = http("GET", f"{server.url}/sandboxes/{sandbox.sandbox_id}/changes")
     assert r.status == 401
+
+
+def test_changes_of_a_paused_sandbox_and_since_a_snapshot(server, sandbox):
+    sandbox.files.write("/home/user/before.txt", "before the snapshot")
+    snap = sandbox.create_snapshot()
+    sandbox.files.write("/home/user/after.txt", "after the snapshot")
+    sandbox.files.write("/home/user/before.txt", "rewritten after the snapshot!")
+
+    r = changes(server, sandbox.sandbox_id, f"?since={snap.snapshot_id}")
+    assert r.status == 200, r.body
+    since = {c["path"]: c["kind"] for c in r.json()}
+    assert since.get("/home/user/after.txt") == "created", since
+    assert since.get("/home/user/before.txt") == "modified", since
+
+    # Paused: listed from the pause's checkpoint, the same as while it ran.
+    running = changes(server, sandbox.sandbox_id).json()
+    sandbox.pause(mode="filesystem")
+    r = changes(server, sandbox.sandbox_id)
+    assert r.status == 200, r.body
+    paused = {c["path"]: c for c in r.json()}
+    for c in running:
+        if c["path"].startswith("/home/user/"):
+            assert paused.get(c["path"], {}).get("kind") == c["kind"], (c, paused.get(c["path"]))
