@@ -213,9 +213,13 @@ impl Engine {
 
     /// The volume mounts of a recorded sandbox, as a driver needs them again (resume, fork).
     pub async fn sandbox_volume_mounts(&self, sandbox_id: &str) -> Result<Vec<VolumeMount>> {
+        let rows = self.store.sandbox_volumes(sandbox_id).await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
         let storage = self.storage()?.clone();
         let mut out = Vec::new();
-        for m in self.store.sandbox_volumes(sandbox_id).await? {
+        for m in rows {
             let Some(row) = self.store.find_volume(&m.volume_id).await? else {
                 continue;
             };
