@@ -147,7 +147,15 @@ async fn get_sandbox(
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxDetail>> {
     let info = st.engine.get(&caller, &id).await?;
-    Ok(Json(SandboxDetail::new(&info, true)))
+    let mut detail = SandboxDetail::new(&info, true);
+    detail.volume_mounts = st
+        .engine
+        .volume_mounts_of(&info.id)
+        .await?
+        .into_iter()
+        .map(|m| serde_json::json!({ "name": m.name, "path": m.path }))
+        .collect();
+    Ok(Json(detail))
 }
 
 async fn kill(

@@ -31,7 +31,18 @@ impl Engine {
             Some(s) => Some(self.snapshot_dir(caller, s).await?),
             None => None,
         };
-        self.changes_of(&source, since).await
+        let mut list = self.changes_of(&source, since).await?;
+        // A volume's mount point is made by the jail in the upper layer; it is not a change
+        // of the sandbox (and the volume's content is not in the overlay at all).
+        let mounts: Vec<String> = self
+            .store
+            .sandbox_volumes(crate::ids::normalize_sandbox_id(id))
+            .await?
+            .into_iter()
+            .map(|m| m.path)
+            .collect();
+        list.retain(|c| !mounts.contains(&c.path));
+        Ok(list)
     }
 
     /// The changes of a resolved source, against its template or the checkpoint `since`.

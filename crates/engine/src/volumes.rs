@@ -211,6 +211,20 @@ impl Engine {
         Ok(self.store.insert_sandbox_volumes(&rows).await?)
     }
 
+    /// The volumes a sandbox mounts, by name and path (E2B `SandboxDetail.volumeMounts`).
+    pub async fn volume_mounts_of(&self, sandbox_id: &str) -> Result<Vec<MountRequest>> {
+        let mut out = Vec::new();
+        for m in self.store.sandbox_volumes(sandbox_id).await? {
+            if let Some(row) = self.store.find_volume(&m.volume_id).await? {
+                out.push(MountRequest {
+                    name: row.name,
+                    path: m.path,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// The volume mounts of a recorded sandbox, as a driver needs them again (resume, fork).
     pub async fn sandbox_volume_mounts(&self, sandbox_id: &str) -> Result<Vec<VolumeMount>> {
         let rows = self.store.sandbox_volumes(sandbox_id).await?;

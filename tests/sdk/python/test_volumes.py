@@ -166,6 +166,7 @@ def test_two_sandboxes_share_a_volume_and_data_persists(vserver, sandboxes):
     a = sandboxes(volume_mounts={"/mnt/data": vol})
     b = sandboxes(volume_mounts={"/home/user/shared": vol.name})
 
+    assert [(m["name"], m["path"]) for m in b.get_info().volume_mounts] == [(vol.name, "/home/user/shared")]
     a.files.write("/mnt/data/from-a.txt", "written by a")
     assert b.files.read("/home/user/shared/from-a.txt") == "written by a"
     r = b.commands.run("echo from-b > /home/user/shared/from-b.txt && id -u && stat -c %u:%g /home/user/shared/from-b.txt")
@@ -181,6 +182,10 @@ def test_two_sandboxes_share_a_volume_and_data_persists(vserver, sandboxes):
     assert vol.read_file("/from-b.txt") == "from-b\n"
     vol.write_file("/from-api.txt", "api")
     assert a.files.read("/mnt/data/from-api.txt") == "api"
+    # The mount point is not a change of the sandbox; the volume's files are not either.
+    r = http("GET", f"{vserver.url}/sandboxes/{a.sandbox_id}/changes", headers=vserver.api_headers())
+    assert r.status == 200, r.body
+    assert not [c for c in r.json() if c["path"].startswith("/mnt/data")], r.json()
     opts = a.commands.run("grep ' /mnt/data ' /proc/self/mountinfo").stdout
     assert "nosuid" in opts and "nodev" in opts, opts
 
