@@ -810,4 +810,48 @@ mod tests {
             Err(VolumeFsError::BadArgument { .. })
         ));
     }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        /// Client paths made of what matters to `clean`: names, `.`, `..`, empty pieces.
+        fn messy_path() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just(".".to_owned()),
+                Just("..".to_owned()),
+                Just(String::new()),
+                "[a-z.~ ]{1,4}",
+            ];
+            (any::<bool>(), prop::collection::vec(piece, 0..10)).prop_map(|(abs, p)| {
+                let s = p.join("/");
+                if abs { format!("/{s}") } else { s }
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn clean_never_yields_a_way_up(path in messy_path()) {
+                match clean(&path) {
+                    Err(VolumeFsError::BadPath { .. }) => {
+                        prop_assert!(path.split('/').any(|c| c == ".."));
+                    }
+                    Err(e) => prop_assert!(false, "unexpected error {e}"),
+                    Ok(p) => {
+                        prop_assert!(!path.split('/').any(|c| c == ".."));
+                        prop_assert!(p.shown().starts_with('/'));
+                        prop_assert!(!p.shown().contains("//"));
+                        prop_assert!(p.rel.components().all(|c| matches!(c, std::path::Component::Normal(_))));
+                        prop_assert_eq!(clean(p.shown()).unwrap(), p.clone());
+                    }
+                }
+            }
+
+            #[test]
+            fn clean_never_panics(path in ".{0,300}") {
+                let _ = clean(&path);
+            }
+        }
+    }
 }

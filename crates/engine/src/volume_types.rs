@@ -199,4 +199,27 @@ mod tests {
         let many: Vec<_> = (0..17).map(|i| m("v", &format!("/m{i}"))).collect();
         assert!(validate_mounts(&many).is_err());
     }
+
+    mod props {
+        use proptest::prelude::*;
+
+        use super::super::*;
+
+        proptest! {
+            #[test]
+            fn accepted_mount_paths_are_normal_and_outside_the_reserved_tree(
+                path in "(/|[a-z.]{1,3}|/\\.\\.|/proc|/run/bulkhead){1,6}"
+            ) {
+                let m = MountRequest { name: "v".into(), path: path.clone() };
+                if let Ok(out) = validate_mounts(&[m]) {
+                    let p = &out[0].path;
+                    prop_assert!(p.starts_with('/') && p != "/" && !p.contains("//"));
+                    prop_assert!(p.split('/').skip(1).all(|c| !c.is_empty() && c != "." && c != ".."));
+                    for r in RESERVED {
+                        prop_assert!(p != r && !p.starts_with(&format!("{r}/")), "{p}");
+                    }
+                }
+            }
+        }
+    }
 }
