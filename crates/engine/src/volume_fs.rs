@@ -372,7 +372,9 @@ impl VolumeRoot {
 
     /// Open a file for reading (a symlink is followed only while it stays inside the volume).
     pub fn open_read(&self, p: &VolPath) -> Result<File> {
-        let fd = self.resolve(&p.rel, OFlag::O_RDONLY, p.shown())?;
+        // O_NONBLOCK: a FIFO a sandbox planted must not park this thread until a writer comes
+        // (no effect on regular files, the only kind read below).
+        let fd = self.resolve(&p.rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK, p.shown())?;
         let f = File::from(fd);
         let meta = f.metadata().map_err(VolumeFsError::Io)?;
         if meta.is_dir() {
@@ -384,6 +386,7 @@ impl VolumeRoot {
                 reason: "it is not a regular file",
             });
         }
+        clear_nonblock(&f)?;
         Ok(f)
     }
 
@@ -458,22 +461,49 @@ impl VolumeRoot {
         } else {
             self.parent_dir(p)?
         };
+        // An existing file keeps its owner and mode unless the request sets them.
+        let existing = nix::sys::stat::fstatat(
+            dir.as_fd(),
+            p.name(),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .ok()
+        .map(|st| st.st_mode & 0o7777);
         let fd = nix::fcntl::openat(
             dir.as_fd(),
             p.name(),
+            // O_NONBLOCK: an existing FIFO without a reader fails (ENXIO) instead of blocking.
             OFlag::O_WRONLY
                 | OFlag::O_CREAT
-                | OFlag::O_TRUNC
                 | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
                 | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o644),
         )
         .map_err(|e| match e {
             Errno::ELOOP => VolumeFsError::IsASymlink(p.shown().into()),
+            Errno::ENXIO | Errno::ENODEV => VolumeFsError::BadPath {
+                path: p.shown().into(),
+                reason: "it is not a regular file",
+            },
             e => VolumeFsError::from_errno(e, p.shown()),
         })?;
-        self.apply_attrs(dir.as_fd(), p, attrs, 0o644)?;
-        Ok(File::from(fd))
+        let file = File::from(fd);
+        // Truncate only what is a regular file (never a FIFO or a device a sandbox made).
+        let meta = file.metadata().map_err(VolumeFsError::Io)?;
+        if !meta.is_file() {
+            return Err(VolumeFsError::BadPath {
+                path: p.shown().into(),
+                reason: "it is not a regular file",
+            });
+        }
+        file.set_len(0).map_err(VolumeFsError::from_io)?;
+        clear_nonblock(&file)?;
+        match existing {
+            Some(mode) => change_attrs(dir.as_fd(), p, attrs, None, mode)?,
+            None => self.apply_attrs(dir.as_fd(), p, attrs, 0o644)?,
+        }
+        Ok(file)
     }
 
     /// Change owner and mode (`update_metadata`); a symlink's own owner is changed.
@@ -544,6 +574,16 @@ fn change_attrs(
     Ok(())
 }
 
+/// Back to blocking I/O on an open regular file (it was opened `O_NONBLOCK`).
+fn clear_nonblock(f: &File) -> Result<()> {
+    let flags = nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_GETFL)
+        .map_err(|e| VolumeFsError::Io(io::Error::from(e)))?;
+    let flags = OFlag::from_bits_truncate(flags) & !OFlag::O_NONBLOCK;
+    nix::fcntl::fcntl(f, nix::fcntl::FcntlArg::F_SETFL(flags))
+        .map_err(|e| VolumeFsError::Io(io::Error::from(e)))?;
+    Ok(())
+}
+
 /// The names in an open directory (without `.` and `..`). Read through the descriptor's
 /// `/proc/self/fd` entry, which opens that very directory, not a path that could be swapped.
 fn dir_names(dir: BorrowedFd<'_>, shown: &str) -> Result<Vec<std::ffi::OsString>> {
@@ -593,6 +633,7 @@ fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, shown: &str) -> Result<()> {
 mod tests {
     use super::*;
     use std::io::{Read, Write};
+    use std::os::unix::ffi::OsStrExt;
 
     fn root() -> (tempfile::TempDir, VolumeRoot) {
         let t = tempfile::tempdir().unwrap();
@@ -677,6 +718,22 @@ mod tests {
             r.make_dir(&clean("/x/y").unwrap(), &Attrs::default(), false),
             Err(VolumeFsError::NotFound(_))
         ));
+
+        // Overwriting keeps the mode unless one is given.
+        let mode = |m| Attrs {
+            mode: Some(m),
+            ..Default::default()
+        };
+        let mut f = r.open_write(&p, &Attrs::default(), false).unwrap();
+        f.write_all(b"hi").unwrap();
+        drop(f);
+        assert_eq!(r.stat(&p).unwrap().mode, 0o644);
+        r.set_attrs(&p, &mode(0o640)).unwrap();
+        drop(r.open_write(&p, &Attrs::default(), false).unwrap());
+        assert_eq!(
+            (r.stat(&p).unwrap().mode, r.stat(&p).unwrap().size),
+            (0o640, 0)
+        );
 
         let ch = r
             .set_attrs(
@@ -777,6 +834,25 @@ mod tests {
             .read_to_string(&mut s)
             .unwrap();
         assert_eq!(s, "ok");
+    }
+
+    #[test]
+    fn fifos_never_block_and_are_never_written_into() {
+        let (t, r) = root();
+        let fifo = t.path().join("vol/fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+        let p = clean("/fifo").unwrap();
+        assert!(matches!(
+            r.open_read(&p),
+            Err(VolumeFsError::BadPath { .. })
+        ));
+        assert!(matches!(
+            r.open_write(&p, &Attrs::default(), false),
+            Err(VolumeFsError::BadPath { .. })
+        ));
+        assert_eq!(r.stat(&p).unwrap().kind, EntryType::Unknown);
     }
 
     #[test]

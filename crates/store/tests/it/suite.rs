@@ -727,6 +727,17 @@ pub async fn volumes_crud(h: &Harness) {
         .await
         .unwrap();
     assert!(s.volume_users("vol_a").await.unwrap().is_empty());
+    // Deleting dead sandboxes deletes their mount records.
+    s.insert_sandbox_volumes(&[SandboxVolumeRow {
+        sandbox_id: "gone".into(),
+        volume_id: "vol_b".into(),
+        path: "/x".into(),
+    }])
+    .await
+    .unwrap();
+    s.delete_dead_sandboxes_before(0).await.unwrap();
+    assert!(s.sandbox_volumes("gone").await.unwrap().is_empty());
+    assert_eq!(s.sandbox_volumes("sbv").await.unwrap().len(), 1);
 
     assert!(s.delete_volume("vol_a").await.unwrap());
     assert!(!s.delete_volume("vol_a").await.unwrap());
