@@ -96,6 +96,9 @@ impl Engine {
         // Held until the sandbox is recorded: its volumes cannot be deleted meanwhile.
         let (volumes, volume_ids, _mounting) =
             self.resolve_mounts(caller, &req.volume_mounts).await?;
+        for v in &volumes {
+            crate::volume_types::check_against_template(&template.rootfs, &v.path)?;
+        }
 
         // Validated before anything starts; the new sandbox is `starting` until it is recorded.
         let created = lifecycle::transition(SandboxState::Starting, Operation::Create)

@@ -131,6 +131,35 @@ pub fn validate_mounts(mounts: &[MountRequest]) -> Result<Vec<MountRequest>, Vol
     Ok(out)
 }
 
+/// Refuse a mount path that the template already has as a symlink or a non-directory on the
+/// way (`/etc/passwd`, `/bin/x` where `/bin` is a link): the jail would refuse it at start,
+/// and this answers with a 400 that names the path instead. Missing components are fine.
+pub fn check_against_template(rootfs: &std::path::Path, path: &str) -> Result<(), VolumeError> {
+    let mut at = rootfs.to_path_buf();
+    let mut shown = String::new();
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        at.push(c);
+        shown.push('/');
+        shown.push_str(c);
+        match std::fs::symlink_metadata(&at) {
+            Ok(m) if m.is_dir() => {}
+            Ok(m) => {
+                let what = if m.file_type().is_symlink() {
+                    "a symlink"
+                } else {
+                    "not a directory"
+                };
+                return Err(VolumeError::BadMount {
+                    path: path.chars().take(200).collect(),
+                    reason: format!("'{shown}' is {what} in the template: pick another path"),
+                });
+            }
+            Err(_) => return Ok(()),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +168,28 @@ mod tests {
         MountRequest {
             name: name.into(),
             path: path.into(),
+        }
+    }
+
+    #[test]
+    fn template_paths() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("usr/bin")).unwrap();
+        std::fs::create_dir_all(t.path().join("home/user")).unwrap();
+        std::fs::write(t.path().join("etc"), "").unwrap();
+        std::os::unix::fs::symlink("usr/bin", t.path().join("bin")).unwrap();
+        for ok in ["/home/user/data", "/mnt/new/deep", "/usr/bin/x"] {
+            assert!(check_against_template(t.path(), ok).is_ok(), "{ok}");
+        }
+        for (bad, why) in [
+            ("/bin/x", "symlink"),
+            ("/etc/x", "not a directory"),
+            ("/etc", "not a directory"),
+        ] {
+            let err = check_against_template(t.path(), bad)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(why), "{bad}: {err}");
         }
     }
 

@@ -234,7 +234,7 @@ def test_escape_attempts(vserver, sandboxes):
     before = {p: _sha(p) for p in ("/etc/passwd", "/etc/hostname")}
     try:
         # Mount paths the engine refuses.
-        for path in ["/", "relative", "/proc/x", "/sys", "/dev/shm", "/run/bulkhead", "/a/../b"]:
+        for path in ["/", "relative", "/proc/x", "/sys", "/dev/shm", "/run/bulkhead", "/a/../b", "/etc/hostname", "/bin/x"]:
             with pytest.raises(SandboxException) as e:
                 Sandbox.create(template=TEMPLATE, timeout=60, volume_mounts={path: vol})
             assert "Invalid volume mount" in str(e.value), path
