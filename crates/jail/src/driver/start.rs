@@ -211,6 +211,14 @@ impl JailDriver {
                     .max(1),
             ),
             ca_bundle: sandbox_ca_bundle(cfg, &spec.rootfs)?,
+            volumes: spec
+                .volumes
+                .iter()
+                .map(|v| crate::spec::VolumeBind {
+                    source: v.host_dir.clone(),
+                    target: v.path.clone(),
+                })
+                .collect(),
         })
     }
 

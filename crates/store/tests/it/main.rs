@@ -46,6 +46,7 @@ store_tests!(
     sandbox_network_updates,
     secrets_crud,
     egress_events,
+    volumes_crud,
 );
 
 mod sqlite_only {
