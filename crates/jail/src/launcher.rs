@@ -233,7 +233,7 @@ fn idmap(spec: &IdmapSpec) -> Result<(), String> {
         write_maps(pid, spec.uid_base, spec.id_count)?;
         let ns_path = format!("/proc/{pid}/ns/user");
         let ns = std::fs::File::open(&ns_path).map_err(|e| format!("open {ns_path}: {e}"))?;
-        make_idmapped(&spec.source, &spec.target, ns.as_raw_fd())
+        make_idmapped(&spec.source, &spec.target, ns.as_raw_fd(), spec.volume)
     })();
     drop(hold_w);
     // SAFETY: reaping our own child.
@@ -241,19 +241,20 @@ fn idmap(spec: &IdmapSpec) -> Result<(), String> {
     result
 }
 
-fn make_idmapped(source: &Path, target: &Path, userns: RawFd) -> Result<(), String> {
-    let tree = sys::open_tree_clone(source, true)
+fn make_idmapped(source: &Path, target: &Path, userns: RawFd, volume: bool) -> Result<(), String> {
+    let tree = sys::open_tree_clone(source, !volume)
         .map_err(|e| format!("open_tree {}: {e}", source.display()))?;
     // nosuid/nodev: the view is reachable on the host too, and its set-uid files appear owned
     // by the slot's uid; nobody on the host should be able to become that uid through it.
-    let attrs = sys::MOUNT_ATTR_IDMAP
-        | sys::MOUNT_ATTR_RDONLY
-        | sys::MOUNT_ATTR_NOSUID
-        | sys::MOUNT_ATTR_NODEV;
+    let mut attrs = sys::MOUNT_ATTR_IDMAP | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    if !volume {
+        attrs |= sys::MOUNT_ATTR_RDONLY;
+    }
+    let recursive = if volume { 0 } else { libc::AT_RECURSIVE };
     sys::mount_setattr(
         tree.as_raw_fd(),
         Path::new(""),
-        libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+        libc::AT_EMPTY_PATH | recursive,
         attrs,
         Some(userns),
     )

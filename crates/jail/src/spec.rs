@@ -73,6 +73,10 @@ pub struct IdmapSpec {
     pub target: PathBuf,
     pub uid_base: u32,
     pub id_count: u32,
+    /// A volume's view for a restore: writable, and only the volume's own filesystem (not
+    /// recursive). Otherwise a template's: read-only, recursive.
+    #[serde(default)]
+    pub volume: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -139,10 +143,14 @@ mod tests {
             target: "/l/0-x".into(),
             uid_base: 1_000_000,
             id_count: 65536,
+            volume: false,
         });
         let json = serde_json::to_string(&idmap).unwrap();
         assert!(json.contains(r#""op":"idmap""#));
         assert_eq!(serde_json::from_str::<LaunchRequest>(&json).unwrap(), idmap);
+        // A request of an older server (no `volume`) is a template view.
+        let old = json.replace(r#","volume":false"#, "");
+        assert_eq!(serde_json::from_str::<LaunchRequest>(&old).unwrap(), idmap);
     }
 
     #[test]

@@ -278,10 +278,9 @@ def test_escape_attempts(vserver, sandboxes):
         Volume.destroy(vol.volume_id)
 
 
-# "full" (a CRIU memory restore) belongs here too once the jail's restore re-attaches volumes
-# idmapped: today CRIU re-creates the mount without its idmapping (files show as 65534, the
-# sandbox's user cannot write). A strict xfail would count as a skip in scripts/test.sh.
-@pytest.mark.parametrize("mode", ["filesystem"])
+# "full": CRIU restores the processes and the jail re-attaches each volume as an idmapped,
+# writable view for the new slot (its files keep their owners and the sandbox's user can write).
+@pytest.mark.parametrize("mode", ["filesystem", "full"])
 def test_volumes_come_back_after_pause_and_resume(vserver, sandboxes, mode):
     if not os.environ.get("BULKHEAD_CRIU"):
         pytest.skip("SKIPPED: pause needs CRIU (BULKHEAD_CRIU, set by scripts/test.sh)")
@@ -300,6 +299,8 @@ def test_volumes_come_back_after_pause_and_resume(vserver, sandboxes, mode):
         assert r.stdout == "before the pausewritten while paused", r.stdout
         again.files.write("/mnt/v/after.txt", "after")
         assert vol.read_file("/after.txt") == "after"
+        owner = again.commands.run("stat -c %u:%g /mnt/v/before.txt /mnt/v/after.txt").stdout
+        assert owner.split() == ["1000:1000", "1000:1000"], owner
         again.kill()
     finally:
         Volume.destroy(vol.volume_id)

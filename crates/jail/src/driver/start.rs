@@ -120,6 +120,7 @@ impl JailDriver {
                 lower,
                 agent: Some(self.inner.agent.clone()),
                 rootfs: Some(spec.rootfs.clone()),
+                volumes: spec.volumes.iter().map(|v| v.path.clone()).collect(),
             })
             .expect("handle data serialises"),
         );
