@@ -210,7 +210,7 @@ impl Engine {
         if let Some(l) = self.live.lock().get_mut(id) {
             l.net_attached = attached;
         }
-        checkpoints::remove(&paused.dir);
+        checkpoints::remove_later(&paused.dir);
         self.live.settle(id, SandboxState::Running);
         tracing::info!(sandbox = %id, fresh_boot, "sandbox resumed");
         Ok(())

@@ -87,6 +87,7 @@ impl JailDriver {
 
         let pids = self.inner.cgroups.pids(&sb.cgroup).unwrap_or_default();
         wait_for_host_connections_to_close(&pids).await?;
+        let t0 = std::time::Instant::now();
         self.set_frozen(handle, true).await?;
         let slot_dir = self.slot_dir(handle.slot);
         let manifest = Manifest {
@@ -147,6 +148,7 @@ impl JailDriver {
                     }
                 }
             }
+            tracing::debug!(dumped = ?t0.elapsed(), "checkpoint dump done");
             let (slot_dir, cdir, leave_running) =
                 (slot_dir.clone(), dir.to_path_buf(), opts.leave_running);
             let manifest = manifest.clone();
@@ -166,7 +168,9 @@ impl JailDriver {
                     copy_tree(&from, &to)?;
                 }
                 let pending = manifest.write_pending(&dir)?;
+                let t = std::time::Instant::now();
                 sys_syncfs(&dir)?;
+                tracing::debug!(sync = ?t.elapsed(), "checkpoint synced");
                 Ok(pending)
             })
             .await
@@ -175,6 +179,7 @@ impl JailDriver {
         }
         .await;
 
+        let t_written = t0.elapsed();
         let pending = match written {
             Ok(p) => p,
             Err(e) => {
@@ -224,6 +229,7 @@ impl JailDriver {
             size_bytes: disk_usage(dir),
             memory: manifest.memory,
         };
+        tracing::debug!(slot = handle.slot, ?t_written, total = ?t0.elapsed(), "checkpoint phases");
         tracing::debug!(slot = handle.slot, dir = %dir.display(), memory = info.memory,
             leave_running = opts.leave_running, size = info.size_bytes, "jail checkpoint written");
         debug_assert!(dir.join(MANIFEST).exists());

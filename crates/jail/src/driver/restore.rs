@@ -124,8 +124,10 @@ impl JailDriver {
             }
             None => self.inner.agent.clone(),
         };
+        let t0 = Instant::now();
         let sdir = self.fresh_slot_dir(slot)?;
         self.seed_upper(slot, seed).await?;
+        let t_seed = t0.elapsed();
         let uid = self.slot_uid(slot);
         let log = dir.join(AGENT_LOG);
         if log.exists() {
@@ -141,6 +143,7 @@ impl JailDriver {
             .create(cgroup_name, &CgroupLimits::from_spec(spec))
             .map_err(|e| DriverError::io(format!("create cgroup {cgroup_name}"), e))?;
 
+        let t_prep = t0.elapsed();
         let images = sdir.join("img");
         let (src, dst) = (dir.join(IMAGES), images.clone());
         let from = m.uid_base;
@@ -180,6 +183,7 @@ impl JailDriver {
         }
         views?;
         restored?;
+        let t_criu = t0.elapsed();
         let pidfile = sdir.join("restore.pid");
 
         let pid: i32 = fs::read_to_string(&pidfile)
@@ -213,12 +217,15 @@ impl JailDriver {
             .expect("handle data serialises"),
         );
         self.wait_for_socket(slot, &sb, deadline).await?;
+        let t_socket = t0.elapsed();
         let remaining = deadline.saturating_duration_since(Instant::now());
         tokio::time::timeout(remaining, notify_restored(&self.sock_path(slot)))
             .await
             .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))
             .and_then(|r| r)
             .map_err(|e| DriverError::io("re-confine the restored sandbox (Landlock)", e))?;
+        tracing::debug!(slot, ?t_seed, ?t_prep, ?t_criu, ?t_socket, total = ?t0.elapsed(),
+            "restore phases (cumulative)");
         Ok(handle)
     }
 }
