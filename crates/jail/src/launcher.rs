@@ -217,28 +217,9 @@ fn with_userns<T>(
 fn idmap(spec: &IdmapSpec) -> Result<(), String> {
     std::fs::create_dir_all(&spec.target)
         .map_err(|e| format!("mkdir {}: {e}", spec.target.display()))?;
-    let (hold_r, hold_w) = pipe()?;
-    let pid = clone_process(libc::CLONE_NEWUSER)?;
-    if pid == 0 {
-        // The throwaway namespace only has to exist until the parent has opened it.
-        drop(hold_w);
-        let mut b = [0u8; 1];
-        // SAFETY: blocking read into a local buffer; returns 0 when the parent closes.
-        unsafe { libc::read(hold_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
-        // SAFETY: leaving the throwaway child.
-        unsafe { libc::_exit(0) };
-    }
-    drop(hold_r);
-    let result = (|| {
-        write_maps(pid, spec.uid_base, spec.id_count)?;
-        let ns_path = format!("/proc/{pid}/ns/user");
-        let ns = std::fs::File::open(&ns_path).map_err(|e| format!("open {ns_path}: {e}"))?;
-        make_idmapped(&spec.source, &spec.target, ns.as_raw_fd(), spec.volume)
-    })();
-    drop(hold_w);
-    // SAFETY: reaping our own child.
-    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-    result
+    with_userns(spec.uid_base, spec.id_count, |ns| {
+        make_idmapped(&spec.source, &spec.target, ns, spec.volume)
+    })
 }
 
 fn make_idmapped(source: &Path, target: &Path, userns: RawFd, volume: bool) -> Result<(), String> {

@@ -32,7 +32,6 @@ use super::seed::{Seed, copy_tree};
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
 use crate::cgroup::CgroupLimits;
 use crate::criu::{image, restore_args};
-use crate::slots::SlotState;
 use crate::spec::{IdmapSpec, LaunchReply, LaunchRequest};
 use crate::{IDS_PER_SLOT, sys};
 
@@ -79,23 +78,9 @@ impl JailDriver {
                 Ok(h)
             }
             Err(e) => {
-                let merged = self.slot_dir(slot).join("merged");
-                if sys::is_mount_root(&merged).unwrap_or(false) {
-                    let _ = sys::umount_detach(&merged);
-                }
+                // Detaches the host views of the overlay and volumes too.
                 self.unseed_upper(slot);
-                let registered = {
-                    let slots = self.inner.slots.lock().expect("slot table poisoned");
-                    slots.taken(slot).map(|sb| (sb.pid, sb.start_time))
-                };
-                let (pid, st) = registered.unwrap_or((0, 0));
-                if let Err(te) = self.teardown(slot, pid, st, Some(&cgroup_name), true).await {
-                    tracing::warn!(slot, error = %te, "cleanup after a failed restore");
-                }
-                let mut slots = self.inner.slots.lock().expect("slot table poisoned");
-                if matches!(slots.get(slot), Some(SlotState::Reserved)) {
-                    slots.free(slot);
-                }
+                self.clean_failed_start(slot, &cgroup_name).await;
                 Err(e)
             }
         }

@@ -63,22 +63,27 @@ impl JailDriver {
                 if seed.is_some() {
                     self.unseed_upper(slot);
                 }
-                // The init (if any) is in the cgroup: teardown finds it there even when the
-                // launcher failed before telling us its pid.
-                let registered = {
-                    let slots = self.inner.slots.lock().expect("slot table poisoned");
-                    slots.taken(slot).map(|sb| (sb.pid, sb.start_time))
-                };
-                let (pid, st) = registered.unwrap_or((0, 0));
-                if let Err(te) = self.teardown(slot, pid, st, Some(&cgroup_name), true).await {
-                    tracing::warn!(slot, error = %te, "cleanup after a failed start");
-                }
-                let mut slots = self.inner.slots.lock().expect("slot table poisoned");
-                if matches!(slots.get(slot), Some(SlotState::Reserved)) {
-                    slots.free(slot);
-                }
+                self.clean_failed_start(slot, &cgroup_name).await;
                 Err(e)
             }
+        }
+    }
+
+    /// After a failed start or restore: tear down what the steps left and free the slot. The
+    /// init (if any) is in the cgroup: teardown finds it there even when the launcher (or
+    /// CRIU) failed before telling us its pid.
+    pub(super) async fn clean_failed_start(&self, slot: u32, cgroup_name: &str) {
+        let registered = {
+            let slots = self.inner.slots.lock().expect("slot table poisoned");
+            slots.taken(slot).map(|sb| (sb.pid, sb.start_time))
+        };
+        let (pid, st) = registered.unwrap_or((0, 0));
+        if let Err(te) = self.teardown(slot, pid, st, Some(cgroup_name), true).await {
+            tracing::warn!(slot, error = %te, "cleanup after a failed start");
+        }
+        let mut slots = self.inner.slots.lock().expect("slot table poisoned");
+        if matches!(slots.get(slot), Some(SlotState::Reserved)) {
+            slots.free(slot);
         }
     }
 
