@@ -69,7 +69,14 @@ async fn two_hundred_pause_resume_cycles_keep_files_and_memory_and_leak_nothing(
             .unwrap_or_else(|e| panic!("pause {i}: {}", chain(&e)));
         d.stop(&h).await.expect("stop the paused sandbox's remains");
         h = d
-            .restore(&spec, &dir, RestoreOptions { consume: true })
+            .restore(
+                &spec,
+                &dir,
+                RestoreOptions {
+                    consume: true,
+                    ..Default::default()
+                },
+            )
             .await
             .unwrap_or_else(|e| panic!("resume {i}: {}", chain(&e)));
         std::fs::remove_dir_all(&dir).unwrap();
@@ -207,7 +214,14 @@ async fn a_filesystem_only_checkpoint_keeps_files_but_not_processes() {
     assert!(!Path::new(&dir).join("images").exists());
     d.stop(&h).await.expect("stop");
     let r = d
-        .restore(&spec, &dir, RestoreOptions { consume: true })
+        .restore(
+            &spec,
+            &dir,
+            RestoreOptions {
+                consume: true,
+                ..Default::default()
+            },
+        )
         .await
         .unwrap_or_else(|e| panic!("restore: {}", chain(&e)));
     let (_, body) = sh(&d, &r, "wc -c < /home/data; ls /tmp").await;
@@ -218,6 +232,90 @@ async fn a_filesystem_only_checkpoint_keeps_files_but_not_processes() {
     assert!(
         pids.len() <= 4,
         "only the agent and this shell run: {pids:?}"
+    );
+    d.stop(&r).await.expect("stop");
+    std::fs::remove_dir_all(&dir).unwrap();
+    env.assert_clean();
+}
+
+#[bulkhead_testkit::requires(Root, Criu)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_resume_leaves_the_checkpoint_restorable() {
+    let env = Env::new();
+    let d = env.driver();
+    let spec = env.spec(256, 128);
+    let h = d.start(&spec).await.expect("start");
+    let sum = plant(&d, &h, "kept").await;
+    let dir = env.path().join("pause");
+    d.checkpoint(&h, &dir, pause_opts()).await.expect("pause");
+    d.stop(&h).await.expect("stop");
+    // Break the image CRIU reads first, so the restore fails after the files were moved in.
+    let pstree = dir.join("images/pstree.img");
+    let good = std::fs::read(&pstree).unwrap();
+    std::fs::write(&pstree, b"garbage").unwrap();
+    let e = d
+        .restore(
+            &spec,
+            &dir,
+            RestoreOptions {
+                consume: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect_err("a broken image");
+    assert!(chain(&e).contains("CRIU restore failed"), "{}", chain(&e));
+    assert!(dir.join("upper/home/data").is_file(), "files given back");
+    std::fs::write(&pstree, good).unwrap();
+    let r = d
+        .restore(
+            &spec,
+            &dir,
+            RestoreOptions {
+                consume: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("resume: {}", chain(&e)));
+    assert_eq!(checksum(&d, &r).await, sum);
+    assert_eq!(secret(&d, &r).await, "kept");
+    d.stop(&r).await.expect("stop");
+    std::fs::remove_dir_all(&dir).unwrap();
+    env.assert_clean();
+}
+
+#[bulkhead_testkit::requires(Root, Criu)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_checkpoint_can_be_restored_filesystem_only() {
+    let env = Env::new();
+    let d = env.driver();
+    let spec = env.spec(256, 128);
+    let h = d.start(&spec).await.expect("start");
+    plant(&d, &h, "forgotten").await;
+    let dir = env.path().join("pause");
+    d.checkpoint(&h, &dir, pause_opts()).await.expect("pause");
+    d.stop(&h).await.expect("stop");
+    let r = d
+        .restore(
+            &spec,
+            &dir,
+            RestoreOptions {
+                consume: false,
+                filesystem_only: true,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("cold boot: {}", chain(&e)));
+    let (_, body) = sh(&d, &r, "wc -c < /home/data; ls /tmp | wc -l").await;
+    assert_eq!(
+        body.lines().collect::<Vec<_>>(),
+        ["200000", "0"],
+        "files kept, /tmp fresh"
+    );
+    assert!(
+        dir.join("images").is_dir(),
+        "the memory image is left as it was"
     );
     d.stop(&r).await.expect("stop");
     std::fs::remove_dir_all(&dir).unwrap();

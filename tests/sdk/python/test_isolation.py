@@ -28,6 +28,27 @@ USERS = ("user", "root")
 DOCKER_DEFAULT_CAPS = 0xA80425FB
 
 
+@pytest.fixture(params=["fresh", "resumed", "forked"])
+def sandbox(request, sandbox_factory):
+    """Every isolation check runs on a fresh sandbox, on one paused (memory kept) and resumed,
+    and on a fork: a restored sandbox must be confined exactly as a started one (CRIU brings
+    back namespaces, seccomp and capabilities; the agent re-applies Landlock to what it spawns)."""
+    from e2b import Sandbox
+
+    sbx = sandbox_factory()
+    if request.param == "fresh":
+        return sbx
+    # Something running across the checkpoint, as in real sessions.
+    sbx.commands.run("sleep 100000", background=True)
+    if request.param == "resumed":
+        assert sbx.beta_pause() is True
+        return Sandbox.connect(sbx.sandbox_id)
+    forks = sbx.fork(count=1)
+    assert len(forks) == 1 and not isinstance(forks[0], Exception), forks
+    request.addfinalizer(lambda: forks[0].kill())
+    return forks[0]
+
+
 def run_py(sbx, code: str, user: str = "user", timeout: float = 60):
     """Run a Python program in the sandbox; returns the CommandResult (never raises on exit)."""
     path = f"/tmp/probe-{secrets.token_hex(4)}.py"
@@ -343,6 +364,15 @@ def test_32bit_syscall_entry_is_blocked(sandbox):
         assert val < 0, f"i386 getpid via int 0x80 succeeded (returned {val})"
     else:
         assert "rc=0" not in out, out  # killed (SIGSYS) is the expected outcome
+
+
+@pytest.mark.parametrize("user", ("user", "root"))
+def test_landlock_confines_spawned_processes(sandbox, user):
+    """Landlock is the only layer that stops these writes (root owns /dev's tmpfs inside, and
+    /proc/self/oom_score_adj may be raised without privilege)."""
+    for path in ("/proc/self/oom_score_adj", "/dev/landlock-probe"):
+        r = run_py(sandbox, f"open({path!r}, 'w').write('500')", user=user)
+        assert r.exit_code != 0 and "PermissionError" in r.stderr, (path, r.stdout, r.stderr)
 
 
 @pytest.mark.parametrize("user", USERS)

@@ -7,8 +7,8 @@
 //!    filesystem-only);
 //! 3. the upper dir is moved (pause) or copied with reflinks (snapshot) into the checkpoint,
 //!    with the agent's log; the manifest is written under a temporary name, then synced;
-//! 4. pause: the sandbox is killed and its slot torn down; snapshot: thawed;
-//! 5. the manifest is renamed into place: only now is the checkpoint complete.
+//! 4. the manifest is renamed into place: only now is the checkpoint complete;
+//! 5. pause: the sandbox is killed and its slot torn down; snapshot: thawed.
 //!
 //! Anything failing before step 4 thaws the sandbox, which runs on as before, and removes
 //! what was written; a disk filling up is reported as such.
@@ -175,22 +175,35 @@ impl JailDriver {
                 return Err(e);
             }
         };
+        // Complete before the sandbox goes: a server dying in between leaves a live sandbox and
+        // a complete checkpoint (either is a valid outcome), never neither.
+        if let Err(e) = Manifest::commit(&pending, dir) {
+            let moved = dir.join(UPPER);
+            if !opts.leave_running && moved.exists() && !slot_dir.join(UPPER).exists() {
+                let _ = fs::rename(&moved, slot_dir.join(UPPER));
+            }
+            let _ = self.set_frozen(handle, false).await;
+            let _ = fs::remove_dir_all(dir);
+            return Err(checkpoint_io(e, dir));
+        }
         if opts.leave_running {
             self.set_frozen(handle, false).await?;
         } else {
             let cgroup = sb.cgroup.clone();
-            self.teardown(
-                handle.slot,
-                handle.pid,
-                handle.pid_start_time,
-                Some(&cgroup),
-                false,
-            )
-            .await?;
+            if let Err(e) = self
+                .teardown(
+                    handle.slot,
+                    handle.pid,
+                    handle.pid_start_time,
+                    Some(&cgroup),
+                    false,
+                )
+                .await
+            {
+                // The checkpoint is complete; `stop` finishes the cleanup.
+                tracing::warn!(slot = handle.slot, error = %e, "teardown after a pause");
+            }
         }
-        Manifest::commit(&pending, dir).map_err(|e| {
-            DriverError::io(format!("complete the checkpoint in {}", dir.display()), e)
-        })?;
         let info = CheckpointInfo {
             driver: DRIVER_NAME.into(),
             format: CHECKPOINT_FORMAT,

@@ -87,6 +87,9 @@ impl Driver for JailDriver {
         let Some(fd) = verified_pidfd(handle.pid, handle.pid_start_time) else {
             return false;
         };
+        // A server that died during a checkpoint leaves the sandbox frozen; nobody else ever
+        // keeps one frozen across a restart.
+        freezer::thaw_now(self.inner.cgroups.freezer(&data.cgroup));
         self.register(
             handle.slot,
             handle.pid,

@@ -72,6 +72,7 @@ impl JailDriver {
             .await
         {
             Ok(h) => {
+                self.seed_done(slot);
                 tracing::debug!(slot, pid = h.pid, elapsed = ?started.elapsed(), "jail sandbox restored");
                 Ok(h)
             }
@@ -80,7 +81,7 @@ impl JailDriver {
                 if sys::is_mount_root(&merged).unwrap_or(false) {
                     let _ = sys::umount_detach(&merged);
                 }
-                self.unseed_upper(slot, &seed);
+                self.unseed_upper(slot);
                 let registered = {
                     let slots = self.inner.slots.lock().expect("slot table poisoned");
                     slots.taken(slot).map(|sb| (sb.pid, sb.start_time))

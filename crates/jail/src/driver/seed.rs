@@ -68,10 +68,17 @@ impl JailDriver {
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             fs::remove_dir(&dst)?;
             if seed.consume && shift.from == shift.to {
+                // Recorded first: a crash right after the rename still finds its way back.
+                let origin = dst.with_file_name(SEED_ORIGIN);
+                fs::write(&origin, seed.upper.as_os_str().as_encoded_bytes())?;
                 match fs::rename(&seed.upper, &dst) {
                     Ok(()) => return Ok(()),
-                    Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        let _ = fs::remove_file(&origin);
+                        if e.raw_os_error() != Some(libc::EXDEV) {
+                            return Err(e);
+                        }
+                    }
                 }
             }
             copy_tree(&seed.upper, &dst)?;
@@ -83,19 +90,40 @@ impl JailDriver {
     }
 
     /// After a failed start: give a moved upper dir back to the checkpoint.
-    pub(super) fn unseed_upper(&self, slot: u32, seed: &Seed) {
-        if !seed.consume || seed.upper.exists() {
-            return;
-        }
-        let src = self.slot_dir(slot).join("upper");
-        if let Err(e) = fs::rename(&src, &seed.upper) {
-            tracing::error!(
-                slot,
-                from = %src.display(),
-                to = %seed.upper.display(),
-                error = %e,
-                "cannot give the sandbox's files back to its checkpoint after a failed restore"
-            );
-        }
+    pub(super) fn unseed_upper(&self, slot: u32) {
+        give_back_seeded_upper(&self.slot_dir(slot));
     }
+
+    /// The start succeeded: the slot's upper dir is the sandbox's own now.
+    pub(super) fn seed_done(&self, slot: u32) {
+        let _ = fs::remove_file(self.slot_dir(slot).join(SEED_ORIGIN));
+    }
+}
+
+/// Where a slot's upper dir was moved from, while a start from a checkpoint is in flight. If
+/// the start fails, or the server dies before it completes, whoever removes the slot directory
+/// moves the upper dir back first ([`give_back_seeded_upper`]): a resume never loses the files.
+pub(super) const SEED_ORIGIN: &str = "seed-origin";
+
+/// Before a slot directory is removed: an upper dir moved in from a checkpoint by a start that
+/// did not complete goes back to that checkpoint.
+pub(super) fn give_back_seeded_upper(slot_dir: &Path) {
+    let Ok(origin) = fs::read_to_string(slot_dir.join(SEED_ORIGIN)) else {
+        return;
+    };
+    let origin = PathBuf::from(origin.trim());
+    let upper = slot_dir.join("upper");
+    if origin.parent().is_some_and(Path::is_dir)
+        && !origin.exists()
+        && upper.is_dir()
+        && let Err(e) = fs::rename(&upper, &origin)
+    {
+        tracing::error!(
+            from = %upper.display(),
+            to = %origin.display(),
+            error = %e,
+            "cannot give a sandbox's files back to its checkpoint after a failed restore"
+        );
+    }
+    let _ = fs::remove_file(slot_dir.join(SEED_ORIGIN));
 }

@@ -25,7 +25,7 @@ use super::ca::sandbox_ca_bundle;
 use super::fsutil::{chown, mkdir_mode};
 use super::launch::{LaunchError, run_launcher};
 use super::resolv::write_resolv_conf;
-use super::seed::Seed;
+use super::seed::{Seed, give_back_seeded_upper};
 use super::state::{DRIVER_NAME, HandleData, JailDriver, Sandbox};
 use crate::cgroup::CgroupLimits;
 use crate::mountplan::{AGENT_PATH, SOCK_DIR, SOCK_NAME};
@@ -53,12 +53,15 @@ impl JailDriver {
             .await
         {
             Ok(h) => {
+                if seed.is_some() {
+                    self.seed_done(slot);
+                }
                 tracing::debug!(slot, pid = h.pid, elapsed = ?started.elapsed(), "jail sandbox started");
                 Ok(h)
             }
             Err(e) => {
-                if let Some(seed) = seed {
-                    self.unseed_upper(slot, seed);
+                if seed.is_some() {
+                    self.unseed_upper(slot);
                 }
                 // The init (if any) is in the cgroup: teardown finds it there even when the
                 // launcher failed before telling us its pid.
@@ -133,6 +136,7 @@ impl JailDriver {
     pub(super) fn fresh_slot_dir(&self, slot: u32) -> Result<PathBuf, JailError> {
         let dir = self.slot_dir(slot);
         if dir.exists() {
+            give_back_seeded_upper(&dir);
             fs::remove_dir_all(&dir)
                 .map_err(|e| JailError::io(format!("clean {}", dir.display()), e))?;
         }
