@@ -791,3 +791,19 @@ async fn a_checkpoint_cuts_proxied_streams_and_a_snapshot_gives_the_link_back() 
     // New streams work after the snapshot.
     assert!(s.engine.agent_stream(&sb.id).await.is_ok());
 }
+
+#[tokio::test]
+async fn paused_sandboxes_do_not_count_against_capacity() {
+    let s = setup_with(|c| c.max_sandboxes = 1).await;
+    let a = s.base().await;
+    s.engine.pause(&s.owner, &a.id, true).await.unwrap();
+    let b = s.base().await;
+    // Resuming `a` now would exceed the limit: refused, and it stays paused.
+    assert!(matches!(
+        s.engine.connect(&s.owner, &a.id, resume()).await,
+        Err(EngineError::Capacity)
+    ));
+    assert_eq!(s.engine.get(&s.owner, &a.id).await.unwrap().state, "paused");
+    s.engine.kill(&s.owner, &b.id).await.unwrap();
+    assert!(s.engine.connect(&s.owner, &a.id, resume()).await.unwrap().1);
+}
