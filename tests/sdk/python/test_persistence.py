@@ -143,6 +143,18 @@ def test_filesystem_only_pause_keeps_files_not_processes(sandbox_factory):
     assert again.commands.run("echo $PERSIST_ENV").stdout.strip() == "kept"
 
 
+def test_connect_with_reboot_boots_a_full_pause_afresh_on_its_files(sandbox_factory):
+    sbx = sandbox_factory(timeout=300, envs={"PERSIST_ENV": "kept"})
+    sbx.files.write("/home/user/reboot.txt", "on disk")
+    sleeper = sbx.commands.run("sleep 3600", background=True)
+    sbx.commands.run("sync")
+    assert sbx.pause() is True
+    again = Sandbox.connect(sbx.sandbox_id, on_resume="reboot")
+    assert again.files.read("/home/user/reboot.txt") == "on disk"
+    assert sleeper.pid not in [p.pid for p in again.commands.list()], "a reboot has no old processes"
+    assert again.commands.run("echo $PERSIST_ENV").stdout.strip() == "kept"
+
+
 def test_on_timeout_pause_then_connect(sandbox_factory):
     sbx = sandbox_factory(timeout=5, lifecycle={"on_timeout": "pause"})
     sbx.files.write("/home/user/ttl.txt", "survives the TTL")
