@@ -14,6 +14,7 @@ from e2b import Sandbox, SandboxQuery, SandboxState
 
 from _util import poll, seconds_until
 from bulkhead_testlib import TEMPLATE, kill_quietly
+from test_network import lab  # noqa: F401  (the egress lab fixture)
 
 
 def _md(run_id, **extra):
@@ -94,6 +95,26 @@ def test_pause_and_connect_keep_processes_memory_ports_files_and_env(sandbox_fac
     assert seconds_until(Sandbox.get_info(sbx.sandbox_id).end_at) > 200
     # Commands started after the resume work as before.
     assert again.commands.run("echo after").stdout == "after\n"
+
+
+def test_a_resumed_sandbox_pauses_snapshots_and_forks_again(sandbox_factory):
+    sbx = sandbox_factory(timeout=300)
+    sbx.files.write("/home/user/cycles.txt", "0")
+    for i in range(1, 4):
+        assert sbx.pause() is True, f"pause {i}"
+        sbx = Sandbox.connect(sbx.sandbox_id)
+        # A process spawned after a resume (re-confined with Landlock by the agent).
+        sbx.commands.run(f"echo -n {i} > /home/user/cycles.txt")
+    assert sbx.files.read("/home/user/cycles.txt") == "3"
+    snap = sbx.create_snapshot()
+    try:
+        forks = sbx.fork(count=1, timeout=120)
+        (fork,) = forks
+        assert not isinstance(fork, Exception), fork
+        assert fork.files.read("/home/user/cycles.txt") == "3"
+        fork.kill()
+    finally:
+        Sandbox.delete_snapshot(snap.snapshot_id)
 
 
 def test_pause_twice_and_resume_running_behave_as_e2b(sandbox_factory):
@@ -272,3 +293,48 @@ def test_paused_sandbox_survives_a_server_restart(server, sandbox_factory):
     assert sleeper.pid in [p.pid for p in again.commands.list()]
     time.sleep(0.1)
     assert again.commands.run("echo alive").stdout == "alive\n"
+
+
+def test_network_policy_and_secret_injection_come_back_after_resume_and_in_forks(sandbox_factory, lab):
+    import json
+    import secrets as pysecrets
+
+    from e2b import Secret
+    from test_network import curl
+
+    name = f"bh-persist-{pysecrets.token_hex(4)}"
+    value = "sk-live-" + pysecrets.token_hex(20)
+    Secret.create(name, value)
+    forks = []
+    try:
+        sbx = sandbox_factory(
+            timeout=300,
+            network={
+                "allow_out": ["inject.allowed.test"],
+                "rules": {"inject.allowed.test": [{"transform": {"headers": {"Authorization": f"Bearer {Secret.fill(name)}"}}}]},
+            },
+        )
+
+        def injected(s, path):
+            code, _, err, _ = curl(s, f"https://inject.allowed.test{path}")
+            assert code == 0, err
+            got = [r for r in lab.requests() if r["path"] == path]
+            assert got, f"the upstream saw no {path}"
+            return {k.lower(): v for k, v in got[-1]["headers"]}["authorization"]
+
+        assert injected(sbx, "/before-pause") == f"Bearer {value}"
+        assert sbx.pause() is True
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert injected(again, "/after-resume") == f"Bearer {value}"
+        code, _, _, _ = curl(again, "http://denied.test/")
+        assert code != 0, "the policy still denies what it denied"
+        forks = again.fork(count=1, timeout=120)
+        (fork,) = forks
+        assert not isinstance(fork, Exception), fork
+        assert injected(fork, "/in-fork") == f"Bearer {value}"
+        # The parent's link came back after the fork's snapshot too.
+        assert injected(again, "/parent-after-fork") == f"Bearer {value}"
+        assert json.loads(curl(again, "https://inject.allowed.test/x")[1])["path"] == "/x"
+    finally:
+        kill_quietly([f for f in forks if not isinstance(f, Exception)])
+        Secret.destroy(name)
