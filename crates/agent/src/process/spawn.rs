@@ -152,16 +152,12 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     };
     let groups: Vec<libc::gid_t> = spec.identity.groups.clone();
     let (uid, gid) = (spec.identity.uid, spec.identity.gid);
-    // Held until the child is spawned, then closed (see `crate::reconfine`).
-    let landlock_ruleset = crate::reconfine::ruleset_fd().map_err(|e| SpawnError::Other {
+    // Open until the child has been spawned (it applies it before `execve`), closed after.
+    let ruleset = crate::reconfine::child_ruleset().map_err(|source| SpawnError::Other {
         program: spec.program.clone(),
-        source: io::Error::other(format!(
-            "cannot build the sandbox's Landlock ruleset for a process of a restored sandbox: {e}"
-        )),
+        source,
     })?;
-    let landlock = landlock_ruleset
-        .as_ref()
-        .map(std::os::fd::AsRawFd::as_raw_fd);
+    let landlock = ruleset.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // raw system calls on data prepared before the fork (no allocation, no locks). Credentials
     // are switched with raw syscalls; in the single-threaded child this is equivalent to the
@@ -234,7 +230,6 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     // Drop our copies of the PTY slave now: the master reports end-of-file only once every
     // slave descriptor is closed.
     drop(cmd);
-    drop(landlock_ruleset);
     let pid = child.id().ok_or_else(|| SpawnError::Other {
         program: spec.program.clone(),
         source: io::Error::other("the process exited before its pid was known"),

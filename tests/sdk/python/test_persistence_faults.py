@@ -1,0 +1,85 @@
+"""`kill -9` of the server in the middle of a pause and of a resume: after the restart the sandbox
+is either running or paused and resumable — never lost, never half-restored and counted as
+running — and it comes back with its files and processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+from e2b import Sandbox
+
+
+def _kill_server_during(server, action, delay: float):
+    """Run `action` in a thread, SIGKILL the server `delay` seconds in, start it again."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = action()
+        except Exception as e:  # the server died under the request
+            outcome["result"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    time.sleep(delay)
+    os.kill(server.pid, signal.SIGKILL)
+    server.proc.wait(timeout=30)
+    t.join(timeout=30)
+    server._spawn()
+    server.wait_ready(timeout=float(os.environ.get("BULKHEAD_STARTUP_TIMEOUT", "1200")))
+    return outcome.get("result")
+
+
+def _assert_whole(sandbox_id: str, marker: str, pid: int):
+    state = Sandbox.get_info(sandbox_id).state
+    assert str(state).lower().endswith(("running", "paused")), state
+    again = Sandbox.connect(sandbox_id, timeout=300)
+    assert Sandbox.get_info(sandbox_id).state.value == "running"
+    assert again.files.read("/home/user/marker.txt") == marker
+    pids = [p.pid for p in again.commands.list()]
+    assert pid in pids, f"background process {pid} lost: {pids} (state before connect: {state})"
+    assert again.commands.run("echo alive").stdout == "alive\n"
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.4])
+def test_kill_9_during_pause(server, sandbox_factory, delay):
+    if not server.owned:
+        pytest.skip("SKIPPED: needs a server started by the suite (BULKHEAD_TEST_URL points at an external one)")
+    sbx = sandbox_factory(timeout=600)
+    marker = f"pause-{delay}"
+    sbx.files.write("/home/user/marker.txt", marker)
+    bg = sbx.commands.run("sleep 100000", background=True)
+    _kill_server_during(server, sbx.beta_pause, delay)
+    _assert_whole(sbx.sandbox_id, marker, bg.pid)
+
+
+@pytest.mark.parametrize("delay", [0.05, 0.15, 0.4])
+def test_kill_9_during_resume(server, sandbox_factory, delay):
+    if not server.owned:
+        pytest.skip("SKIPPED: needs a server started by the suite (BULKHEAD_TEST_URL points at an external one)")
+    sbx = sandbox_factory(timeout=600)
+    marker = f"resume-{delay}"
+    sbx.files.write("/home/user/marker.txt", marker)
+    bg = sbx.commands.run("sleep 100000", background=True)
+    assert sbx.beta_pause() is True
+    _kill_server_during(server, lambda: Sandbox.connect(sbx.sandbox_id), delay)
+    _assert_whole(sbx.sandbox_id, marker, bg.pid)
+
+
+def test_repeated_pause_resume_keeps_state_and_confinement(sandbox_factory):
+    """A resumed sandbox can be paused again (nothing the restore left behind blocks the next
+    checkpoint), and every resume confines new processes with Landlock."""
+    sbx = sandbox_factory(timeout=600)
+    sbx.files.write("/home/user/marker.txt", "cycles")
+    bg = sbx.commands.run("sleep 100000", background=True)
+    for i in range(4):
+        assert sbx.beta_pause() is True, f"pause {i}"
+        sbx = Sandbox.connect(sbx.sandbox_id)
+        assert sbx.files.read("/home/user/marker.txt") == "cycles"
+        assert bg.pid in [p.pid for p in sbx.commands.list()]
+        r = sbx.commands.run("echo 500 > /proc/self/oom_score_adj || echo denied")
+        assert r.stdout.strip().endswith("denied"), f"cycle {i}: {r.stdout!r} {r.stderr!r}"
