@@ -24,7 +24,8 @@ type ApiResult<T> = Result<T, ApiError>;
 /// Request bodies are small JSON documents; anything bigger is a client bug or an attack.
 const MAX_BODY: usize = 2 << 20;
 
-pub fn routes(state: AppState) -> Router<AppState> {
+/// The control plane; `extra` holds routes of other modules that need the API key too.
+pub fn routes(state: AppState, extra: Router<AppState>) -> Router<AppState> {
     let authed = Router::new()
         .route("/sandboxes", post(create_v1).get(list_v1))
         .route("/v2/sandboxes", post(create_v2).get(list_v2))
@@ -43,6 +44,7 @@ pub fn routes(state: AppState) -> Router<AppState> {
             get(get_secret).post(update_secret).delete(delete_secret),
         )
         .route("/templates", get(list_templates))
+        .merge(extra)
         .merge(crate::persist::routes())
         .layer(axum::middleware::from_fn_with_state(state, require_api_key));
     Router::new()
@@ -107,6 +109,15 @@ async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiRes
                 },
                 allow_internet_access: req.allow_internet_access,
                 network,
+                volume_mounts: req
+                    .volume_mounts
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|m| bulkhead_engine::MountRequest {
+                        name: m.name,
+                        path: m.path,
+                    })
+                    .collect(),
                 lifecycle,
             },
         )
@@ -136,7 +147,15 @@ async fn get_sandbox(
     Path(id): Path<String>,
 ) -> ApiResult<Json<SandboxDetail>> {
     let info = st.engine.get(&caller, &id).await?;
-    Ok(Json(SandboxDetail::new(&info, true)))
+    let mut detail = SandboxDetail::new(&info, true);
+    detail.volume_mounts = st
+        .engine
+        .volume_mounts_of(&info.id)
+        .await?
+        .into_iter()
+        .map(|m| serde_json::json!({ "name": m.name, "path": m.path }))
+        .collect();
+    Ok(Json(detail))
 }
 
 async fn kill(

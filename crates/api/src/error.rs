@@ -5,7 +5,8 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use bulkhead_engine::{EngineError, Operation};
+use bulkhead_engine::volume_fs::VolumeFsError;
+use bulkhead_engine::{ChangesError, EngineError, Operation, VolumeError};
 
 /// An error in E2B's shape: `{"code": <status>, "message": "...", "error_code"?: "..."}`.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +90,13 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
                 Some("sandbox_create_failed"),
             )
         }
+        EngineError::Volume(v) => volume_status(v),
+        EngineError::Changes(c) => match c {
+            ChangesError::Paused(_) => (StatusCode::CONFLICT, None),
+            ChangesError::Unsupported => (StatusCode::NOT_IMPLEMENTED, None),
+            ChangesError::SnapshotNotFound(_) => (StatusCode::NOT_FOUND, None),
+        },
+        EngineError::VolumeFs(f) => volume_fs_status(f),
         EngineError::Driver { .. }
         | EngineError::Agent { .. }
         | EngineError::Network { .. }
@@ -97,6 +105,41 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
         | EngineError::RestoreFailed { .. }
         | EngineError::Checkpoint { .. }
         | EngineError::Store(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some("internal_server_error"),
+        ),
+    }
+}
+
+fn volume_status(e: &VolumeError) -> (StatusCode, Option<&'static str>) {
+    match e {
+        VolumeError::InvalidName(_) | VolumeError::BadMount { .. } => {
+            (StatusCode::BAD_REQUEST, None)
+        }
+        VolumeError::NotFound(_) => (StatusCode::NOT_FOUND, None),
+        VolumeError::NameTaken(_) | VolumeError::InUse { .. } => (StatusCode::CONFLICT, None),
+        VolumeError::BadToken => (StatusCode::UNAUTHORIZED, None),
+        VolumeError::NoStorage => (StatusCode::NOT_IMPLEMENTED, None),
+        VolumeError::Storage(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some("internal_server_error"),
+        ),
+    }
+}
+
+fn volume_fs_status(e: &VolumeFsError) -> (StatusCode, Option<&'static str>) {
+    match e {
+        VolumeFsError::NotFound(_) => (StatusCode::NOT_FOUND, None),
+        VolumeFsError::Exists(_) | VolumeFsError::NotEmpty(_) => (StatusCode::CONFLICT, None),
+        // The client asked for more than the volume holds: a 4xx that says so.
+        VolumeFsError::Full => (StatusCode::PAYLOAD_TOO_LARGE, Some("volume_full")),
+        VolumeFsError::BadPath { .. }
+        | VolumeFsError::Escapes(_)
+        | VolumeFsError::NotADirectory(_)
+        | VolumeFsError::IsADirectory(_)
+        | VolumeFsError::IsASymlink(_)
+        | VolumeFsError::BadArgument { .. } => (StatusCode::BAD_REQUEST, None),
+        VolumeFsError::Io(_) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             Some("internal_server_error"),
         ),

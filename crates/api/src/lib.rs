@@ -4,12 +4,14 @@
 //! signed `/files` URL; otherwise it is a control-plane call. Handlers only translate between
 //! the wire and [`bulkhead_engine::Engine`].
 
+mod changes;
 mod control;
 mod error;
 mod http;
 mod persist;
 mod proxy;
 mod state;
+mod volumes;
 pub mod wire;
 
 use std::sync::Arc;
@@ -17,13 +19,16 @@ use std::sync::Arc;
 use axum::Router;
 use bulkhead_engine::Engine;
 
+pub use changes::Change;
 pub use error::ApiError;
 pub use state::AppState;
 
 /// The full application: sandbox routing in front of the control plane.
 pub fn router(engine: Arc<Engine>) -> Router {
     let state = AppState { engine };
-    control::routes(state.clone())
+    let keyed = volumes::rest_routes().merge(changes::routes());
+    control::routes(state.clone(), keyed)
+        .merge(volumes::content_routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,

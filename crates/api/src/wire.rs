@@ -34,6 +34,10 @@ pub struct NewSandbox {
     #[serde(default)]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
+    /// `volumeMounts: [{name, path}]` (E2B `SandboxVolumeMount`).
+    #[serde(default)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume_mounts: Option<Vec<SandboxVolumeMount>>,
     /// Pause instead of kill at the TTL's end (what the SDKs send for `lifecycle.on_timeout`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_pause: Option<bool>,
@@ -46,6 +50,13 @@ pub struct NewSandbox {
     /// accepted too; the fields above win when both are given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<LifecycleBody>,
+}
+
+/// E2B `SandboxVolumeMount`: a volume (by name) and where it is mounted.
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct SandboxVolumeMount {
+    pub name: String,
+    pub path: String,
 }
 
 /// `SandboxAutoResumeConfig`.

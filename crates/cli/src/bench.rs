@@ -7,11 +7,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use bulkhead_images::{ImageCache, TemplateRecipe};
 
 use crate::args::ClientArgs;
-use crate::client::{Client, SandboxRef, run_command};
+use crate::bench_stats::{Stats, create_and_run};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -50,65 +49,6 @@ enum Mode {
 }
 
 const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
-pub(crate) struct Stats {
-    pub(crate) name: String,
-    pub(crate) samples: Vec<Duration>,
-}
-
-impl Stats {
-    pub(crate) fn pct(&self, p: f64) -> f64 {
-        let mut v: Vec<f64> = self.samples.iter().map(|d| d.as_secs_f64() * 1e3).collect();
-        v.sort_by(|a, b| a.total_cmp(b));
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        let idx = ((p / 100.0) * (v.len() as f64 - 1.0)).round() as usize;
-        v[idx.min(v.len() - 1)]
-    }
-    pub(crate) fn row(&self, base: Option<&Stats>) -> String {
-        let mut s = format!(
-            "{:<44} n={:<4} p50={:>8.2}ms p95={:>8.2}ms p99={:>8.2}ms",
-            self.name,
-            self.samples.len(),
-            self.pct(50.0),
-            self.pct(95.0),
-            self.pct(99.0)
-        );
-        if let Some(b) = base {
-            s.push_str(&format!(
-                "  ×{:.2} p50 vs {}",
-                self.pct(50.0) / b.pct(50.0),
-                b.name
-            ));
-        }
-        s
-    }
-}
-
-pub(crate) async fn create_and_run(
-    client: &Client,
-    template: &str,
-    cmd: &[String],
-) -> anyhow::Result<(Duration, String)> {
-    let t0 = Instant::now();
-    let (_, _, b) = client
-        .api(
-            http::Method::POST,
-            "/v2/sandboxes",
-            Some(serde_json::json!({ "templateID": template, "timeout": 120 })),
-        )
-        .await?;
-    let v: serde_json::Value = serde_json::from_slice(&b)?;
-    let sb = SandboxRef {
-        id: v["sandboxID"].as_str().context("no sandboxID")?.to_string(),
-        access_token: v["envdAccessToken"].as_str().map(str::to_owned),
-    };
-    let code = run_command(client, &sb, &cmd[0], &cmd[1..], Some(30_000), |_, _| {}).await?;
-    let elapsed = t0.elapsed();
-    anyhow::ensure!(code == 0, "benchmark command exited with {code}");
-    Ok((elapsed, sb.id))
-}
 
 fn time_process(mut c: std::process::Command) -> anyhow::Result<Duration> {
     let t0 = Instant::now();

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::bench::{Stats, create_and_run};
+use crate::bench_stats::{Stats, create_and_run};
 use crate::client::{Client, SandboxRef, run_command};
 
 const HOLD_50MB: &str = "import time; x = bytearray(50 << 20)\nfor i in range(0, len(x), 4096): x[i] = 1\nopen('/tmp/ready', 'w').close(); time.sleep(10**6)";

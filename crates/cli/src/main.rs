@@ -5,6 +5,7 @@
 mod args;
 mod bench;
 mod bench_persist;
+mod bench_stats;
 mod client;
 mod keys;
 mod netargs;

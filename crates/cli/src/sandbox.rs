@@ -39,6 +39,17 @@ pub enum SandboxCmd {
         #[arg(long)]
         json: bool,
     },
+    /// List the files created, modified and deleted in a sandbox since it started (or since
+    /// a snapshot), from its overlay's upper layer.
+    Changes {
+        id: String,
+        /// Only changes since this snapshot.
+        #[arg(long)]
+        since: Option<String>,
+        /// Print the raw JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List running sandboxes.
     Ls,
     /// Run a command in a sandbox and stream its output; exits with the command's exit code.
@@ -190,6 +201,24 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
                 );
             }
         }
+        SandboxCmd::Changes { id, since, json } => {
+            let query = since
+                .map(|s| format!("?since={}", urlencoding::encode(&s)))
+                .unwrap_or_default();
+            let (_, _, b) = client
+                .api(
+                    http::Method::GET,
+                    &format!("/sandboxes/{id}/changes{query}"),
+                    None,
+                )
+                .await?;
+            if json {
+                println!("{}", String::from_utf8_lossy(&b));
+                return Ok(ExitCode::SUCCESS);
+            }
+            let changes: Vec<bulkhead_api::Change> = serde_json::from_slice(&b)?;
+            print!("{}", changes_table(&changes));
+        }
         SandboxCmd::Kill { id } => {
             client
                 .api(http::Method::DELETE, &format!("/sandboxes/{id}"), None)
@@ -200,9 +229,43 @@ pub async fn run(args: ClientArgs, cmd: SandboxCmd) -> anyhow::Result<ExitCode> 
     Ok(ExitCode::SUCCESS)
 }
 
+/// `KIND TYPE SIZE MTIME PATH`, one change a line.
+fn changes_table(changes: &[bulkhead_api::Change]) -> String {
+    let mut out = format!(
+        "{:<9} {:<8} {:>12} {:<25} PATH\n",
+        "KIND", "TYPE", "SIZE", "MTIME"
+    );
+    for c in changes {
+        out.push_str(&format!(
+            "{:<9} {:<8} {:>12} {:<25} {}\n",
+            c.kind,
+            c.file_type,
+            c.size,
+            c.mtime.as_deref().unwrap_or("-"),
+            c.path
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_table_lists_one_change_a_line() {
+        let c: Vec<bulkhead_api::Change> = serde_json::from_value(serde_json::json!([
+            {"path": "/etc/issue", "kind": "deleted", "type": "file", "size": 0},
+            {"path": "/home/user/a.py", "kind": "created", "type": "file", "size": 12,
+             "mtime": "2026-01-01T00:00:00Z"}
+        ]))
+        .unwrap();
+        let t = changes_table(&c);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[1].starts_with("deleted") && lines[1].ends_with("/etc/issue"));
+        assert!(lines[2].contains("2026-01-01T00:00:00Z") && lines[2].ends_with("/home/user/a.py"));
+    }
 
     #[test]
     fn create_body_is_the_e2b_shape() {

@@ -76,6 +76,10 @@ pub struct ServeArgs {
     pub code_interpreter_cpu_count: u32,
     #[command(flatten)]
     pub network: crate::netargs::NetworkArgs,
+    /// Size limit of every new volume in bytes (each volume is its own filesystem of this
+    /// size; at least 16 MiB).
+    #[arg(long, env = "BULKHEAD_VOLUME_MAX_BYTES", default_value_t = 1 << 30)]
+    pub volume_max_bytes: u64,
 }
 
 impl ServeArgs {
@@ -106,6 +110,7 @@ impl ServeArgs {
                 memory_mb: self.code_interpreter_memory_mb,
             },
             templates: self.templates.clone(),
+            volume_max_bytes: self.volume_max_bytes,
             network: NetworkConfig {
                 default: match net.network_default {
                     crate::netargs::NetworkDefault::Deny => NetworkDefault::Deny,

@@ -28,6 +28,8 @@ pub struct EngineConfig {
     pub sandbox_env: BTreeMap<String, String>,
     /// How long egress audit events are kept.
     pub audit_retention: Duration,
+    /// Size limit of every new volume, in bytes (`--volume-max-bytes`).
+    pub volume_max_bytes: u64,
     /// Where checkpoints (paused sandboxes, snapshots, forks in flight) are written
     /// (`<data-dir>/checkpoints`).
     pub checkpoint_dir: PathBuf,
@@ -49,6 +51,7 @@ impl Default for EngineConfig {
             network_default_allow: false,
             sandbox_env: BTreeMap::new(),
             audit_retention: Duration::from_secs(7 * 24 * 3600),
+            volume_max_bytes: 1 << 30,
             checkpoint_dir: std::env::temp_dir().join("bulkhead-checkpoints"),
             paused_retention: Duration::from_secs(30 * 24 * 3600),
         }

@@ -95,6 +95,17 @@ impl Engine {
         if running >= self.cfg.max_sandboxes {
             return Err(EngineError::Capacity);
         }
+        if matches!(source, Source::Checkpoint(_)) && !req.volume_mounts.is_empty() {
+            return Err(EngineError::BadRequest(
+                "volumeMounts cannot be given when creating from a snapshot yet: create from a template".into(),
+            ));
+        }
+        // Held until the sandbox is recorded: its volumes cannot be deleted meanwhile.
+        let (volumes, volume_ids, _mounting) =
+            self.resolve_mounts(caller, &req.volume_mounts).await?;
+        for v in &volumes {
+            crate::volume_types::check_against_template(&template.rootfs, &v.path)?;
+        }
 
         // Validated before anything starts; the new sandbox is `starting` until it is recorded.
         let created = lifecycle::transition(SandboxState::Starting, Operation::Create)
@@ -113,6 +124,12 @@ impl Engine {
             ..Default::default()
         };
         let (handle, agent) = match &source {
+            // Pool members have no volumes: a sandbox that mounts some starts cold.
+            Source::Template(t) if !volumes.is_empty() => {
+                let mut spec = t.spec();
+                spec.volumes = volumes.clone();
+                self.start_cold_and_init(&spec, &init).await?
+            }
             Source::Template(t) => self.claim_and_init(t, &init).await?,
             Source::Checkpoint(c) => {
                 // A memory restore's agent already has the source's env and user: it gets the
@@ -186,7 +203,8 @@ impl Engine {
             self.store.insert_sandbox(&row).await?;
             self.store
                 .upsert_persistence(&persistence_row(&id, &extra))
-                .await
+                .await?;
+            self.record_mounts(&id, &volumes, &volume_ids).await
         };
         if let Err(e) = stored.await {
             self.detach_link(&id);
@@ -196,7 +214,7 @@ impl Engine {
                 .store
                 .set_sandbox_state(&id, SandboxState::Dead, Some("create failed"))
                 .await;
-            return Err(e.into());
+            return Err(e);
         }
         self.track(&row, Some(handle), net_attached, agent, extra);
         self.pool_wakeup.notify_one();
@@ -236,9 +254,18 @@ impl Engine {
                 }
             }
         }
+        self.start_cold_and_init(&t.spec(), init).await
+    }
+
+    /// Start a sandbox from `spec` (no pool) and give it its identity through `/init`.
+    pub(crate) async fn start_cold_and_init(
+        &self,
+        spec: &crate::driver::SandboxSpec,
+        init: &InitRequest,
+    ) -> Result<(DriverHandle, AgentInfo)> {
         let handle = self
             .driver
-            .start(&t.spec())
+            .start(spec)
             .await
             .map_err(EngineError::driver(Operation::Create))?;
         match self

@@ -17,6 +17,7 @@ use crate::keys;
 use crate::live::LiveSet;
 use crate::network::{EgressControl, StoreAuditSink};
 use crate::types::{Caller, TemplateInfo};
+use crate::volume_storage::VolumeStorage;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -38,6 +39,10 @@ pub struct Engine {
     /// Serialises network changes (create's attach, updates, teardown) per engine, so two
     /// updates never both attach a link.
     pub(crate) net_lock: tokio::sync::Mutex<()>,
+    /// Host storage of volumes; without it the volume verbs answer "no volume storage".
+    pub(crate) volume_storage: OnceLock<Arc<dyn VolumeStorage>>,
+    /// Volumes that creates in flight are mounting (id → count): not deletable meanwhile.
+    pub(crate) volumes_mounting: Mutex<HashMap<String, usize>>,
 }
 
 impl Engine {
@@ -55,6 +60,8 @@ impl Engine {
             egress: OnceLock::new(),
             audit: OnceLock::new(),
             net_lock: tokio::sync::Mutex::new(()),
+            volume_storage: OnceLock::new(),
+            volumes_mounting: Mutex::new(HashMap::new()),
         })
     }
 

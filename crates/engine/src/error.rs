@@ -21,6 +21,19 @@ pub enum NetworkError {
 }
 
 #[derive(Debug, thiserror::Error)]
+/// Why a sandbox's file changes cannot be listed.
+pub enum ChangesError {
+    #[error(
+        "The file changes of sandbox {0} cannot be listed while it is being paused or resumed: try again in a moment"
+    )]
+    Paused(String),
+    #[error("This server's sandbox driver cannot list file changes")]
+    Unsupported,
+    #[error("Snapshot '{0}' not found: list snapshots, or list changes without `since`")]
+    SnapshotNotFound(String),
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("Sandbox {0} not found: it may have timed out or been killed; create a new one")]
     SandboxNotFound(String),
@@ -125,6 +138,15 @@ pub enum EngineError {
         "The server's database failed: try again, and if it keeps failing ask the operator to check the database"
     )]
     Store(#[from] bulkhead_store::StoreError),
+    /// A volume verb or a create's `volumeMounts` failed.
+    #[error(transparent)]
+    Volume(#[from] crate::volume_types::VolumeError),
+    /// Listing a sandbox's file changes failed.
+    #[error(transparent)]
+    Changes(#[from] ChangesError),
+    /// A volume content operation failed.
+    #[error(transparent)]
+    VolumeFs(#[from] crate::volume_fs::VolumeFsError),
 }
 
 impl EngineError {

@@ -84,6 +84,9 @@ impl Engine {
                     .as_deref()
                     .and_then(|n| serde_json::from_str(n).ok()),
                 lifecycle,
+                // A restore does not mount volumes yet (`create_from` refuses them): a fork of
+                // a sandbox with volumes starts without them.
+                volume_mounts: Vec::new(),
             };
             let source = Source::Checkpoint(CheckpointSource {
                 template: template.clone(),

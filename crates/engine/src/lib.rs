@@ -28,8 +28,12 @@ pub mod network;
 pub mod testing;
 mod types;
 mod validate;
+pub mod volume_fs;
+pub mod volume_storage;
+mod volume_types;
 
 // Verbs: each an `impl Engine` block.
+mod changes;
 mod connect;
 mod create;
 mod filler;
@@ -48,11 +52,14 @@ mod snapshots;
 mod templates;
 mod timeout;
 mod usage;
+mod volume_content;
+mod volumes;
 
+pub use bulkhead_store::VolumeRow;
 pub use checkpoints::CheckpointError;
 pub use config::EngineConfig;
 pub use engine::Engine;
-pub use error::{EngineError, NetworkError};
+pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
@@ -61,3 +68,5 @@ pub use types::{
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,
     SnapshotPage, TemplateInfo, TemplateStatus, Usage,
 };
+pub use volume_content::ContentAuth;
+pub use volume_types::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};

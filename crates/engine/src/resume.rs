@@ -148,9 +148,12 @@ impl Engine {
             consume: true,
             filesystem_only: fresh_boot,
         };
+        // The same volumes at the same paths (a fresh boot mounts them like a start does).
+        let mut spec = template.spec();
+        spec.volumes = self.sandbox_volume_mounts(id).await?;
         let handle = self
             .driver
-            .restore(&template.spec(), &paused.dir, opts)
+            .restore(&spec, &paused.dir, opts)
             .await
             .map_err(|source| EngineError::RestoreFailed {
                 id: id.to_string(),

@@ -64,6 +64,8 @@ pub struct CreateRequest {
     pub allow_internet_access: Option<bool>,
     /// E2B `network` (allowOut, denyOut, rules).
     pub network: Option<SandboxNetwork>,
+    /// E2B `volumeMounts`: volumes (by name) to mount read-write at these paths.
+    pub volume_mounts: Vec<crate::volume_types::MountRequest>,
     /// What the TTL's end does and whether traffic resumes it (E2B `autoPause`,
     /// `autoPauseMemory`, `autoResume`, `lifecycle`).
     pub lifecycle: LifecyclePolicy,

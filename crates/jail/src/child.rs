@@ -5,7 +5,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
@@ -17,6 +17,24 @@ use crate::seccomp;
 use crate::spec::StartSpec;
 use crate::sys::{self, cpath};
 
+/// `openat(dir, path, O_PATH | O_DIRECTORY | O_NOFOLLOW)`.
+fn open_path_dir(dir: RawFd, path: &Path) -> io::Result<OwnedFd> {
+    let c = cpath(path)?;
+    // SAFETY: `c` is a valid C string; the kernel returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::openat(
+            dir,
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 fn os_err(what: &str) -> String {
     format!("{what}: {}", io::Error::last_os_error())
 }
@@ -26,9 +44,15 @@ fn check(ret: libc::c_int, what: &str) -> Result<(), String> {
 }
 
 /// Run the child and never return: `execve` on success, `_exit` after reporting a failure.
-pub fn run(spec: &StartSpec, programs: &[BpfProgram], release_fd: RawFd, err_fd: RawFd) -> ! {
+pub fn run(
+    spec: &StartSpec,
+    programs: &[BpfProgram],
+    volume_fds: &[RawFd],
+    release_fd: RawFd,
+    err_fd: RawFd,
+) -> ! {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        setup_and_exec(spec, programs, release_fd)
+        setup_and_exec(spec, programs, volume_fds, release_fd)
     }));
     let msg = match outcome {
         Ok(Err(msg)) => msg,
@@ -59,6 +83,7 @@ enum Never {}
 fn setup_and_exec(
     spec: &StartSpec,
     programs: &[BpfProgram],
+    volume_fds: &[RawFd],
     release_fd: RawFd,
 ) -> Result<Never, String> {
     // Wait until the parent has written our uid/gid maps and cgroup membership.
@@ -95,7 +120,8 @@ fn setup_and_exec(
     // SAFETY: umask cannot fail.
     unsafe { libc::umask(0) };
 
-    mountplan::apply(&mountplan::plan(spec), &mut RealMounts).map_err(|e| e.to_string())?;
+    let mut mounts = RealMounts { volume_fds };
+    mountplan::apply(&mountplan::plan(spec), &mut mounts).map_err(|e| e.to_string())?;
 
     let host = spec.hostname.as_bytes();
     // SAFETY: pointer and length describe `host`.
@@ -268,9 +294,49 @@ fn loopback_up() -> Result<(), String> {
 }
 
 /// The real [`MountSys`].
-struct RealMounts;
+struct RealMounts<'a> {
+    /// The launcher's idmapped volume copies, by index.
+    volume_fds: &'a [RawFd],
+}
 
-impl MountSys for RealMounts {
+impl MountSys for RealMounts<'_> {
+    fn attach_volume(&mut self, index: usize, target: &Path) -> io::Result<()> {
+        let fd = *self.volume_fds.get(index).ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "no such prepared volume")
+        })?;
+        // Walk from the (new) root one component at a time: create what is missing, refuse
+        // a symlink or a non-directory anywhere (O_NOFOLLOW), so the volume lands exactly at
+        // the asked path inside the sandbox's root.
+        let mut cur = open_path_dir(libc::AT_FDCWD, Path::new("/"))?;
+        for comp in target.components() {
+            let std::path::Component::Normal(name) = comp else {
+                continue;
+            };
+            let c = cpath(Path::new(name))?;
+            // SAFETY: `cur` is a live descriptor and `c` a valid C string.
+            let r = unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EEXIST) {
+                    return Err(e);
+                }
+            }
+            cur = open_path_dir(cur.as_raw_fd(), Path::new(name)).map_err(|e| {
+                if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
+                    io::Error::new(
+                        e.kind(),
+                        format!("{} is a symlink or not a directory", name.to_string_lossy()),
+                    )
+                } else {
+                    e
+                }
+            })?;
+        }
+        // SAFETY: the launcher keeps this descriptor open for the child's whole setup.
+        let tree = unsafe { BorrowedFd::borrow_raw(fd) };
+        sys::move_mount_onto_fd(tree, cur.as_fd())
+    }
+
     fn exists(&self, path: &Path) -> bool {
         fs::symlink_metadata(path).is_ok()
     }

@@ -95,6 +95,10 @@ fn kill_and_reap(pid: libc::pid_t) {
 fn start(spec: &StartSpec) -> Result<LaunchReply, String> {
     // Compile the policy before any namespace exists: a broken policy fails cheaply.
     let programs = seccomp::builtin_programs().map_err(|e| e.to_string())?;
+    // Idmapped copies of the volumes, made here with host privileges and inherited by the
+    // child through the clone (each is close-on-exec, so the agent never holds one).
+    let volumes = volume_mounts(spec)?;
+    let volume_fds: Vec<RawFd> = volumes.iter().map(|f| f.as_raw_fd()).collect();
     let (release_r, release_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let flags = libc::CLONE_NEWUSER
@@ -107,8 +111,15 @@ fn start(spec: &StartSpec) -> Result<LaunchReply, String> {
     if pid == 0 {
         drop(release_w);
         drop(err_r);
-        child::run(spec, &programs, release_r.as_raw_fd(), err_w.as_raw_fd());
+        child::run(
+            spec,
+            &programs,
+            &volume_fds,
+            release_r.as_raw_fd(),
+            err_w.as_raw_fd(),
+        );
     }
+    drop(volumes);
     drop(release_r);
     drop(err_w);
 
@@ -147,6 +158,62 @@ fn start(spec: &StartSpec) -> Result<LaunchReply, String> {
     Ok(LaunchReply::Started { pid, start_time })
 }
 
+/// Detached, idmapped, read-write `nosuid,nodev` copies of the spec's volumes, in order.
+fn volume_mounts(spec: &StartSpec) -> Result<Vec<OwnedFd>, String> {
+    if spec.volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    with_userns(spec.uid_base, spec.id_count, |ns| {
+        spec.volumes
+            .iter()
+            .map(|v| {
+                // Not recursive: only the volume's own filesystem, nothing mounted below it.
+                let tree = sys::open_tree_clone(&v.source, false)
+                    .map_err(|e| format!("open_tree volume {}: {e}", v.source.display()))?;
+                sys::mount_setattr(
+                    tree.as_raw_fd(),
+                    Path::new(""),
+                    libc::AT_EMPTY_PATH,
+                    sys::MOUNT_ATTR_IDMAP | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+                    Some(ns),
+                )
+                .map_err(|e| format!("idmap volume {}: {e}", v.source.display()))?;
+                Ok(tree)
+            })
+            .collect()
+    })
+}
+
+/// Run `f` with a throwaway user namespace mapping `0..count` to `base..` (for idmapping).
+fn with_userns<T>(
+    base: u32,
+    count: u32,
+    f: impl FnOnce(RawFd) -> Result<T, String>,
+) -> Result<T, String> {
+    let (hold_r, hold_w) = pipe()?;
+    let pid = clone_process(libc::CLONE_NEWUSER)?;
+    if pid == 0 {
+        // The throwaway namespace only has to exist until the parent has opened it.
+        drop(hold_w);
+        let mut b = [0u8; 1];
+        // SAFETY: blocking read into a local buffer; returns 0 when the parent closes.
+        unsafe { libc::read(hold_r.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+        // SAFETY: leaving the throwaway child.
+        unsafe { libc::_exit(0) };
+    }
+    drop(hold_r);
+    let result = (|| {
+        write_maps(pid, base, count)?;
+        let ns_path = format!("/proc/{pid}/ns/user");
+        let ns = std::fs::File::open(&ns_path).map_err(|e| format!("open {ns_path}: {e}"))?;
+        f(ns.as_raw_fd())
+    })();
+    drop(hold_w);
+    // SAFETY: reaping our own child.
+    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+    result
+}
+
 fn idmap(spec: &IdmapSpec) -> Result<(), String> {
     std::fs::create_dir_all(&spec.target)
         .map_err(|e| format!("mkdir {}: {e}", spec.target.display()))?;
@@ -166,7 +233,7 @@ fn idmap(spec: &IdmapSpec) -> Result<(), String> {
         write_maps(pid, spec.uid_base, spec.id_count)?;
         let ns_path = format!("/proc/{pid}/ns/user");
         let ns = std::fs::File::open(&ns_path).map_err(|e| format!("open {ns_path}: {e}"))?;
-        make_idmapped(&spec.source, &spec.target, ns.as_raw_fd())
+        make_idmapped(&spec.source, &spec.target, ns.as_raw_fd(), spec.volume)
     })();
     drop(hold_w);
     // SAFETY: reaping our own child.
@@ -174,19 +241,20 @@ fn idmap(spec: &IdmapSpec) -> Result<(), String> {
     result
 }
 
-fn make_idmapped(source: &Path, target: &Path, userns: RawFd) -> Result<(), String> {
-    let tree = sys::open_tree_clone(source, true)
+fn make_idmapped(source: &Path, target: &Path, userns: RawFd, volume: bool) -> Result<(), String> {
+    let tree = sys::open_tree_clone(source, !volume)
         .map_err(|e| format!("open_tree {}: {e}", source.display()))?;
     // nosuid/nodev: the view is reachable on the host too, and its set-uid files appear owned
     // by the slot's uid; nobody on the host should be able to become that uid through it.
-    let attrs = sys::MOUNT_ATTR_IDMAP
-        | sys::MOUNT_ATTR_RDONLY
-        | sys::MOUNT_ATTR_NOSUID
-        | sys::MOUNT_ATTR_NODEV;
+    let mut attrs = sys::MOUNT_ATTR_IDMAP | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV;
+    if !volume {
+        attrs |= sys::MOUNT_ATTR_RDONLY;
+    }
+    let recursive = if volume { 0 } else { libc::AT_RECURSIVE };
     sys::mount_setattr(
         tree.as_raw_fd(),
         Path::new(""),
-        libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+        libc::AT_EMPTY_PATH | recursive,
         attrs,
         Some(userns),
     )

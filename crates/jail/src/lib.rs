@@ -18,6 +18,7 @@
 compile_error!("bulkhead-jail supports x86_64 only");
 
 pub mod cgroup;
+pub mod changes;
 mod child;
 pub mod confine;
 pub mod criu;

@@ -101,6 +101,12 @@ pub enum Step {
         source: PathBuf,
         target: PathBuf,
     },
+    /// Attach volume number `index` of the spec (prepared by the launcher) at `target`, a
+    /// sandbox path, creating its directories without following any symlink.
+    AttachVolume {
+        index: usize,
+        target: PathBuf,
+    },
 }
 
 const NOSUID: u64 = libc::MS_NOSUID;
@@ -267,6 +273,14 @@ pub fn plan(spec: &StartSpec) -> Vec<Step> {
             path: Path::new("/proc").join(d),
         });
     }
+    // Last, inside the sandbox's own root: a symlink planted in the upper layer (a resumed
+    // sandbox) can only point within the sandbox, and attaching refuses to follow any.
+    for (index, v) in spec.volumes.iter().enumerate() {
+        s.push(Step::AttachVolume {
+            index,
+            target: PathBuf::from(&v.target),
+        });
+    }
     s
 }
 
@@ -291,6 +305,9 @@ pub trait MountSys {
     /// Is `path` itself a symlink (not followed)?
     fn is_symlink(&self, path: &Path) -> bool;
     fn unlink(&mut self, path: &Path) -> io::Result<()>;
+    /// Create `target`'s directories (never following a symlink) and attach the prepared
+    /// volume mount number `index` there.
+    fn attach_volume(&mut self, index: usize, target: &Path) -> io::Result<()>;
 }
 
 /// Which step failed and why; the launcher sends this to its parent verbatim.
@@ -407,6 +424,7 @@ fn apply_one(step: &Step, sys: &mut dyn MountSys) -> io::Result<()> {
             sys.mount(&src, path, None, libc::MS_BIND | libc::MS_REC, "")?;
             sys.set_readonly(path, true)
         }
+        Step::AttachVolume { index, target } => sys.attach_volume(*index, target),
     }
 }
 
@@ -445,6 +463,9 @@ fn describe(step: &Step) -> String {
                 target.display()
             )
         }
+        Step::AttachVolume { index, target } => {
+            format!("attach volume {index} at {}", target.display())
+        }
     }
 }
 
@@ -473,6 +494,7 @@ mod tests {
             volatile_upper: true,
             nproc_limit: None,
             ca_bundle: None,
+            volumes: Vec::new(),
         }
     }
 
@@ -550,6 +572,41 @@ mod tests {
             self.links.remove(path);
             self.log(format!("unlink {}", path.display()))
         }
+        fn attach_volume(&mut self, index: usize, target: &Path) -> io::Result<()> {
+            self.log(format!("volume {index} {}", target.display()))
+        }
+    }
+
+    #[test]
+    fn volumes_attach_last_at_sandbox_paths() {
+        let mut s = spec();
+        s.volumes = vec![
+            crate::spec::VolumeBind {
+                source: "/v/a/mnt".into(),
+                target: "/mnt/a".into(),
+            },
+            crate::spec::VolumeBind {
+                source: "/v/b/mnt".into(),
+                target: "/home/user/b".into(),
+            },
+        ];
+        let mut r = Recorder::default();
+        apply(&plan(&s), &mut r).unwrap();
+        let c = &r.calls;
+        let pivot = position(c, "pivot /j/s/0/merged");
+        let a = position(c, "volume 0 /mnt/a");
+        let b = position(c, "volume 1 /home/user/b");
+        // After pivot_root and after every /proc mask: the targets are sandbox paths.
+        assert!(pivot < a && a < b && b == c.len() - 1, "{c:#?}");
+        assert!(
+            !c.iter().any(|x| x.contains("/v/a/mnt")),
+            "host path used in the plan"
+        );
+        assert!(
+            plan(&spec())
+                .iter()
+                .all(|s| !matches!(s, Step::AttachVolume { .. }))
+        );
     }
 
     fn position(calls: &[String], needle: &str) -> usize {

@@ -50,6 +50,20 @@ pub struct StartSpec {
     /// Host file bind-mounted read-only over [`crate::mountplan::CA_BUNDLE`].
     #[serde(default)]
     pub ca_bundle: Option<PathBuf>,
+    /// Volumes bound read-write into the sandbox, idmapped to the slot's uid range.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeBind>,
+}
+
+/// A host directory (a volume's root) mounted read-write at `target` inside the sandbox. The
+/// launcher makes an idmapped, `nosuid,nodev` copy of it before the clone (files stored with
+/// id N on the host appear as N inside any sandbox); the child attaches it after `pivot_root`,
+/// so `target` resolves inside the sandbox's own root, never on the host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VolumeBind {
+    pub source: PathBuf,
+    /// Absolute, normalised path inside the sandbox (the engine checked it).
+    pub target: String,
 }
 
 /// Create an idmapped, read-only view of `source` at `target` for one slot's uid range.
@@ -59,6 +73,10 @@ pub struct IdmapSpec {
     pub target: PathBuf,
     pub uid_base: u32,
     pub id_count: u32,
+    /// A volume's view for a restore: writable, and only the volume's own filesystem (not
+    /// recursive). Otherwise a template's: read-only, recursive.
+    #[serde(default)]
+    pub volume: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -109,6 +127,7 @@ mod tests {
             volatile_upper: true,
             nproc_limit: None,
             ca_bundle: None,
+            volumes: Vec::new(),
         }
     }
 
@@ -124,10 +143,14 @@ mod tests {
             target: "/l/0-x".into(),
             uid_base: 1_000_000,
             id_count: 65536,
+            volume: false,
         });
         let json = serde_json::to_string(&idmap).unwrap();
         assert!(json.contains(r#""op":"idmap""#));
         assert_eq!(serde_json::from_str::<LaunchRequest>(&json).unwrap(), idmap);
+        // A request of an older server (no `volume`) is a template view.
+        let old = json.replace(r#","volume":false"#, "");
+        assert_eq!(serde_json::from_str::<LaunchRequest>(&old).unwrap(), idmap);
     }
 
     #[test]

@@ -103,6 +103,27 @@ pub fn move_mount_to(fd: BorrowedFd<'_>, target: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// `MOVE_MOUNT_T_EMPTY_PATH`: the target is the descriptor itself.
+pub const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+
+/// Attach the detached mount `fd` on the directory open as `target` (an `O_PATH` descriptor),
+/// so no path is resolved at attach time.
+pub fn move_mount_onto_fd(fd: BorrowedFd<'_>, target: BorrowedFd<'_>) -> io::Result<()> {
+    let empty = c"";
+    // SAFETY: the empty string is valid for the call; both descriptors are live.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            fd.as_raw_fd(),
+            empty.as_ptr(),
+            target.as_raw_fd(),
+            empty.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    })?;
+    Ok(())
+}
+
 /// Lazily detach the mount at `target`.
 pub fn umount_detach(target: &Path) -> io::Result<()> {
     let c = cpath(target)?;

@@ -69,6 +69,8 @@ pub struct ServerConfig {
     /// Built-in templates to serve, by name, in order.
     pub templates: Vec<String>,
     pub network: NetworkConfig,
+    /// Size limit of every new volume in bytes (`--volume-max-bytes`).
+    pub volume_max_bytes: u64,
 }
 
 /// A configuration the server cannot start with.
@@ -110,6 +112,12 @@ impl ServerConfig {
         parse_overrides(&self.network.resolve)?;
         if self.max_sandboxes == 0 {
             return Err(ConfigError::NoSandboxes);
+        }
+        if self.volume_max_bytes < bulkhead_engine::volume_storage::MIN_VOLUME_BYTES {
+            return Err(ConfigError::TooSmall {
+                flag: "--volume-max-bytes",
+                min: bulkhead_engine::volume_storage::MIN_VOLUME_BYTES,
+            });
         }
         if self.default_timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
@@ -261,6 +269,7 @@ mod tests {
                 upstream_ca: Vec::new(),
                 resolve: Vec::new(),
             },
+            volume_max_bytes: 1 << 30,
         }
     }
 

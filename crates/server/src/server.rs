@@ -253,9 +253,14 @@ impl Prepared {
                 paused_retention: config.paused_retention,
                 network_default_allow: net.default_allow,
                 sandbox_env: net.sandbox_env.clone(),
+                volume_max_bytes: config.volume_max_bytes,
                 ..EngineConfig::default()
             },
         );
+        // Volumes: one loop-mounted ext4 image each (see `volume_storage`).
+        engine.set_volume_storage(Arc::new(bulkhead_engine::volume_storage::LoopExt4::new(
+            config.data_dir.join("volumes"),
+        )));
         engine.set_egress(net.egress.clone(), Some(net.audit.clone()));
         for t in templates {
             let size = config.size_of(&t.recipe.id);

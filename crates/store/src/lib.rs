@@ -1,4 +1,4 @@
-//! Durable state: API keys, sandboxes, templates. sqlx over SQLite (default, a file in the data
+//! Durable state: API keys, sandboxes, templates, secrets, volumes. sqlx over SQLite (default, a file in the data
 //! dir) or PostgreSQL (by URL), one set of portable migrations for both.
 
 use std::collections::BTreeMap;
@@ -207,6 +207,45 @@ pub struct EgressEventRow {
     pub rule: String,
     pub bytes_out: i64,
     pub bytes_in: i64,
+}
+
+/// An E2B volume (see the `volumes` table).
+#[derive(Clone, PartialEq)]
+pub struct VolumeRow {
+    pub id: String,
+    /// The owning team; empty on a server without teams.
+    pub team: String,
+    pub name: String,
+    pub owner_key_id: String,
+    /// Bearer token of the volume content API.
+    pub token: String,
+    /// Size limit in bytes.
+    pub max_bytes: i64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+impl std::fmt::Debug for VolumeRow {
+    // Never print the token (logs, panics, test failures).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VolumeRow")
+            .field("id", &self.id)
+            .field("team", &self.team)
+            .field("name", &self.name)
+            .field("owner_key_id", &self.owner_key_id)
+            .field("token", &"<redacted>")
+            .field("max_bytes", &self.max_bytes)
+            .field("created_at", &self.created_at)
+            .finish()
+    }
+}
+
+/// One volume mounted by one sandbox at `path`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxVolumeRow {
+    pub sandbox_id: String,
+    pub volume_id: String,
+    pub path: String,
 }
 
 mod persistence;

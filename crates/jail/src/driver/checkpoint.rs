@@ -34,6 +34,8 @@ pub(super) const CRIU_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 pub(super) const SOCK_KEY: &str = "sock";
 /// The image key of the agent binary, restored from the exact file the sandbox ran.
 pub(super) const AGENT_KEY: &str = "agent";
+/// Image keys of volume mounts: `vol0`, `vol1`, … (re-attached from the restore's spec).
+pub(super) const VOLUME_KEY_PREFIX: &str = "vol";
 
 impl JailDriver {
     pub(super) fn criu(&self) -> Result<Criu, DriverError> {
@@ -95,7 +97,12 @@ impl JailDriver {
             uid_base: slots::slot_uid(self.inner.cfg.uid_base, handle.slot),
             slot: handle.slot,
             agent: data.agent.clone(),
-            volumes: Vec::new(),
+            volumes: data
+                .volumes
+                .iter()
+                .enumerate()
+                .map(|(i, path)| (format!("{VOLUME_KEY_PREFIX}{i}"), path.clone()))
+                .collect(),
         };
         let written = async {
             remove_network_link(handle.pid).await?;
@@ -107,6 +114,12 @@ impl JailDriver {
                     mountpoint: SOCK_DIR.into(),
                     key: SOCK_KEY.into(),
                 }];
+                for (key, path) in &manifest.volumes {
+                    external.push(ExternalMount {
+                        mountpoint: path.clone(),
+                        key: key.clone(),
+                    });
+                }
                 if data.agent.is_some() {
                     external.push(ExternalMount {
                         mountpoint: crate::mountplan::AGENT_PATH.into(),

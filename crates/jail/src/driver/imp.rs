@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentStream, Capabilities, CheckpointInfo, CheckpointOptions, Driver, DriverError,
-    DriverHandle, NetworkLink, ResourceUsage, RestoreOptions, SandboxSpec,
+    AgentStream, Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, Driver,
+    DriverError, DriverHandle, FileChange, NetworkLink, ResourceUsage, RestoreOptions, SandboxSpec,
 };
 
 use super::agent_sock::connect_agent;
@@ -40,6 +40,14 @@ impl Driver for JailDriver {
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
         self.start_sandbox(spec, None).await
+    }
+
+    async fn changes(
+        &self,
+        of: &ChangeSource,
+        since: Option<&std::path::Path>,
+    ) -> Result<Vec<FileChange>, DriverError> {
+        self.list_changes(of, since).await
     }
 
     async fn stop(&self, handle: &DriverHandle) -> Result<(), DriverError> {

@@ -67,6 +67,7 @@ impl JailDriver {
             target: lower.clone(),
             uid_base: slots::slot_uid(self.inner.cfg.uid_base, slot),
             id_count: IDS_PER_SLOT,
+            volume: false,
         });
         let cfg = &self.inner.cfg;
         let failure = match run_launcher(&cfg.launcher, &req, cfg.start_timeout).await {

@@ -19,6 +19,7 @@
 
 mod agent_sock;
 mod ca;
+mod changes;
 mod checkpoint;
 mod freeze;
 mod fsutil;

@@ -26,12 +26,14 @@ use bulkhead_driver::{DriverError, DriverHandle, RestoreOptions, SandboxSpec, St
 use super::agent_sock::notify_restored;
 use super::checkpoint::{AGENT_KEY, SOCK_KEY, criu_error};
 use super::fsutil::chown;
+use super::launch::{LaunchError, run_launcher};
 use super::manifest::{AGENT_LOG, IMAGES, Manifest, UPPER};
 use super::seed::{Seed, copy_tree};
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
 use crate::cgroup::CgroupLimits;
 use crate::criu::{image, restore_args};
 use crate::slots::SlotState;
+use crate::spec::{IdmapSpec, LaunchReply, LaunchRequest};
 use crate::{IDS_PER_SLOT, sys};
 
 impl JailDriver {
@@ -146,21 +148,39 @@ impl JailDriver {
             .await
             .map_err(|e| DriverError::io("image task", io::Error::other(e)))??;
 
-        let merged = sdir.join("merged");
-        mount_overlay(&lower, &sdir.join(UPPER), &sdir.join("work"), &merged)
-            .map_err(|e| DriverError::io("mount the sandbox's overlay for the restore", e))?;
-        let pidfile = sdir.join("restore.pid");
-        let external = vec![
+        let mut external = vec![
             (SOCK_KEY.to_string(), sdir.join("sock")),
             (AGENT_KEY.to_string(), agent.clone()),
         ];
-        let args = restore_args(&images, &merged, &pidfile, &external);
-        let restored = criu
-            .run("restore", &args, &images.join("restore.log"), &procs)
-            .await;
-        // The restored mount namespace holds its own reference to the overlay.
+        let views = self.volume_views(slot, spec, m).await;
+        let merged = sdir.join("merged");
+        let restored = match &views {
+            Ok(views) => {
+                external.extend(views.iter().cloned());
+                match mount_overlay(&lower, &sdir.join(UPPER), &sdir.join("work"), &merged) {
+                    Ok(()) => {
+                        let pidfile = sdir.join("restore.pid");
+                        let args = restore_args(&images, &merged, &pidfile, &external);
+                        criu.run("restore", &args, &images.join("restore.log"), &procs)
+                            .await
+                            .map_err(criu_error)
+                    }
+                    Err(e) => Err(DriverError::io(
+                        "mount the sandbox's overlay for the restore",
+                        e,
+                    )),
+                }
+            }
+            Err(_) => Ok(()),
+        };
+        // The restored mount namespace holds its own references to the overlay and volumes.
         let _ = sys::umount_detach(&merged);
-        restored.map_err(criu_error)?;
+        for (_, view) in views.as_ref().map(Vec::as_slice).unwrap_or_default() {
+            let _ = sys::umount_detach(view);
+        }
+        views?;
+        restored?;
+        let pidfile = sdir.join("restore.pid");
 
         let pid: i32 = fs::read_to_string(&pidfile)
             .ok()
@@ -188,6 +208,7 @@ impl JailDriver {
                 lower,
                 agent: Some(agent),
                 rootfs: Some(spec.rootfs.clone()),
+                volumes: m.volumes.iter().map(|(_, path)| path.clone()).collect(),
             })
             .expect("handle data serialises"),
         );
@@ -199,6 +220,53 @@ impl JailDriver {
             .and_then(|r| r)
             .map_err(|e| DriverError::io("re-confine the restored sandbox (Landlock)", e))?;
         Ok(handle)
+    }
+}
+
+impl JailDriver {
+    /// For each volume the checkpoint had mounted: an idmapped, writable view of the volume
+    /// (from the restore's spec, matched by mount path) for this slot's uid range, which CRIU
+    /// binds at the volume's mount point. The caller detaches the views after the restore.
+    async fn volume_views(
+        &self,
+        slot: u32,
+        spec: &SandboxSpec,
+        m: &Manifest,
+    ) -> Result<Vec<(String, PathBuf)>, DriverError> {
+        let mut views = Vec::new();
+        for (i, (key, path)) in m.volumes.iter().enumerate() {
+            let Some(v) = spec.volumes.iter().find(|v| &v.path == path) else {
+                return Err(StartError::Config(format!(
+                    "the sandbox had a volume mounted at {path}, which this restore does not \
+                     mount; restore it with its volumes"
+                ))
+                .into());
+            };
+            let target = self.slot_dir(slot).join(format!("vol-{i}"));
+            let req = LaunchRequest::Idmap(IdmapSpec {
+                source: v.host_dir.clone(),
+                target: target.clone(),
+                uid_base: self.slot_uid(slot),
+                id_count: IDS_PER_SLOT,
+                volume: true,
+            });
+            let cfg = &self.inner.cfg;
+            match run_launcher(&cfg.launcher, &req, cfg.start_timeout).await {
+                Ok(LaunchReply::Done { ok: true }) => views.push((key.clone(), target)),
+                other => {
+                    for (_, view) in &views {
+                        let _ = sys::umount_detach(view);
+                    }
+                    let failure = match other {
+                        Ok(LaunchReply::Failed { error }) => LaunchError::Idmap(error),
+                        Ok(other) => LaunchError::Unexpected(other),
+                        Err(e) => e,
+                    };
+                    return Err(StartError::setup(failure).into());
+                }
+            }
+        }
+        Ok(views)
     }
 }
 

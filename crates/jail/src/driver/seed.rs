@@ -105,13 +105,25 @@ impl JailDriver {
 /// moves the upper dir back first ([`give_back_seeded_upper`]): a resume never loses the files.
 pub(super) const SEED_ORIGIN: &str = "seed-origin";
 
-/// Before a slot directory is removed: the host's view of the overlay that a restore mounts
-/// (left mounted when the server died during the restore) is detached, and an upper dir moved
+/// Before a slot directory is removed: the host's views of the overlay and volumes that a
+/// restore mounts (left mounted when the server died during the restore) are detached, and an upper dir moved
 /// in from a checkpoint by a start that did not complete goes back to that checkpoint.
 pub(super) fn give_back_seeded_upper(slot_dir: &Path) {
-    let merged = slot_dir.join("merged");
-    if crate::sys::is_mount_root(&merged).unwrap_or(false) {
-        let _ = crate::sys::umount_detach(&merged);
+    let views = fs::read_dir(slot_dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n == "merged" || n.starts_with("vol-")
+            })
+        });
+    for view in views {
+        if crate::sys::is_mount_root(&view).unwrap_or(false) {
+            let _ = crate::sys::umount_detach(&view);
+        }
     }
     let Ok(origin) = fs::read_to_string(slot_dir.join(SEED_ORIGIN)) else {
         return;

@@ -120,6 +120,7 @@ impl JailDriver {
                 lower,
                 agent: Some(self.inner.agent.clone()),
                 rootfs: Some(spec.rootfs.clone()),
+                volumes: spec.volumes.iter().map(|v| v.path.clone()).collect(),
             })
             .expect("handle data serialises"),
         );
@@ -211,6 +212,14 @@ impl JailDriver {
                     .max(1),
             ),
             ca_bundle: sandbox_ca_bundle(cfg, &spec.rootfs)?,
+            volumes: spec
+                .volumes
+                .iter()
+                .map(|v| crate::spec::VolumeBind {
+                    source: v.host_dir.clone(),
+                    target: v.path.clone(),
+                })
+                .collect(),
         })
     }
 

@@ -39,6 +39,9 @@ pub(super) struct HandleData {
     /// The template root the lower is a view of (absent in handles of older servers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) rootfs: Option<PathBuf>,
+    /// Where volumes are mounted inside (a checkpoint names them for the restore).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) volumes: Vec<String>,
 }
 
 /// A sandbox this driver owns (started or adopted).
@@ -185,6 +188,7 @@ mod tests {
             lower: "/var/lib/bulkhead/jail/l/3-abc".into(),
             agent: None,
             rootfs: None,
+            volumes: Vec::new(),
         };
         let v = serde_json::to_value(&d).unwrap();
         assert_eq!(v["cgroup_version"], "v1");

@@ -16,6 +16,7 @@ mod sandboxes;
 mod secrets;
 mod templates;
 mod url;
+mod volumes;
 
 use std::path::Path;
 use std::str::FromStr;

@@ -195,6 +195,12 @@ impl Store {
             .bind(ts)
             .execute(&self.pool)
             .await?;
+        // Their volume mount records go with them.
+        sqlx::query(
+            "DELETE FROM sandbox_volumes WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)",
+        )
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected())
     }
 

@@ -48,6 +48,7 @@ store_tests!(
     egress_events,
     persistence_roundtrip,
     snapshots_crud_and_pagination,
+    volumes_crud,
 );
 
 mod sqlite_only {

@@ -1,8 +1,8 @@
 use std::collections::BTreeMap;
 
 use bulkhead_store::{
-    ApiKeyRow, EgressEventRow, SandboxFilter, SandboxRow, SandboxState, SecretRow, Store,
-    StoreError, TemplateRow,
+    ApiKeyRow, EgressEventRow, SandboxFilter, SandboxRow, SandboxState, SandboxVolumeRow,
+    SecretRow, Store, StoreError, TemplateRow, VolumeRow,
 };
 
 use crate::harness::Harness;
@@ -746,4 +746,86 @@ pub async fn snapshots_crud_and_pagination(h: &Harness) {
     assert_eq!(s.list_snapshots(&named, 10, None).await.unwrap().len(), 1);
     assert!(s.delete_snapshot("s1").await.unwrap());
     assert!(!s.delete_snapshot("s1").await.unwrap());
+}
+
+fn volume(id: &str, team: &str, name: &str, created_at: i64) -> VolumeRow {
+    VolumeRow {
+        id: id.into(),
+        team: team.into(),
+        name: name.into(),
+        owner_key_id: "key1".into(),
+        token: format!("tok-{id}"),
+        max_bytes: 1 << 20,
+        created_at,
+    }
+}
+
+pub async fn volumes_crud(h: &Harness) {
+    let s = &h.store;
+    let a = volume("vol_a", "", "data", 10);
+    s.insert_volume(&a).await.unwrap();
+    s.insert_volume(&volume("vol_b", "", "cache", 20))
+        .await
+        .unwrap();
+    // Another team may use the same name; the same team may not.
+    s.insert_volume(&volume("vol_c", "t2", "data", 30))
+        .await
+        .unwrap();
+    let err = s
+        .insert_volume(&volume("vol_d", "", "data", 40))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+    assert!(!format!("{a:?}").contains("tok-vol_a"));
+
+    assert_eq!(s.get_volume("", "vol_a").await.unwrap(), Some(a.clone()));
+    assert_eq!(s.get_volume("t2", "vol_a").await.unwrap(), None);
+    assert_eq!(
+        s.get_volume_by_name("", "data").await.unwrap(),
+        Some(a.clone())
+    );
+    let names: Vec<String> = s
+        .list_volumes("")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["data", "cache"]);
+    assert_eq!(s.all_volumes().await.unwrap().len(), 3);
+
+    // Mount records: a volume is in use while a sandbox that is not dead mounts it.
+    let sb = sandbox_for_tests("sbv");
+    s.insert_sandbox(&sb).await.unwrap();
+    let m = SandboxVolumeRow {
+        sandbox_id: "sbv".into(),
+        volume_id: "vol_a".into(),
+        path: "/mnt/data".into(),
+    };
+    s.insert_sandbox_volumes(std::slice::from_ref(&m))
+        .await
+        .unwrap();
+    assert_eq!(s.sandbox_volumes("sbv").await.unwrap(), vec![m.clone()]);
+    assert_eq!(s.volume_users("vol_a").await.unwrap(), ["sbv"]);
+    assert!(s.volume_users("vol_b").await.unwrap().is_empty());
+    s.set_sandbox_state("sbv", SandboxState::Dead, Some("killed"))
+        .await
+        .unwrap();
+    assert!(s.volume_users("vol_a").await.unwrap().is_empty());
+    // Deleting dead sandboxes deletes their mount records.
+    s.insert_sandbox_volumes(&[SandboxVolumeRow {
+        sandbox_id: "gone".into(),
+        volume_id: "vol_b".into(),
+        path: "/x".into(),
+    }])
+    .await
+    .unwrap();
+    s.delete_dead_sandboxes_before(0).await.unwrap();
+    assert!(s.sandbox_volumes("gone").await.unwrap().is_empty());
+    assert_eq!(s.sandbox_volumes("sbv").await.unwrap().len(), 1);
+
+    assert!(s.delete_volume("vol_a").await.unwrap());
+    assert!(!s.delete_volume("vol_a").await.unwrap());
+    assert!(s.sandbox_volumes("sbv").await.unwrap().is_empty());
+    assert_eq!(s.get_volume("", "vol_a").await.unwrap(), None);
 }

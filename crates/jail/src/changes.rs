@@ -1,0 +1,425 @@
+//! A sandbox's file changes, read from its overlay upper directory: everything the sandbox
+//! wrote is there and nothing else, so listing changes costs nothing while it runs.
+//!
+//! What the upper directory holds (overlayfs, mounted with `userxattr`):
+//! - a regular file, symlink or directory the sandbox created, or a lower one it changed
+//!   (copied up whole: metacopy is off);
+//! - a *whiteout* (a character device 0/0) where a lower entry was deleted;
+//! - an *opaque* directory (xattr `user.overlay.opaque` = `y`, or `trusted.overlay.opaque`
+//!   for overlays mounted without `userxattr`) where a lower directory was deleted and made
+//!   again: nothing of the lower directory shows through.
+//!
+//! A path also present in the lower layer (the template) is *modified*, otherwise *created*;
+//! a whiteout is *deleted*. Directories that only carry changes further down (copied up as
+//! parents) are not listed themselves. The jail's own bookkeeping files (see [`BOOKKEEPING`])
+//! are left out. With a baseline (another upper directory, e.g. a snapshot's) only what differs
+//! from it is listed, and kinds are relative to it.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use bulkhead_driver::{ChangeKind, FileChange};
+
+/// Files the jail itself writes into a sandbox's upper directory: not the sandbox's changes.
+pub const BOOKKEEPING: [&str; 2] = ["/etc/resolv.conf", crate::mountplan::CA_BUNDLE];
+
+/// Most entries one listing walks (a sandbox could make millions of files).
+pub const MAX_ENTRIES: usize = 200_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ChangesError {
+    #[error("Cannot read the sandbox's filesystem changes at {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("The sandbox changed more than {MAX_ENTRIES} files: the list would be too long")]
+    TooMany,
+}
+
+type Result<T, E = ChangesError> = std::result::Result<T, E>;
+
+/// One entry of an upper directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    /// `file`, `dir`, `symlink`, `other`, or `whiteout`.
+    kind: &'static str,
+    size: u64,
+    mtime: i64,
+    opaque: bool,
+}
+
+fn read_err(path: &Path) -> impl FnOnce(io::Error) -> ChangesError + '_ {
+    move |source| ChangesError::Read {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn type_name(ft: &fs::FileType) -> &'static str {
+    if ft.is_file() {
+        "file"
+    } else if ft.is_dir() {
+        "dir"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else {
+        "other"
+    }
+}
+
+fn has_xattr(path: &Path, name: &str) -> bool {
+    let (Ok(p), Ok(n)) = (
+        CString::new(path.as_os_str().as_bytes()),
+        CString::new(name),
+    ) else {
+        return false;
+    };
+    let mut buf = [0u8; 4];
+    // SAFETY: valid C strings and a buffer whose length is passed alongside it.
+    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    r == 1 && buf[0] == b'y'
+}
+
+fn is_opaque(path: &Path) -> bool {
+    has_xattr(path, "user.overlay.opaque") || has_xattr(path, "trusted.overlay.opaque")
+}
+
+/// Every entry under `upper`, by sandbox path (`/a/b`); never follows a symlink.
+fn walk(upper: &Path) -> Result<BTreeMap<String, Entry>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(upper.to_path_buf(), String::new())];
+    while let Some((dir, prefix)) = stack.pop() {
+        let rd = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            // A directory removed while we walk (the sandbox runs): nothing to list.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(read_err(&dir)(e)),
+        };
+        for item in rd {
+            let item = item.map_err(read_err(&dir))?;
+            let path = item.path();
+            let meta = match fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(read_err(&path)(e)),
+            };
+            let ft = meta.file_type();
+            let name = format!("{prefix}/{}", item.file_name().to_string_lossy());
+            let whiteout = ft.is_char_device() && meta.rdev() == 0;
+            let kind = if whiteout { "whiteout" } else { type_name(&ft) };
+            let entry = Entry {
+                kind,
+                size: if ft.is_dir() || whiteout {
+                    0
+                } else {
+                    meta.len()
+                },
+                mtime: meta.mtime(),
+                opaque: ft.is_dir() && is_opaque(&path),
+            };
+            if ft.is_dir() {
+                stack.push((path, name.clone()));
+            }
+            out.insert(name, entry);
+            if out.len() > MAX_ENTRIES {
+                return Err(ChangesError::TooMany);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The type of `path` in the lower layer, if it exists there.
+fn lower_type(lower: &Path, path: &str) -> Option<&'static str> {
+    let p = lower.join(path.trim_start_matches('/'));
+    fs::symlink_metadata(p)
+        .ok()
+        .map(|m| type_name(&m.file_type()))
+}
+
+/// Is `path` hidden from the lower layer by an opaque directory above it in `upper`?
+fn under_opaque(upper: &BTreeMap<String, Entry>, path: &str) -> bool {
+    let mut p = path;
+    while let Some((parent, _)) = p.rsplit_once('/') {
+        if parent.is_empty() {
+            return false;
+        }
+        if upper.get(parent).is_some_and(|e| e.opaque) {
+            return true;
+        }
+        p = parent;
+    }
+    false
+}
+
+/// Does `path` exist in the view made of `upper` over `lower`?
+fn visible(upper: &BTreeMap<String, Entry>, lower: &Path, path: &str) -> bool {
+    match upper.get(path) {
+        Some(e) => e.kind != "whiteout",
+        None => !under_opaque(upper, path) && lower_type(lower, path).is_some(),
+    }
+}
+
+fn change(path: &str, kind: ChangeKind, file_type: &str, e: Option<&Entry>) -> FileChange {
+    FileChange {
+        path: path.to_string(),
+        kind,
+        file_type: file_type.to_string(),
+        size: e.map_or(0, |e| e.size),
+        mtime: e.map(|e| e.mtime),
+    }
+}
+
+/// The changes of `upper` against `lower`, sorted by path.
+fn against_lower(upper: &BTreeMap<String, Entry>, lower: &Path) -> Vec<FileChange> {
+    let mut out = Vec::new();
+    for (path, e) in upper {
+        if BOOKKEEPING.contains(&path.as_str()) {
+            continue;
+        }
+        let in_lower = if under_opaque(upper, path) {
+            None
+        } else {
+            lower_type(lower, path)
+        };
+        if e.kind == "whiteout" {
+            if let Some(t) = in_lower {
+                out.push(change(path, ChangeKind::Deleted, t, None));
+            }
+            continue;
+        }
+        match (e.kind, in_lower) {
+            // A directory that was there already: a parent of changes, not a change itself,
+            // unless it was deleted and made again (opaque).
+            ("dir", Some("dir")) if !e.opaque => {}
+            (_, Some(_)) => out.push(change(path, ChangeKind::Modified, e.kind, Some(e))),
+            (_, None) => out.push(change(path, ChangeKind::Created, e.kind, Some(e))),
+        }
+        // An opaque directory over a lower one hides all of the lower directory's entries
+        // that the upper does not have again: they were deleted.
+        if e.opaque && in_lower == Some("dir") {
+            let dir = lower.join(path.trim_start_matches('/'));
+            if let Ok(rd) = fs::read_dir(&dir) {
+                for item in rd.flatten() {
+                    let child = format!("{path}/{}", item.file_name().to_string_lossy());
+                    if !upper.contains_key(&child) {
+                        let t = item.file_type().map(|ft| type_name(&ft)).unwrap_or("other");
+                        out.push(change(&child, ChangeKind::Deleted, t, None));
+                    }
+                }
+            }
+        }
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    out
+}
+
+/// The file changes of the overlay `upper` over `lower`, or only those since the upper
+/// directory `since` (a snapshot of the same sandbox over the same lower), sorted by path.
+pub fn changes(upper: &Path, lower: &Path, since: Option<&Path>) -> Result<Vec<FileChange>> {
+    let now = walk(upper)?;
+    let mut list = against_lower(&now, lower);
+    let Some(base_dir) = since else {
+        return Ok(list);
+    };
+    let base = walk(base_dir)?;
+    // Unchanged since the baseline: the same upper entry (type, size, mtime) in both.
+    list.retain(|c| match (now.get(&c.path), base.get(&c.path)) {
+        (Some(n), Some(b)) => n.kind != b.kind || n.size != b.size || n.mtime != b.mtime,
+        (Some(_), None) => true,
+        // A deletion listed from an opaque directory: compare visibility.
+        (None, _) => visible(&base, lower, &c.path),
+    });
+    for c in &mut list {
+        let existed = visible(&base, lower, &c.path);
+        match c.kind {
+            ChangeKind::Deleted => {}
+            _ if existed => c.kind = ChangeKind::Modified,
+            _ => c.kind = ChangeKind::Created,
+        }
+    }
+    list.retain(|c| c.kind != ChangeKind::Deleted || visible(&base, lower, &c.path));
+    // What the baseline had and the sandbox removed since, leaving no trace in the upper
+    // directory (a file created after the template and deleted after the snapshot).
+    for (path, b) in &base {
+        if b.kind == "whiteout" || BOOKKEEPING.contains(&path.as_str()) {
+            continue;
+        }
+        if !visible(&now, lower, path) && !list.iter().any(|c| &c.path == path) {
+            // Report the top of a removed tree only.
+            let parent_gone = path
+                .rsplit_once('/')
+                .is_some_and(|(p, _)| !p.is_empty() && !visible(&now, lower, p));
+            if !parent_gone {
+                list.push(change(path, ChangeKind::Deleted, b.kind, None));
+            }
+        }
+    }
+    list.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(list)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn whiteout(path: &Path) {
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C string; mknod of a 0/0 character device (needs CAP_MKNOD).
+        let r = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) };
+        assert_eq!(r, 0, "mknod whiteout: {}", io::Error::last_os_error());
+    }
+
+    fn opaque(path: &Path) {
+        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C strings and value buffer.
+        let r = unsafe {
+            libc::lsetxattr(
+                p.as_ptr(),
+                c"user.overlay.opaque".as_ptr(),
+                b"y".as_ptr().cast(),
+                1,
+                0,
+            )
+        };
+        assert_eq!(r, 0, "setxattr: {}", io::Error::last_os_error());
+    }
+
+    struct Layers {
+        _t: tempfile::TempDir,
+        lower: PathBuf,
+        upper: PathBuf,
+    }
+
+    /// A template with /etc/{passwd,hosts}, /usr/lib/{a,b}, /home/user/.bashrc and the upper
+    /// directory of a sandbox over it.
+    fn layers() -> Layers {
+        let t = tempfile::tempdir().unwrap();
+        let lower = t.path().join("lower");
+        let upper = t.path().join("upper");
+        for d in ["etc", "usr/lib", "home/user"] {
+            fs::create_dir_all(lower.join(d)).unwrap();
+        }
+        for f in [
+            "etc/passwd",
+            "etc/hosts",
+            "usr/lib/a",
+            "usr/lib/b",
+            "home/user/.bashrc",
+        ] {
+            fs::write(lower.join(f), "template").unwrap();
+        }
+        fs::create_dir(&upper).unwrap();
+        Layers {
+            _t: t,
+            lower,
+            upper,
+        }
+    }
+
+    fn summary(list: &[FileChange]) -> Vec<String> {
+        list.iter()
+            .map(|c| format!("{:?} {} {} {}", c.kind, c.file_type, c.path, c.size))
+            .collect()
+    }
+
+    #[bulkhead_testkit::requires(Root)]
+    #[test]
+    fn created_modified_deleted_and_opaque() {
+        let l = layers();
+        let u = &l.upper;
+        fs::create_dir_all(u.join("etc")).unwrap();
+        fs::write(u.join("etc/passwd"), "changed!").unwrap(); // modified (copied up)
+        whiteout(&u.join("etc/hosts")); // deleted
+        fs::write(u.join("etc/resolv.conf"), "nameserver 10.200.0.1").unwrap(); // bookkeeping
+        fs::create_dir_all(u.join("home/user/proj")).unwrap(); // created dir, parents not
+        fs::write(u.join("home/user/proj/main.py"), "print(1)").unwrap();
+        std::os::unix::fs::symlink("main.py", u.join("home/user/proj/link")).unwrap();
+        // /usr/lib deleted and made again with one new file: opaque.
+        fs::create_dir_all(u.join("usr/lib")).unwrap();
+        opaque(&u.join("usr/lib"));
+        fs::write(u.join("usr/lib/c"), "new").unwrap();
+
+        let list = changes(u, &l.lower, None).unwrap();
+        assert_eq!(
+            summary(&list),
+            [
+                "Deleted file /etc/hosts 0",
+                "Modified file /etc/passwd 8",
+                "Created dir /home/user/proj 0",
+                "Created symlink /home/user/proj/link 7",
+                "Created file /home/user/proj/main.py 8",
+                "Modified dir /usr/lib 0",
+                "Deleted file /usr/lib/a 0",
+                "Deleted file /usr/lib/b 0",
+                "Created file /usr/lib/c 3",
+            ]
+        );
+        assert!(
+            list.iter()
+                .all(|c| (c.kind == ChangeKind::Deleted) == c.mtime.is_none())
+        );
+    }
+
+    #[bulkhead_testkit::requires(Root)]
+    #[test]
+    fn since_a_baseline() {
+        let l = layers();
+        let u = &l.upper;
+        // Baseline (a snapshot's upper): /a created, /etc/passwd modified, /etc/hosts deleted,
+        // /gone created.
+        let base = l._t.path().join("base");
+        fs::create_dir_all(base.join("etc")).unwrap();
+        fs::write(base.join("a"), "a").unwrap();
+        fs::write(base.join("gone"), "g").unwrap();
+        fs::write(base.join("etc/passwd"), "changed!").unwrap();
+        whiteout(&base.join("etc/hosts"));
+        // Now: the same, plus /a rewritten, /b created, /gone removed, .bashrc deleted.
+        fs::create_dir_all(u.join("etc")).unwrap();
+        fs::create_dir_all(u.join("home/user")).unwrap();
+        fs::write(u.join("etc/passwd"), "changed!").unwrap();
+        whiteout(&u.join("etc/hosts"));
+        fs::write(u.join("a"), "a, longer").unwrap();
+        fs::write(u.join("b"), "b").unwrap();
+        whiteout(&u.join("home/user/.bashrc"));
+        // Same mtime for the unchanged copy.
+        let t = fs::metadata(base.join("etc/passwd"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        fs::File::options()
+            .write(true)
+            .open(u.join("etc/passwd"))
+            .unwrap()
+            .set_modified(t)
+            .unwrap();
+
+        let list = changes(u, &l.lower, Some(&base)).unwrap();
+        assert_eq!(
+            summary(&list),
+            [
+                "Modified file /a 9",
+                "Created file /b 1",
+                "Deleted file /gone 0",
+                "Deleted file /home/user/.bashrc 0",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_empty_upper_has_no_changes_and_parents_are_not_listed() {
+        let l = layers();
+        assert!(changes(&l.upper, &l.lower, None).unwrap().is_empty());
+        fs::create_dir_all(l.upper.join("home/user")).unwrap();
+        fs::write(l.upper.join("home/user/new"), "x").unwrap();
+        let list = changes(&l.upper, &l.lower, None).unwrap();
+        assert_eq!(summary(&list), ["Created file /home/user/new 1"]);
+    }
+}
