@@ -318,7 +318,8 @@ def test_network_policy_and_secret_injection_come_back_after_resume_and_in_forks
         def injected(s, path):
             code, _, err, _ = curl(s, f"https://inject.allowed.test{path}")
             assert code == 0, err
-            got = [r for r in lab.requests() if r["path"] == path]
+            # The lab records a request once its handler has run: poll briefly.
+            got = poll(lambda: [r for r in lab.requests() if r["path"] == path], timeout=5, interval=0.1)
             assert got, f"the upstream saw no {path}"
             return {k.lower(): v for k, v in got[-1]["headers"]}["authorization"]
 
