@@ -187,11 +187,9 @@ async fn refresh(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let b: RefreshBody = parse_body(&body)?;
-    let req = ResumeRequest {
-        timeout: timeout_secs(b.duration)?,
-        memory: true,
-    };
-    st.engine.connect(&caller, &id, req).await?;
+    st.engine
+        .refresh(&caller, &id, timeout_secs(b.duration)?)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

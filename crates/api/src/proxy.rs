@@ -125,6 +125,40 @@ fn parse_host(host: &str) -> Option<Target> {
     })
 }
 
+/// The answer for traffic to a sandbox that cannot take it (E2B's proxy shapes).
+fn unavailable(id: &str, e: &EngineError) -> Response {
+    match e {
+        EngineError::SandboxNotFound(_) => not_found_502(id, "The sandbox was not found"),
+        // E2B's proxy answers a paused sandbox (without auto-resume) as not running; the SDK
+        // keys on "The sandbox was not found".
+        EngineError::Refused {
+            reason: Refusal::Paused,
+            ..
+        } => not_found_502(
+            id,
+            "The sandbox was not found: it is paused; resume it with Sandbox.connect() (or create it with lifecycle auto_resume)",
+        ),
+        // Says which versions and what to do; more use than "port is not open".
+        EngineError::AgentTooOld { .. } => not_found_502(id, &e.to_string()),
+        e => {
+            tracing::warn!(sandbox = %id, error = %e, "agent unreachable");
+            not_found_502(id, "The sandbox is running but port is not open")
+        }
+    }
+}
+
+/// Largest request body read (and dropped) before an error answer; a bigger one closes the
+/// connection instead.
+const DRAIN_LIMIT: usize = 1 << 20;
+/// How long an error answer waits for the rest of a request body.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+async fn drain(body: Body) {
+    use http_body_util::BodyExt;
+    let limited = http_body_util::Limited::new(body, DRAIN_LIMIT);
+    let _ = tokio::time::timeout(DRAIN_TIME, limited.collect()).await;
+}
+
 fn not_found_502(id: &str, message: &str) -> Response {
     let body = serde_json::json!({ "sandboxId": id, "message": message, "code": 502 });
     (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
@@ -136,27 +170,13 @@ async fn forward(st: &AppState, id: String, port: u16, req: Request) -> Response
     }
     let stream = match st.engine.agent_stream(&id).await {
         Ok(s) => s,
-        Err(EngineError::SandboxNotFound(_)) => {
-            return not_found_502(&id, "The sandbox was not found");
-        }
-        // E2B's proxy answers a paused sandbox (without auto-resume) as not running; the SDK
-        // keys on "The sandbox was not found".
-        Err(EngineError::Refused {
-            reason: Refusal::Paused,
-            ..
-        }) => {
-            return not_found_502(
-                &id,
-                "The sandbox was not found: it is paused; resume it with Sandbox.connect() (or create it with lifecycle auto_resume)",
-            );
-        }
-        // Says which versions and what to do; more use than "port is not open".
-        Err(e @ EngineError::AgentTooOld { .. }) => {
-            return not_found_502(&id, &e.to_string());
-        }
         Err(e) => {
-            tracing::warn!(sandbox = %id, error = %e, "agent unreachable");
-            return not_found_502(&id, "The sandbox is running but port is not open");
+            let answer = unavailable(&id, &e);
+            // Read what the client is still sending first: a response to a request whose body
+            // was left unread closes the connection, which a client reusing it for its next
+            // request sees as "connection closed before message completed".
+            drain(req.into_body()).await;
+            return answer;
         }
     };
     let (mut sender, conn) = match http1::handshake(TokioIo::new(stream)).await {

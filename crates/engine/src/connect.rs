@@ -30,6 +30,13 @@ impl Engine {
         self.resume_or_extend(id, Operation::Connect, req).await
     }
 
+    /// `POST /sandboxes/{id}/refreshes`: extend a running sandbox's TTL (never shorten it); a
+    /// paused one is refused (it is resumed with connect).
+    pub async fn refresh(&self, _caller: &Caller, id: &str, secs: Option<u64>) -> Result<()> {
+        let (id, _) = self.enter(id, Operation::SetTimeout)?;
+        self.extend(id, secs).await.map(|_| ())
+    }
+
     /// The TTL extension of a running sandbox (the sandbox has entered `Connect`).
     pub(crate) async fn extend(&self, id: &str, secs: Option<u64>) -> Result<SandboxInfo> {
         let row = self.running_row(id, Operation::Get).await?;

@@ -85,7 +85,14 @@ impl Engine {
             .allow_internet_access
             .unwrap_or(self.cfg.network_default_allow);
         let policy = self.check_network(allow_internet, req.network.as_ref())?;
-        if self.live.lock().len() >= self.cfg.max_sandboxes {
+        // Paused sandboxes hold no processes or memory: only running ones count.
+        let running = self
+            .live
+            .lock()
+            .values()
+            .filter(|l| l.state != SandboxState::Paused)
+            .count();
+        if running >= self.cfg.max_sandboxes {
             return Err(EngineError::Capacity);
         }
         if matches!(source, Source::Checkpoint(_)) && !req.volume_mounts.is_empty() {

@@ -131,7 +131,7 @@ pub enum EngineError {
     SnapshotNotFound(String),
     /// The sandbox driver lacks the capability `op` needs.
     #[error(
-        "This server's sandbox driver ({driver}) cannot {op} sandboxes: ask the operator to run a driver that can (the jail driver with CRIU installed)"
+        "This server's sandbox driver ({driver}) cannot {op} sandboxes: ask the operator to enable checkpoints (build CRIU with `scripts/criu.sh` and start `bulkhead serve --criu <path>` or set BULKHEAD_CRIU)"
     )]
     NotCapable { driver: &'static str, op: Operation },
     #[error(

@@ -87,17 +87,19 @@ impl Engine {
             .await?;
 
         // The sandbox's end is expected now: the watcher must not take it for a death. The
-        // driver needs the host's connections closed and the link gone.
+        // driver needs the host's connections closed.
         cancel.cancel();
         self.live.cut_traffic(id);
-        if net_attached {
-            self.detach_link(id);
-        }
         let opts = CheckpointOptions {
             leave_running: false,
             filesystem_only: !memory,
         };
         let written = self.driver.checkpoint(&handle, &dir, opts).await;
+        // The driver removed the link inside the sandbox (the device cannot be dumped); the
+        // proxy lets go of its end only now, so the device never vanishes under the driver.
+        if net_attached {
+            self.detach_link(id);
+        }
         let info = match written {
             Ok(info) => checkpoints::mark_complete(&info)
                 .map(|()| info)

@@ -72,8 +72,14 @@ impl Engine {
                 // never stopped it or had already restored it): it runs on.
                 if row.state != SandboxState::Running {
                     tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found running after an interrupted operation");
-                    if let Some(dir) = &checkpoint {
-                        checkpoints::remove(dir);
+                    // A pause interrupted in the driver may have left the sandbox frozen.
+                    // Its unfinished checkpoint stays on disk until the sandbox ends (the
+                    // driver may have moved the sandbox's live files into it: deleting it now
+                    // could take them away); the next pause writes a fresh directory.
+                    if self.driver.capabilities().freeze
+                        && let Err(e) = self.driver.thaw(&h).await
+                    {
+                        tracing::warn!(sandbox = %row.id, error = &e as &dyn std::error::Error, "could not thaw a sandbox found after an interrupted pause");
                     }
                     if let Some(mut p) = persist.clone() {
                         p.checkpoint_dir = None;

@@ -125,6 +125,15 @@ impl Engine {
             }
         });
         let timeout = self.check_timeout(secs)?;
+        let running = self
+            .live
+            .lock()
+            .iter()
+            .filter(|(other, l)| other.as_str() != id && l.state != SandboxState::Paused)
+            .count();
+        if running >= self.cfg.max_sandboxes {
+            return Err(EngineError::Capacity);
+        }
         if checkpoints::completed(&paused.dir).is_none() {
             return Err(EngineError::Checkpoint {
                 op: Operation::Resume,

@@ -156,11 +156,10 @@ impl Engine {
         // be dumped); the sandbox runs on and gets a new one with the same policy.
         self.live.cut_traffic(id);
         let had_link = self.live.lock().get(id).is_some_and(|l| l.net_attached);
-        if had_link {
-            self.detach_link(id);
-        }
         let written = self.driver.checkpoint(&handle, dir, opts).await;
         if had_link {
+            // The proxy lets go of the old link only after the driver removed it.
+            self.detach_link(id);
             let attached = match self.store.get_sandbox(id).await {
                 Ok(Some(row)) => self.reattach_after_restart(&row, &handle).await,
                 _ => false,

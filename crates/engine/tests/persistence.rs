@@ -573,18 +573,21 @@ async fn recovery_after_a_death_mid_pause_or_mid_resume() {
     assert_eq!(engine.get(&s.owner, &a.id).await.unwrap().state, "paused");
     assert_eq!(s.state(&b.id).await, SandboxState::Running);
     assert_eq!(s.pid(&b.id).await, b_pid);
-    assert!(!partial.exists(), "the interrupted checkpoint is deleted");
+    // The interrupted checkpoint stays until the sandbox ends (it may hold its live files).
+    assert!(partial.exists());
     assert!(engine.agent_stream(&b.id).await.is_ok());
     assert_eq!(s.state(&c.id).await, SandboxState::Dead);
     assert_eq!(s.state(&d.id).await, SandboxState::Paused);
+    engine.kill(&s.owner, &b.id).await.unwrap();
+    assert!(!partial.exists(), "deleted with the sandbox");
     assert!(engine.connect(&s.owner, &d.id, resume()).await.unwrap().1);
     assert!(engine.connect(&s.owner, &a.id, resume()).await.unwrap().1);
-    // Only running sandboxes count as running.
+    // Only running sandboxes count as running (b was killed above).
     let page = engine
         .list(&s.owner, &ListRequest::default())
         .await
         .unwrap();
-    assert_eq!(page.total_running, 3);
+    assert_eq!(page.total_running, 2);
 }
 
 #[tokio::test]
@@ -790,4 +793,20 @@ async fn a_checkpoint_cuts_proxied_streams_and_a_snapshot_gives_the_link_back() 
     );
     // New streams work after the snapshot.
     assert!(s.engine.agent_stream(&sb.id).await.is_ok());
+}
+
+#[tokio::test]
+async fn paused_sandboxes_do_not_count_against_capacity() {
+    let s = setup_with(|c| c.max_sandboxes = 1).await;
+    let a = s.base().await;
+    s.engine.pause(&s.owner, &a.id, true).await.unwrap();
+    let b = s.base().await;
+    // Resuming `a` now would exceed the limit: refused, and it stays paused.
+    assert!(matches!(
+        s.engine.connect(&s.owner, &a.id, resume()).await,
+        Err(EngineError::Capacity)
+    ));
+    assert_eq!(s.engine.get(&s.owner, &a.id).await.unwrap().state, "paused");
+    s.engine.kill(&s.owner, &b.id).await.unwrap();
+    assert!(s.engine.connect(&s.owner, &a.id, resume()).await.unwrap().1);
 }

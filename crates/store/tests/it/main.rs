@@ -46,6 +46,8 @@ store_tests!(
     sandbox_network_updates,
     secrets_crud,
     egress_events,
+    persistence_roundtrip,
+    snapshots_crud_and_pagination,
     volumes_crud,
 );
 

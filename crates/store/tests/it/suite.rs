@@ -663,6 +663,91 @@ pub async fn egress_events(h: &Harness) {
     assert_eq!(s.list_egress_events("sb1", 100).await.unwrap().len(), 3);
 }
 
+pub async fn persistence_roundtrip(h: &Harness) {
+    use bulkhead_store::PersistenceRow;
+    let s = &h.store;
+    assert_eq!(s.get_persistence("p1").await.unwrap(), None);
+    let mut p = PersistenceRow {
+        sandbox_id: "p1".into(),
+        on_timeout: "pause".into(),
+        auto_resume: true,
+        pause_memory: false,
+        timeout_ms: 300_000,
+        checkpoint_dir: None,
+        checkpoint_memory: false,
+        generation: 0,
+        paused_at: None,
+    };
+    s.upsert_persistence(&p).await.unwrap();
+    assert_eq!(s.get_persistence("p1").await.unwrap(), Some(p.clone()));
+    p.checkpoint_dir = Some("/data/checkpoints/sandboxes/p1/1".into());
+    p.checkpoint_memory = true;
+    p.generation = 1;
+    p.paused_at = Some(1234);
+    s.upsert_persistence(&p).await.unwrap();
+    assert_eq!(s.get_persistence("p1").await.unwrap(), Some(p));
+    s.delete_persistence("p1").await.unwrap();
+    assert_eq!(s.get_persistence("p1").await.unwrap(), None);
+}
+
+pub async fn snapshots_crud_and_pagination(h: &Harness) {
+    use bulkhead_store::{SnapshotFilter, SnapshotRow, StoreError};
+    let s = &h.store;
+    let snap = |id: &str, name: Option<&str>, sandbox: &str, at: i64| SnapshotRow {
+        id: id.into(),
+        name: name.map(Into::into),
+        sandbox_id: sandbox.into(),
+        template_id: "base".into(),
+        checkpoint_dir: format!("/c/{id}"),
+        memory: true,
+        env_vars: BTreeMap::from([("K".to_string(), "v".to_string())]),
+        envd_access_token: Some("tok".into()),
+        created_at: at,
+    };
+    s.insert_snapshot(&snap("s1", Some("one"), "a", 10))
+        .await
+        .unwrap();
+    s.insert_snapshot(&snap("s2", None, "a", 20)).await.unwrap();
+    s.insert_snapshot(&snap("s3", None, "b", 30)).await.unwrap();
+    assert!(matches!(
+        s.insert_snapshot(&snap("s4", Some("one"), "b", 40)).await,
+        Err(StoreError::Conflict { .. })
+    ));
+    assert_eq!(s.get_snapshot("one").await.unwrap().unwrap().id, "s1");
+    assert_eq!(
+        s.get_snapshot("s2").await.unwrap().unwrap().env_vars["K"],
+        "v"
+    );
+    assert_eq!(s.get_snapshot("nope").await.unwrap(), None);
+
+    let all = s
+        .list_snapshots(&SnapshotFilter::default(), 10, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+        ["s3", "s2", "s1"]
+    );
+    let of_a = SnapshotFilter {
+        sandbox_id: Some("a".into()),
+        name: None,
+    };
+    let p1 = s.list_snapshots(&of_a, 1, None).await.unwrap();
+    assert_eq!(p1[0].id, "s2");
+    let p2 = s
+        .list_snapshots(&of_a, 1, Some((p1[0].created_at, p1[0].id.clone())))
+        .await
+        .unwrap();
+    assert_eq!(p2[0].id, "s1");
+    let named = SnapshotFilter {
+        sandbox_id: None,
+        name: Some("one".into()),
+    };
+    assert_eq!(s.list_snapshots(&named, 10, None).await.unwrap().len(), 1);
+    assert!(s.delete_snapshot("s1").await.unwrap());
+    assert!(!s.delete_snapshot("s1").await.unwrap());
+}
+
 fn volume(id: &str, team: &str, name: &str, created_at: i64) -> VolumeRow {
     VolumeRow {
         id: id.into(),
