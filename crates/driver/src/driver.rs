@@ -111,6 +111,13 @@ pub trait Driver: Send + Sync + 'static {
         Err(DriverError::unsupported(self.name(), op))
     }
 
+    /// Is `dir` a complete checkpoint this driver wrote (and can restore)? For recovery: a
+    /// server that died right after the driver finished a pause has no record of it but the
+    /// checkpoint itself. Default: the driver keeps no such record.
+    fn checkpoint_info(&self, _dir: &Path) -> Option<CheckpointInfo> {
+        None
+    }
+
     /// Start a new sandbox from a checkpoint in `dir`, with the resources `spec` grants (its
     /// template must be the one checkpointed). The image is left in place, so one snapshot can
     /// be restored many times (fork). Returns once the agent accepts connections.

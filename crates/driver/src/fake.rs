@@ -416,6 +416,18 @@ impl Driver for FakeDriver {
         self.set_frozen(h, false)
     }
 
+    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+        let json = std::fs::read(dir.join(CHECKPOINT_FILE)).ok()?;
+        let image: FakeImage = serde_json::from_slice(&json).ok()?;
+        Some(CheckpointInfo {
+            driver: NAME.into(),
+            format: image.format,
+            dir: dir.to_path_buf(),
+            size_bytes: json.len() as u64,
+            memory: image.memory.is_some(),
+        })
+    }
+
     async fn checkpoint(
         &self,
         h: &DriverHandle,

@@ -108,8 +108,6 @@ pub(crate) fn completed(dir: &Path) -> Option<CheckpointInfo> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Delete a checkpoint directory (idempotent; failures are logged, not fatal: a leftover
-/// directory wastes space but breaks nothing).
 /// Delete a checkpoint nobody needs any more in the background (tens of MB of images take
 /// tens of milliseconds to unlink; a resume does not wait for that). If the server stops
 /// first, the directory stays until the sandbox is killed (a kill removes all its checkpoints).
@@ -118,6 +116,8 @@ pub(crate) fn remove_later(dir: &Path) {
     tokio::task::spawn_blocking(move || remove(&dir));
 }
 
+/// Delete a checkpoint directory (idempotent; failures are logged, not fatal: a leftover
+/// directory wastes space but breaks nothing).
 pub(crate) fn remove(dir: &Path) {
     if let Err(e) = std::fs::remove_dir_all(dir)
         && e.kind() != std::io::ErrorKind::NotFound

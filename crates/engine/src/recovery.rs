@@ -117,7 +117,16 @@ impl Engine {
             // its completion marker, or a resume that consumed it, left nothing to resume).
             let complete = match (row.state, &checkpoint) {
                 (SandboxState::Running, _) | (_, None) => None,
-                (_, Some(dir)) => checkpoints::completed(dir).map(|info| (dir.clone(), info)),
+                (_, Some(dir)) => checkpoints::completed(dir)
+                    .or_else(|| {
+                        // The driver finished the pause but the server died before it wrote
+                        // its marker: the driver's own record says the checkpoint is whole.
+                        let info = self.driver.checkpoint_info(dir)?;
+                        checkpoints::mark_complete(&info).ok()?;
+                        tracing::info!(sandbox = %row.id, "checkpoint completed by the driver before the restart");
+                        Some(info)
+                    })
+                    .map(|info| (dir.clone(), info)),
             };
             match complete {
                 Some((dir, info)) => {

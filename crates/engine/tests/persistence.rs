@@ -565,10 +565,37 @@ async fn recovery_after_a_death_mid_pause_or_mid_resume() {
         .set_sandbox_state(&d.id, SandboxState::Resuming, None)
         .await
         .unwrap();
+    // (5) `pausing`, the driver finished (its own record is there) but the server died before
+    // writing the engine's marker: paused, and the marker is written now.
+    let e = s.base().await;
+    s.engine.pause(&s.owner, &e.id, true).await.unwrap();
+    let e_dir = std::path::PathBuf::from(
+        s.store
+            .get_persistence(&e.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .checkpoint_dir
+            .unwrap(),
+    );
+    let marker = std::fs::read_dir(&e_dir)
+        .unwrap()
+        .flatten()
+        .map(|f| f.path())
+        .find(|p| p.file_name().unwrap() != bulkhead_driver::fake::CHECKPOINT_FILE)
+        .expect("the engine's marker");
+    std::fs::remove_file(&marker).unwrap();
+    s.store
+        .set_sandbox_state(&e.id, SandboxState::Pausing, None)
+        .await
+        .unwrap();
     s.engine.shutdown().await;
     s.driver.crash(c_pid);
 
     let (_driver, engine) = s.restart().await;
+    assert_eq!(s.state(&e.id).await, SandboxState::Paused);
+    assert!(marker.exists(), "recovery completed the marker");
+    assert!(engine.connect(&s.owner, &e.id, resume()).await.unwrap().1);
     assert_eq!(s.state(&a.id).await, SandboxState::Paused);
     assert_eq!(engine.get(&s.owner, &a.id).await.unwrap().state, "paused");
     assert_eq!(s.state(&b.id).await, SandboxState::Running);
@@ -582,12 +609,12 @@ async fn recovery_after_a_death_mid_pause_or_mid_resume() {
     assert!(!partial.exists(), "deleted with the sandbox");
     assert!(engine.connect(&s.owner, &d.id, resume()).await.unwrap().1);
     assert!(engine.connect(&s.owner, &a.id, resume()).await.unwrap().1);
-    // Only running sandboxes count as running (b was killed above).
+    // Only running sandboxes count as running (a, d and e resumed; b was killed above).
     let page = engine
         .list(&s.owner, &ListRequest::default())
         .await
         .unwrap();
-    assert_eq!(page.total_running, 2);
+    assert_eq!(page.total_running, 3);
 }
 
 #[tokio::test]

@@ -51,6 +51,19 @@ impl JailDriver {
         })
     }
 
+    /// A complete checkpoint of this driver in `dir` (its manifest is in place), as
+    /// `checkpoint` reported it.
+    pub(super) fn read_checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+        let m = Manifest::read(dir).ok()?;
+        (m.driver == DRIVER_NAME).then(|| CheckpointInfo {
+            driver: DRIVER_NAME.into(),
+            format: m.format,
+            dir: dir.to_path_buf(),
+            size_bytes: disk_usage(dir),
+            memory: m.memory,
+        })
+    }
+
     pub(super) async fn checkpoint_sandbox(
         &self,
         handle: &DriverHandle,

@@ -276,6 +276,10 @@ impl Driver for JailDriver {
         self.checkpoint_sandbox(handle, dir, opts).await
     }
 
+    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+        self.read_checkpoint_info(dir)
+    }
+
     async fn restore(
         &self,
         spec: &SandboxSpec,
