@@ -1,44 +1,14 @@
 //! The E2B REST surface and the routing proxy, driven in-process (tower `oneshot`) over the
 //! engine with a test double driver.
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use bulkhead_engine::testing::FakeDriver;
-use bulkhead_engine::{Engine, EngineConfig};
-use bulkhead_store::Store;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-struct Ctx {
-    _dir: tempfile::TempDir,
-    app: axum::Router,
-    key: String,
-}
+mod common;
 
-async fn ctx() -> Ctx {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
-    let engine = Engine::new(
-        store,
-        Arc::new(FakeDriver::default()),
-        EngineConfig {
-            pool_size: 0,
-            ..Default::default()
-        },
-    );
-    engine
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
-    Ctx {
-        _dir: dir,
-        app: bulkhead_api::router(engine),
-        key,
-    }
-}
+use common::ctx;
 
 async fn call(
     app: &axum::Router,

@@ -6,74 +6,40 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bulkhead_engine::network::EgressControl;
-use bulkhead_engine::testing::{FakeDriver, RecordingEgress};
-use bulkhead_engine::{Engine, EngineConfig};
-use bulkhead_store::{EgressEventRow, Store};
+use bulkhead_engine::testing::RecordingEgress;
+use bulkhead_store::EgressEventRow;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
+mod common;
+
+/// The shared context plus the recording egress proxy the engine was given.
 struct Ctx {
-    _dir: tempfile::TempDir,
-    app: axum::Router,
-    key: String,
-    store: Store,
+    c: common::Ctx,
     egress: Arc<RecordingEgress>,
 }
 
-async fn ctx() -> Ctx {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
-    let engine = Engine::new(
-        store.clone(),
-        Arc::new(FakeDriver::default()),
-        EngineConfig {
-            pool_size: 0,
-            ..Default::default()
-        },
-    );
-    let egress = Arc::new(RecordingEgress::default());
-    engine.set_egress(egress.clone() as Arc<dyn EgressControl>, None);
-    engine
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
-    Ctx {
-        _dir: dir,
-        app: bulkhead_api::router(engine),
-        key,
-        store,
-        egress,
+impl std::ops::Deref for Ctx {
+    type Target = common::Ctx;
+    fn deref(&self) -> &common::Ctx {
+        &self.c
     }
 }
 
+async fn ctx() -> Ctx {
+    let egress = Arc::new(RecordingEgress::default());
+    let e = egress.clone();
+    let c = common::ctx_with(
+        |_, _| {},
+        move |engine, _| engine.set_egress(e as Arc<dyn EgressControl>, None),
+    )
+    .await;
+    Ctx { c, egress }
+}
+
 async fn call(c: &Ctx, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-    let mut req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("x-api-key", &c.key);
-    let body = match body {
-        Some(b) => {
-            req = req.header("content-type", "application/json");
-            Body::from(b.to_string())
-        }
-        None => Body::empty(),
-    };
-    let resp = c
-        .app
-        .clone()
-        .oneshot(req.body(body).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let v = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes).unwrap()
-    };
-    (status, v)
+    c.c.call(method, path, body).await
 }
 
 #[tokio::test]

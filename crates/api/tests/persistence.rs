@@ -1,76 +1,29 @@
 //! The persistence routes (pause, connect/resume, snapshots, fork, lifecycle on create) in
 //! E2B's shapes and status codes, in-process over the engine with the fake driver.
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use bulkhead_engine::testing::FakeDriver;
-use bulkhead_engine::{Engine, EngineConfig};
-use bulkhead_store::Store;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-struct Ctx {
-    _dir: tempfile::TempDir,
-    app: axum::Router,
-    key: String,
-}
+mod common;
+
+use common::Ctx;
 
 async fn ctx() -> Ctx {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
-    let engine = Engine::new(
-        store,
-        Arc::new(FakeDriver::default()),
-        EngineConfig {
-            pool_size: 0,
-            checkpoint_dir: dir.path().join("checkpoints"),
-            ..Default::default()
-        },
-    );
-    engine
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
-    Ctx {
-        _dir: dir,
-        app: bulkhead_api::router(engine),
-        key,
-    }
+    common::ctx_with(
+        |cfg, dir| cfg.checkpoint_dir = dir.join("checkpoints"),
+        |_, _| {},
+    )
+    .await
 }
 
-impl Ctx {
-    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(path)
-            .header("x-api-key", &self.key);
-        let body = match body {
-            Some(b) => {
-                req = req.header("content-type", "application/json");
-                Body::from(b.to_string())
-            }
-            None => Body::empty(),
-        };
-        let resp = self
-            .app
-            .clone()
-            .oneshot(req.body(body).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status();
-        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-        let v = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap()
-        };
-        (status, v)
-    }
+trait Create {
+    async fn create(&self, body: Value) -> String;
+}
 
+impl Create for Ctx {
     async fn create(&self, body: Value) -> String {
         let (s, v) = self.call("POST", "/v2/sandboxes", Some(body)).await;
         assert_eq!(s, StatusCode::CREATED, "{v}");

@@ -6,44 +6,21 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bulkhead_engine::driver::{ChangeKind, FileChange};
-use bulkhead_engine::testing::FakeDriver;
 use bulkhead_engine::volume_storage::PlainDir;
-use bulkhead_engine::{Engine, EngineConfig};
-use bulkhead_store::Store;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
 const OPENAPI: &str = include_str!("../openapi/bulkhead.json");
 
-struct Ctx {
-    dir: tempfile::TempDir,
-    app: axum::Router,
-    key: String,
-}
+mod common;
 
-async fn ctx() -> Ctx {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
-    let engine = Engine::new(
-        store,
-        Arc::new(FakeDriver::default()),
-        EngineConfig {
-            pool_size: 0,
-            ..Default::default()
-        },
-    );
-    engine.set_volume_storage(Arc::new(PlainDir::new(dir.path().join("volumes"))));
-    engine
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
-    Ctx {
-        app: bulkhead_api::router(engine),
-        dir,
-        key,
-    }
+async fn ctx() -> common::Ctx {
+    common::ctx_with(
+        |_, _| {},
+        |engine, dir| engine.set_volume_storage(Arc::new(PlainDir::new(dir.join("volumes")))),
+    )
+    .await
 }
 
 async fn call(app: &axum::Router, req: Request<Body>) -> (StatusCode, Vec<u8>) {
