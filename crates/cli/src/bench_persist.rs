@@ -2,9 +2,9 @@
 //! fork and create-from-snapshot through the HTTP API, for a `base` sandbox running a Python
 //! process that holds ~50 MB and for a `code-interpreter-v1` sandbox after `import pandas`.
 //! The baseline, measured in the same run, is a cold create→first command of the same
-//! template. Host memory: MemAvailable before the sandbox started, while it runs, and while it
-//! is paused (a paused sandbox should hold none). Run the server with `--pool-size 0` so no
-//! warm-pool refill moves the memory figures.
+//! template. Host memory: MemAvailable (page cache dropped, so run it as root) before the
+//! sandbox started, while it runs, and while it is paused (a paused sandbox should hold none).
+//! Run the server with `--pool-size 0` so no warm-pool refill moves the memory figures.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -24,15 +24,21 @@ fn stats(name: &str) -> Stats {
     }
 }
 
-fn mem_available_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .find_map(|l| l.strip_prefix("MemAvailable:"))
-                .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        })
-        .unwrap_or(0)
+/// (MemAvailable, AnonPages) in KiB with the page cache dropped first (as root) and two
+/// seconds to settle, so a checkpoint's files in the cache do not blur what the sandbox itself
+/// holds. AnonPages is the steadier figure: memory no cache drop can give back.
+fn settled_mem_kib() -> (u64, u64) {
+    let _ = std::process::Command::new("sync").status();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+    std::thread::sleep(Duration::from_secs(2));
+    let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("MemAvailable:"), field("AnonPages:"))
 }
 
 fn sandbox_ref(v: &serde_json::Value) -> anyhow::Result<SandboxRef> {
@@ -141,8 +147,7 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
         kill(client, &id).await?;
     }
 
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let mem_before = mem_available_kib();
+    let mem_before = settled_mem_kib();
     let sb = create(client, case.template).await?;
     match case.probe {
         Probe::Command => {
@@ -161,11 +166,10 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
             .await?;
         }
     }
-    let mem_running = mem_available_kib();
+    let mem_running = settled_mem_kib();
 
     let mut pause = stats("pause");
     let mut resume = stats("resume → first answer");
-    let mut mem_paused = Vec::new();
     for _ in 0..n {
         let t = Instant::now();
         client
@@ -176,7 +180,6 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
             )
             .await?;
         pause.samples.push(t.elapsed());
-        mem_paused.push(mem_available_kib());
         let t = Instant::now();
         client
             .api(
@@ -233,21 +236,32 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
             None,
         )
         .await?;
+    // Paused once more: what does the host hold for it now?
+    client
+        .api(
+            http::Method::POST,
+            &format!("/sandboxes/{}/pause", sb.id),
+            Some(serde_json::json!({})),
+        )
+        .await?;
+    let mem_paused = settled_mem_kib();
     kill(client, &sb.id).await?;
 
     println!("{}", cold.row(None));
     for s in [&pause, &resume, &fork, &from_snapshot] {
         println!("{}", s.row(Some(&cold)));
     }
-    mem_paused.sort_unstable();
-    let paused_median = mem_paused.get(mem_paused.len() / 2).copied().unwrap_or(0);
-    let mib = |kib: i64| kib as f64 / 1024.0;
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let delta = |a: u64, b: u64| (a as f64 - b as f64) / 1024.0;
     println!(
-        "host MemAvailable: before {:.1} MiB; running: {:+.1} MiB; paused (median of {}): {:+.1} MiB against before",
-        mib(mem_before as i64),
-        mib(mem_running as i64 - mem_before as i64),
-        mem_paused.len(),
-        mib(paused_median as i64 - mem_before as i64),
+        "host memory (page cache dropped): MemAvailable before {:.1} MiB, running {:+.1}, paused {:+.1}; \
+         AnonPages before {:.1} MiB, running {:+.1}, paused {:+.1} (against before)",
+        mib(mem_before.0),
+        delta(mem_running.0, mem_before.0),
+        delta(mem_paused.0, mem_before.0),
+        mib(mem_before.1),
+        delta(mem_running.1, mem_before.1),
+        delta(mem_paused.1, mem_before.1),
     );
     Ok(())
 }
