@@ -321,3 +321,53 @@ async fn a_memory_checkpoint_can_be_restored_filesystem_only() {
     std::fs::remove_dir_all(&dir).unwrap();
     env.assert_clean();
 }
+
+#[bulkhead_testkit::requires(Root, Criu)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_agent_log_symlink_never_reaches_the_host() {
+    use std::os::unix::fs::MetadataExt;
+    let env = Env::new();
+    let d = env.driver();
+    let spec = env.spec(256, 128);
+    let h = d.start(&spec).await.expect("start");
+    // A host file the sandbox cannot see, named by its host path in a planted symlink where
+    // the server copies the agent's log from (checkpoint) and to (restore, then re-owned).
+    let marker = env.path().join("host-secret");
+    std::fs::write(&marker, "host only").unwrap();
+    let (head, body) = sh(
+        &d,
+        &h,
+        &format!("ln -sf {} /run/bulkhead/sock/agent.log", marker.display()),
+    )
+    .await;
+    assert_eq!(head, "exit 0", "{body}");
+    let snap = env.path().join("snap");
+    d.checkpoint(
+        &h,
+        &snap,
+        CheckpointOptions {
+            leave_running: true,
+            filesystem_only: false,
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("snapshot: {}", chain(&e)));
+    assert!(
+        !snap.join("agent.log").exists(),
+        "the symlink's target was copied into the checkpoint"
+    );
+    // Plant the symlink in the checkpoint too, as if it had come from an older server.
+    std::os::unix::fs::symlink(&marker, snap.join("agent.log")).unwrap();
+    let fork = d
+        .restore(&spec, &snap, RestoreOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("fork: {}", chain(&e)));
+    let md = std::fs::metadata(&marker).unwrap();
+    assert_eq!((md.uid(), md.gid()), (0, 0), "the host file was re-owned");
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "host only");
+    for x in [&fork, &h] {
+        d.stop(x).await.expect("stop");
+    }
+    std::fs::remove_dir_all(&snap).unwrap();
+    env.assert_clean();
+}

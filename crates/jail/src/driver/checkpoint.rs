@@ -19,7 +19,7 @@ use std::path::Path;
 
 use bulkhead_driver::{CheckpointInfo, CheckpointOptions, DriverError, DriverHandle};
 
-use super::fsutil::disk_usage;
+use super::fsutil::{copy_sandbox_file, disk_usage};
 use super::manifest::{AGENT_LOG, CHECKPOINT_FORMAT, IMAGES, MANIFEST, Manifest, UPPER};
 use super::seed::copy_tree;
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
@@ -62,6 +62,17 @@ impl JailDriver {
             size_bytes: disk_usage(dir),
             memory: m.memory,
         })
+    }
+
+    /// A checkpoint that failed before the sandbox was killed: give back an upper dir a pause
+    /// moved out, thaw the sandbox (it runs on with its state) and forget what was written.
+    async fn abandon_checkpoint(&self, handle: &DriverHandle, dir: &Path, slot_dir: &Path) {
+        let (moved, upper) = (dir.join(UPPER), slot_dir.join(UPPER));
+        if moved.exists() && !upper.exists() {
+            let _ = fs::rename(&moved, &upper);
+        }
+        let _ = self.set_frozen(handle, false).await;
+        let _ = fs::remove_dir_all(dir);
     }
 
     pub(super) async fn checkpoint_sandbox(
@@ -167,10 +178,11 @@ impl JailDriver {
             let manifest = manifest.clone();
             tokio::task::spawn_blocking(move || -> io::Result<std::path::PathBuf> {
                 let dir = cdir;
-                let log = slot_dir.join("sock").join(AGENT_LOG);
-                if log.exists() {
-                    copy_tree(&log, &dir.join(AGENT_LOG))?;
-                }
+                copy_sandbox_file(
+                    &slot_dir.join("sock").join(AGENT_LOG),
+                    &dir.join(AGENT_LOG),
+                    None,
+                )?;
                 let (from, to) = (slot_dir.join(UPPER), dir.join(UPPER));
                 if leave_running {
                     copy_tree(&from, &to)?;
@@ -196,25 +208,14 @@ impl JailDriver {
         let pending = match written {
             Ok(p) => p,
             Err(e) => {
-                // Put back a moved upper dir, thaw, and forget what was written.
-                let moved = dir.join(UPPER);
-                if !opts.leave_running && moved.exists() && !slot_dir.join(UPPER).exists() {
-                    let _ = fs::rename(&moved, slot_dir.join(UPPER));
-                }
-                let _ = self.set_frozen(handle, false).await;
-                let _ = fs::remove_dir_all(dir);
+                self.abandon_checkpoint(handle, dir, &slot_dir).await;
                 return Err(e);
             }
         };
         // Complete before the sandbox goes: a server dying in between leaves a live sandbox and
         // a complete checkpoint (either is a valid outcome), never neither.
         if let Err(e) = Manifest::commit(&pending, dir) {
-            let moved = dir.join(UPPER);
-            if !opts.leave_running && moved.exists() && !slot_dir.join(UPPER).exists() {
-                let _ = fs::rename(&moved, slot_dir.join(UPPER));
-            }
-            let _ = self.set_frozen(handle, false).await;
-            let _ = fs::remove_dir_all(dir);
+            self.abandon_checkpoint(handle, dir, &slot_dir).await;
             return Err(checkpoint_io(e, dir));
         }
         if opts.leave_running {

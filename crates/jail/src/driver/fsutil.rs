@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::{JailError, sys};
@@ -41,6 +41,37 @@ pub(super) fn mkdir_mode(path: &Path, mode: u32) -> Result<(), JailError> {
         .map_err(|e| JailError::io(format!("mkdir {}", path.display()), e))?;
     fs::set_permissions(path, fs::Permissions::from_mode(mode))
         .map_err(|e| JailError::io(format!("chmod {}", path.display()), e))
+}
+
+/// Copy a file the sandbox can replace (its agent log, in the socket directory it may write):
+/// never following a symlink it planted, never blocking on a FIFO, into a new file (`dst` must
+/// not exist), owned by `owner` when given (set on the open descriptor, not by path).
+/// `Ok(false)` when `src` is absent or not a regular file.
+pub(super) fn copy_sandbox_file(src: &Path, dst: &Path, owner: Option<u32>) -> io::Result<bool> {
+    let mut from = match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(src)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ELOOP) => {
+            return Ok(false);
+        }
+        Err(e) => return Err(e),
+    };
+    if !from.metadata()?.is_file() {
+        return Ok(false);
+    }
+    let mut to = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dst)?;
+    io::copy(&mut from, &mut to)?;
+    if let Some(uid) = owner {
+        std::os::unix::fs::fchown(&to, Some(uid), Some(uid))?;
+    }
+    Ok(true)
 }
 
 pub(super) fn chown(path: &Path, uid: u32) -> io::Result<()> {

@@ -25,10 +25,10 @@ use bulkhead_driver::{DriverError, DriverHandle, RestoreOptions, SandboxSpec, St
 
 use super::agent_sock::notify_restored;
 use super::checkpoint::{AGENT_KEY, SOCK_KEY, criu_error};
-use super::fsutil::chown;
+use super::fsutil::copy_sandbox_file;
 use super::launch::{LaunchError, run_launcher};
 use super::manifest::{AGENT_LOG, IMAGES, Manifest, UPPER};
-use super::seed::{Seed, copy_tree};
+use super::seed::Seed;
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
 use crate::cgroup::CgroupLimits;
 use crate::criu::{image, restore_args};
@@ -114,13 +114,12 @@ impl JailDriver {
         self.seed_upper(slot, seed).await?;
         let t_seed = t0.elapsed();
         let uid = self.slot_uid(slot);
-        let log = dir.join(AGENT_LOG);
-        if log.exists() {
-            let dst = sdir.join("sock").join(AGENT_LOG);
-            copy_tree(&log, &dst)
-                .and_then(|()| chown(&dst, uid))
-                .map_err(|e| DriverError::io("copy the agent log into the slot", e))?;
-        }
+        copy_sandbox_file(
+            &dir.join(AGENT_LOG),
+            &sdir.join("sock").join(AGENT_LOG),
+            Some(uid),
+        )
+        .map_err(|e| DriverError::io("copy the agent log into the slot", e))?;
         let lower = self.ensure_lower(slot, &spec.rootfs).await?;
         let procs = self
             .inner

@@ -25,12 +25,6 @@ pub(super) struct Seed {
     pub(super) slot: u32,
 }
 
-impl Seed {
-    pub(super) fn slot_hint(&self) -> u32 {
-        self.slot
-    }
-}
-
 /// `cp -a` with reflinks where the filesystem supports them (btrfs, xfs), a plain copy
 /// otherwise. Keeps owners, modes, times, xattrs (overlay whiteouts and opaque markers) and
 /// hard links.
@@ -91,7 +85,7 @@ impl JailDriver {
 
     /// After a failed start: give a moved upper dir back to the checkpoint.
     pub(super) fn unseed_upper(&self, slot: u32) {
-        give_back_seeded_upper(&self.slot_dir(slot));
+        prepare_slot_removal(&self.slot_dir(slot));
     }
 
     /// The start succeeded: the slot's upper dir is the sandbox's own now.
@@ -102,13 +96,13 @@ impl JailDriver {
 
 /// Where a slot's upper dir was moved from, while a start from a checkpoint is in flight. If
 /// the start fails, or the server dies before it completes, whoever removes the slot directory
-/// moves the upper dir back first ([`give_back_seeded_upper`]): a resume never loses the files.
+/// moves the upper dir back first ([`prepare_slot_removal`]): a resume never loses the files.
 pub(super) const SEED_ORIGIN: &str = "seed-origin";
 
 /// Before a slot directory is removed: the host's views of the overlay and volumes that a
 /// restore mounts (left mounted when the server died during the restore) are detached, and an upper dir moved
 /// in from a checkpoint by a start that did not complete goes back to that checkpoint.
-pub(super) fn give_back_seeded_upper(slot_dir: &Path) {
+pub(super) fn prepare_slot_removal(slot_dir: &Path) {
     let views = fs::read_dir(slot_dir)
         .into_iter()
         .flatten()

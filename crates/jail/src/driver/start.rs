@@ -25,7 +25,7 @@ use super::ca::sandbox_ca_bundle;
 use super::fsutil::{chown, mkdir_mode};
 use super::launch::{LaunchError, run_launcher};
 use super::resolv::write_resolv_conf;
-use super::seed::{Seed, give_back_seeded_upper};
+use super::seed::{Seed, prepare_slot_removal};
 use super::state::{DRIVER_NAME, HandleData, JailDriver, Sandbox};
 use crate::cgroup::CgroupLimits;
 use crate::mountplan::{AGENT_PATH, SOCK_DIR, SOCK_NAME};
@@ -46,7 +46,7 @@ impl JailDriver {
         if !spec.rootfs.is_dir() {
             return Err(StartError::RootfsMissing.into());
         }
-        let slot = self.reserve_slot_preferring(seed.map(|s| s.slot_hint()))?;
+        let slot = self.reserve_slot_preferring(seed.map(|s| s.slot))?;
         let cgroup_name = format!("{slot}-{:08x}", sys::random_u64() as u32);
         match self
             .start_in_slot(slot, &cgroup_name, spec, deadline, seed)
@@ -142,7 +142,7 @@ impl JailDriver {
     pub(super) fn fresh_slot_dir(&self, slot: u32) -> Result<PathBuf, JailError> {
         let dir = self.slot_dir(slot);
         if dir.exists() {
-            give_back_seeded_upper(&dir);
+            prepare_slot_removal(&dir);
             fs::remove_dir_all(&dir)
                 .map_err(|e| JailError::io(format!("clean {}", dir.display()), e))?;
         }

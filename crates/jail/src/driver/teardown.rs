@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bulkhead_driver::{DriverError, DriverHandle};
 
 use super::pidfd::{verified_pidfd, watch_pidfd};
-use super::seed::give_back_seeded_upper;
+use super::seed::prepare_slot_removal;
 use super::state::{CGROUP_DRAIN_BUDGET, DRIVER_NAME, JailDriver, STOP_EXIT_BUDGET};
 use crate::slots::SlotState;
 use crate::sys;
@@ -103,7 +103,7 @@ impl JailDriver {
         if slot_is_ours {
             let dir = self.slot_dir(slot);
             let r = tokio::task::spawn_blocking(move || {
-                give_back_seeded_upper(&dir);
+                prepare_slot_removal(&dir);
                 match fs::remove_dir_all(&dir) {
                     Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
                     other => other
