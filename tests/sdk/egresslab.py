@@ -9,7 +9,8 @@
 - `UpstreamLab` creates a network namespace `bh-up-<pid>` joined to the host by a veth pair in
   `LAB_NET`.0/24 (host .1, namespace .10) and runs an HTTP (80) and an HTTPS (443) server there
   that answer every request with its method, path and header names (values hashed) as JSON and
-  log the full requests on the host side. `close()` kills the
+  log the full requests on the host side (or, under `/files/`, serve static files from a
+  directory the test fills, e.g. a package index). `close()` kills the
   servers and deletes the namespace (and with it the veth pair).
 """
 
@@ -109,8 +110,30 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 LOG = open(sys.argv[3], "a", buffering=1)
 LOCK = threading.Lock()
 
+FILES = sys.argv[4] if len(sys.argv) > 4 else ""
+
 class H(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    def _file(self):
+        # /files/<rel>: static files from the lab's files dir (a package index, say); a
+        # directory answers with its index.html.
+        import os.path
+        rel = self.path.split("?", 1)[0][len("/files/"):]
+        p = os.path.realpath(os.path.join(FILES, rel))
+        if os.path.isdir(p):
+            p = os.path.join(p, "index.html")
+        if not FILES or not p.startswith(os.path.realpath(FILES) + "/") or not os.path.isfile(p):
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = open(p, "rb").read()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html" if p.endswith(".html") else "application/octet-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
     def _answer(self):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
@@ -121,6 +144,8 @@ class H(BaseHTTPRequestHandler):
         }
         with LOCK:  # the full request (values included) only goes to the host-side log
             LOG.write(json.dumps(seen) + "\n")
+        if self.path.startswith("/files/") and self.command in ("GET", "HEAD"):
+            return self._file()
         # The answer carries header values only as hashes: a sandbox must never get a secret
         # back through the echo.
         seen["headers"] = [[k, hashlib.sha256(v.encode()).hexdigest()] for k, v in self.headers.items()]
@@ -150,8 +175,10 @@ threading.Event().wait()
 class UpstreamLab:
     """The namespace with the echo servers. Use as a context manager or call `close()`."""
 
-    def __init__(self, pki: TestPki):
+    def __init__(self, pki: TestPki, files: Optional[Path] = None):
         self.pki = pki
+        # Served under /files/ by both servers (e.g. a PEP 503 package index).
+        self.files = files
         pid = os.getpid()
         self.netns = f"bh-up-{pid}"
         self.veth_host = f"bhu{pid % 10**7}h"
@@ -185,7 +212,8 @@ class UpstreamLab:
             _run(*ns, "ip", "link", "set", "lo", "up")
             self._script.write_text(ECHO_SERVER)
             self.proc = subprocess.Popen(
-                [*ns, sys.executable, str(self._script), str(self.pki.leaf_cert), str(self.pki.leaf_key), str(self.log)],
+                [*ns, sys.executable, str(self._script), str(self.pki.leaf_cert), str(self.pki.leaf_key), str(self.log),
+                 *([str(self.files)] if self.files else [])],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
             )
             line = self.proc.stdout.readline()

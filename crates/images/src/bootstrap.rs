@@ -191,7 +191,7 @@ mod tests {
 
     #[test]
     fn commands_have_the_recipe() {
-        let r = TemplateRecipe::base();
+        let r = TemplateRecipe::debian();
         let c = bootstrap_command(
             BootstrapTool::Debootstrap,
             Path::new("/usr/sbin/debootstrap"),
@@ -209,7 +209,7 @@ mod tests {
             [
                 "--variant=minbase",
                 "--components=main",
-                "--include=bash,ca-certificates,coreutils,curl,git,iproute2,less,netbase,procps,python3",
+                "--include=bash,build-essential,ca-certificates,coreutils,curl,gh,git,iproute2,less,netbase,procps,python-is-python3,python3,python3-dev,python3-pip,python3-venv,sudo,unzip,wget,xz-utils,zip",
                 "bookworm",
                 "/t",
                 "http://m/debian"

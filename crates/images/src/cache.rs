@@ -355,7 +355,7 @@ mod tests {
     async fn ready_entries_are_returned_without_building() {
         let dir = tempfile::tempdir().unwrap();
         let cache = ImageCache::new(dir.path());
-        let recipe = TemplateRecipe::base();
+        let recipe = TemplateRecipe::debian();
         assert!(!cache.is_ready(&recipe));
         assert!(cache.list().unwrap().is_empty());
 

@@ -3,29 +3,52 @@
 //! plain data; this is the one place that knows which ones ship with Bulkhead.
 
 use crate::interpreter;
-use crate::recipe::TemplateRecipe;
+use crate::nodejs;
+use crate::recipe::{BuildStep, FileAsset, TemplateRecipe};
+
+/// Debian marks its Python "externally managed"; E2B sandboxes let `pip install x` work, so the
+/// marker goes (pip then installs system-wide as root, into the user site as `user`).
+pub(crate) const REMOVE_EXTERNALLY_MANAGED: &str = "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED";
+
+/// `user` may become root with `sudo` without a password, as on E2B.
+const SUDOERS: &str = "/etc/sudoers.d/user";
+const SUDOERS_RULE: &str = "user ALL=(ALL:ALL) NOPASSWD: ALL\n";
 
 impl TemplateRecipe {
-    /// The default template: Debian bookworm `minbase` plus what agents expect to find.
+    /// The Debian layer under `base`: bookworm `minbase` plus the Debian packages of E2B's
+    /// `base` (the `python:3.11` image's: Python 3.11 with pip, venv and headers,
+    /// `build-essential`, git, curl, wget, unzip) and `sudo` and `gh`. Not served as a template
+    /// of its own; kept as a separate layer so the bootstrap tools are tested on it alone.
     ///
     /// bash and coreutils are Essential (always in minbase) but listed because sandboxes rely on
     /// them; passwd (Priority: required) is in minbase already. `netbase` provides /etc/services
-    /// and /etc/protocols, which socket libraries look up. No sudo: `root` is a separate user.
-    pub fn base() -> Self {
+    /// and /etc/protocols, which socket libraries look up.
+    pub fn debian() -> Self {
         TemplateRecipe {
-            id: "base".to_owned(),
+            id: "debian-bookworm".to_owned(),
             suite: "bookworm".to_owned(),
             packages: [
                 "bash",
+                "build-essential",
                 "ca-certificates",
                 "coreutils",
                 "curl",
+                "gh",
                 "git",
                 "iproute2",
                 "less",
                 "netbase",
                 "procps",
+                "python-is-python3",
                 "python3",
+                "python3-dev",
+                "python3-pip",
+                "python3-venv",
+                "sudo",
+                "unzip",
+                "wget",
+                "xz-utils",
+                "zip",
             ]
             .into_iter()
             .map(str::to_owned)
@@ -34,6 +57,35 @@ impl TemplateRecipe {
             recipe_version: 1,
             parent: None,
             steps: Vec::new(),
+        }
+    }
+
+    /// The default template, what E2B's `base` has: [`debian`](Self::debian) plus Node.js 20
+    /// (the official build), npm and yarn; `pip install` allowed system-wide (Debian's
+    /// "externally managed" marker removed, as in the `python` images); `user` may use `sudo`
+    /// without a password (inside the sandbox that grants nothing beyond the sandbox's own root,
+    /// which the API hands out anyway).
+    pub fn base() -> Self {
+        let debian = TemplateRecipe::debian();
+        TemplateRecipe {
+            id: "base".to_owned(),
+            suite: debian.suite.clone(),
+            packages: Vec::new(),
+            extra_ca_bundle: None,
+            recipe_version: 1,
+            parent: Some(Box::new(debian)),
+            steps: vec![
+                BuildStep::Run {
+                    command: REMOVE_EXTERNALLY_MANAGED.to_owned(),
+                },
+                BuildStep::Run {
+                    command: nodejs::install_script(),
+                },
+                BuildStep::Npm {
+                    packages: vec![nodejs::YARN.to_owned()],
+                },
+                BuildStep::File(FileAsset::new(SUDOERS, SUDOERS_RULE, 0o440)),
+            ],
         }
     }
 
@@ -57,10 +109,7 @@ impl TemplateRecipe {
         TemplateRecipe {
             id: interpreter::TEMPLATE_ID.to_owned(),
             suite: base.suite.clone(),
-            packages: interpreter::DEBIAN_PACKAGES
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            packages: Vec::new(),
             extra_ca_bundle: None,
             recipe_version: 1,
             parent: Some(Box::new(base)),
@@ -72,7 +121,7 @@ impl TemplateRecipe {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::interpreter::{KERNELS_JSON, REMOVE_EXTERNALLY_MANAGED, STARTUP, TEMPLATE_ID};
+    use crate::interpreter::{KERNELS_JSON, STARTUP, TEMPLATE_ID};
     use crate::recipe::{BuildStep, debian_arch};
 
     /// The image cache (/var/cache/bulkhead/images) is keyed by these hashes and a rebuild
@@ -83,12 +132,12 @@ mod tests {
         if debian_arch() == "amd64" {
             assert_eq!(
                 TemplateRecipe::base().content_hash(),
-                "c41be0a75d173f45c2ca033944c8320e4a4e088d05c520e1cbf080f95d67f394",
+                "7fada7e9475a555d5692259418e15d1f1ea4122b2642a54bcb0f6940802d1011",
                 "base recipe hash changed"
             );
             assert_eq!(
                 TemplateRecipe::code_interpreter().content_hash(),
-                "0c05251798e7b160f39250c2c549462890389984c7cb353483acff224e167ea8",
+                "995aa4fc89aff05535fe2ef85767c1fd8a5ae3d73f6e7e736d3137b90294927a",
                 "code-interpreter-v1 recipe hash changed"
             );
         }
@@ -126,17 +175,53 @@ mod tests {
             .collect();
         assert!(files.contains(&KERNELS_JSON));
         assert!(files.contains(&STARTUP));
-        // EXTERNALLY-MANAGED goes before pip runs, or pip refuses to install.
-        let rm = r.steps.iter().position(|s| {
-            *s == BuildStep::Run {
-                command: REMOVE_EXTERNALLY_MANAGED.into(),
+        // pip and npm come with base: nothing from Debian on top.
+        assert!(r.packages.is_empty());
+        assert_eq!(TemplateRecipe::builtin(TEMPLATE_ID), Some(r));
+    }
+
+    #[test]
+    fn base_is_e2b_base_on_the_debian_layer() {
+        let base = TemplateRecipe::base();
+        base.validate().unwrap();
+        let debian = base.parent.as_deref().expect("base is layered");
+        assert_eq!(debian, &TemplateRecipe::debian());
+        for p in [
+            "build-essential",
+            "python3-pip",
+            "python3-venv",
+            "sudo",
+            "git",
+            "curl",
+        ] {
+            assert!(debian.packages.iter().any(|x| x == p), "{p}");
+        }
+        // EXTERNALLY-MANAGED goes before anything installs with pip (here or in a child).
+        assert_eq!(
+            base.steps[0],
+            BuildStep::Run {
+                command: REMOVE_EXTERNALLY_MANAGED.into()
             }
-        });
-        let pip = r
+        );
+        // Node.js (with npm) before the npm step that needs it.
+        let node = base.steps.iter().position(
+            |s| matches!(s, BuildStep::Run { command } if command.contains("node-linux-")),
+        );
+        let npm = base
             .steps
             .iter()
-            .position(|s| matches!(s, BuildStep::Pip { .. }));
-        assert!(rm.unwrap() < pip.unwrap());
-        assert_eq!(TemplateRecipe::builtin(TEMPLATE_ID), Some(r));
+            .position(|s| matches!(s, BuildStep::Npm { .. }));
+        assert!(node.unwrap() < npm.unwrap());
+        let sudoers = base.steps.iter().find_map(|s| match s {
+            BuildStep::File(f) if f.path() == SUDOERS => Some(f),
+            _ => None,
+        });
+        let sudoers = sudoers.expect("sudoers rule");
+        assert_eq!(
+            sudoers.mode(),
+            0o440,
+            "sudo ignores group/world-writable rules"
+        );
+        assert_eq!(sudoers.contents(), b"user ALL=(ALL:ALL) NOPASSWD: ALL\n");
     }
 }

@@ -31,10 +31,6 @@ const DENO: &str = "/usr/local/bin/deno";
 pub(crate) const STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_startup.py";
 const SQL_STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_sql.py";
 
-/// Debian packages on top of `base`: pip for users' own installs, Node.js 18 and npm (E2B
-/// sandboxes have them; the npm step below needs npm).
-pub(crate) const DEBIAN_PACKAGES: &[&str] = &["nodejs", "npm", "python3-pip"];
-
 /// PyPI packages, each pinned, including every dependency, so one recipe hash always yields
 /// the same tree. Resolved for CPython 3.11 (bookworm) on manylinux wheels.
 const PIP_PACKAGES: &[&str] = &[
@@ -98,10 +94,6 @@ const PIP_PACKAGES: &[&str] = &[
 /// npm packages installed globally. `deno` ships its binary in the pinned optional dependency
 /// `@deno/linux-x64-glibc` (or arm64), so nothing is downloaded from GitHub.
 const NPM_PACKAGES: &[&str] = &["deno@2.9.6"];
-
-/// Debian marks its Python "externally managed"; E2B sandboxes let `pip install x` work, so the
-/// marker goes (pip then installs system-wide as root, into the user site as `user`).
-pub(crate) const REMOVE_EXTERNALLY_MANAGED: &str = "rm -f /usr/lib/python3*/EXTERNALLY-MANAGED";
 
 /// matplotlib builds its font cache on first import (seconds); do it once at build time in the
 /// sandbox user's cache so the first chart is fast. Also checks that every promised module
@@ -240,10 +232,8 @@ pub fn asset_paths() -> Vec<&'static str> {
 
 /// The build steps on top of `base`, in order (the order is part of the content hash).
 pub(crate) fn layer_steps() -> Vec<BuildStep> {
+    // (pip may install system-wide and npm is Node.js 20's: both come with `base`.)
     let mut steps = vec![
-        BuildStep::Run {
-            command: REMOVE_EXTERNALLY_MANAGED.to_owned(),
-        },
         BuildStep::Pip {
             packages: PIP_PACKAGES.iter().map(|s| s.to_string()).collect(),
         },

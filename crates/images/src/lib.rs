@@ -35,6 +35,7 @@ mod fsutil;
 mod interpreter;
 mod layer;
 mod mirror;
+mod nodejs;
 mod progress;
 mod recipe;
 mod source;

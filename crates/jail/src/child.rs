@@ -159,10 +159,13 @@ fn setup_and_exec(
     // SAFETY: umask cannot fail.
     unsafe { libc::umask(0o022) };
 
-    confine::limit_capabilities(confine::DOCKER_DEFAULT_CAPS)?;
-    confine::set_no_new_privs()?;
+    // Landlock and seccomp go on while the init still holds CAP_SYS_ADMIN in the sandbox's user
+    // namespace, which the kernel accepts in place of `no_new_privs`. Without that bit, set-uid
+    // programs work inside (`sudo`, as on E2B): they reach the sandbox's own root with the
+    // capability set below, never anything outside the user namespace, and the filters stay.
     confine::apply_landlock()?;
     seccomp::install(programs).map_err(|e| format!("install seccomp filter: {e}"))?;
+    confine::limit_capabilities(confine::DOCKER_DEFAULT_CAPS)?;
 
     let argv: Vec<CString> = spec
         .argv

@@ -1,5 +1,5 @@
-//! Last steps before `execve`: capabilities, `no_new_privs`, Landlock. Run in the launcher's
-//! child, after `pivot_root`, so paths are sandbox paths.
+//! Last steps before `execve`: Landlock and capabilities (no `no_new_privs`: see `child`). Run
+//! in the launcher's child, after `pivot_root`, so paths are sandbox paths.
 
 /// Docker's default capability set: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID,
 /// SETPCAP, NET_BIND_SERVICE, NET_RAW, SYS_CHROOT, MKNOD, AUDIT_WRITE, SETFCAP. Inside the user
@@ -78,14 +78,6 @@ pub fn limit_capabilities(keep: u64) -> Result<(), String> {
     // SAFETY: header and the two-element data array (v3 layout) are valid for the call.
     if unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) } < 0 {
         return Err(errno_msg("capset"));
-    }
-    Ok(())
-}
-
-pub fn set_no_new_privs() -> Result<(), String> {
-    // SAFETY: prctl with integer arguments.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
-        return Err(errno_msg("PR_SET_NO_NEW_PRIVS"));
     }
     Ok(())
 }

@@ -9,8 +9,9 @@
 //! The server is multi-threaded, so it never calls `clone`; a short-lived launcher process
 //! (see [`launcher`]) does, then exits, and the sandbox init is re-parented to the server,
 //! which is a child subreaper and reaps it through a pidfd. Hardening: Docker's default
-//! capability set inside the user namespace, `no_new_privs`, Landlock, and a seccomp deny-list
-//! kept as data in `policy/seccomp.json`.
+//! capability set inside the user namespace, Landlock, and a seccomp deny-list kept as data in
+//! `policy/seccomp.json` (installed with CAP_SYS_ADMIN in the user namespace rather than with
+//! `no_new_privs`, so set-uid programs such as `sudo` reach the sandbox's own root).
 //!
 //! x86_64 only (the seccomp policy and the raw `clone` calls are architecture-specific).
 

@@ -400,10 +400,31 @@ pub fn builtin_programs() -> Result<Vec<BpfProgram>, PolicyError> {
     Policy::builtin().compile()?.programs()
 }
 
-/// Install the programs on the calling thread. Requires `no_new_privs`.
+/// Install the programs on the calling thread. Requires `no_new_privs` or CAP_SYS_ADMIN in the
+/// thread's user namespace; sets neither (`seccompiler::apply_filter` would set
+/// `no_new_privs`, which would disable set-uid programs in the sandbox).
 pub fn install(programs: &[BpfProgram]) -> Result<(), String> {
     for p in programs {
-        seccompiler::apply_filter(p).map_err(|e| e.to_string())?;
+        if p.is_empty() {
+            return Err("empty seccomp program".into());
+        }
+        let len = u16::try_from(p.len()).map_err(|_| "seccomp program too long".to_string())?;
+        let prog = libc::sock_fprog {
+            len,
+            filter: p.as_ptr() as *mut libc::sock_filter,
+        };
+        // SAFETY: `prog` points at `p`, which outlives the call; the kernel copies the program.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                0u64,
+                &prog as *const libc::sock_fprog,
+            )
+        };
+        if r != 0 {
+            return Err(format!("seccomp: {}", std::io::Error::last_os_error()));
+        }
     }
     Ok(())
 }

@@ -85,9 +85,12 @@ pub fn ruleset() -> Result<RulesetCreated, String> {
     Ok(ruleset)
 }
 
-/// Apply the ruleset to the calling thread (and what it then executes).
+/// Apply the ruleset to the calling thread (and what it then executes). Does not set
+/// `no_new_privs`: the caller holds CAP_SYS_ADMIN in its user namespace instead (the jail's
+/// init, before it drops its capabilities), so set-uid programs keep working in the sandbox.
 pub fn restrict_self() -> Result<RulesetStatus, String> {
     let status = ruleset()?
+        .no_new_privs(false)
         .restrict_self()
         .map_err(|e| err("restrict_self", &e))?;
     Ok(status.ruleset)

@@ -93,7 +93,10 @@ impl BuildStep {
                 format!("pip install ({} pinned packages)", packages.len())
             }
             BuildStep::Npm { packages } => format!("npm install -g {}", packages.join(" ")),
-            BuildStep::Run { command } => format!("run: {command}"),
+            // Multi-line scripts are named by their first line.
+            BuildStep::Run { command } => {
+                format!("run: {}", command.lines().next().unwrap_or_default())
+            }
             BuildStep::File(f) => format!("write {} ({} bytes)", f.path, f.contents.len()),
         }
     }

@@ -42,6 +42,26 @@ async fn build(cache: &ImageCache, recipe: &TemplateRecipe) -> PathBuf {
     }
 }
 
+/// What `base` adds to the Debian layer, as E2B's base has it: Node.js 20 with npm and yarn,
+/// pip allowed system-wide, passwordless sudo for `user`.
+fn check_e2b_base(rootfs: &Path) {
+    let out = in_tree_as_user(rootfs, &["node", "-e", "console.log(process.version)"]);
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(v.starts_with("v20."), "node: {out:?}");
+    for (tool, prefix) in [("npm", "10."), ("yarn", "1.")] {
+        let out = in_tree_as_user(rootfs, &[tool, "--version"]);
+        let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(v.starts_with(prefix), "{tool}: {out:?}");
+    }
+    let externally_managed = std::fs::read_dir(rootfs.join("usr/lib"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .any(|e| e.path().join("EXTERNALLY-MANAGED").exists());
+    assert!(!externally_managed, "pip must be allowed to install");
+    let rule = std::fs::metadata(rootfs.join("etc/sudoers.d/user")).unwrap();
+    assert_eq!((rule.uid(), rule.mode() & 0o7777), (0, 0o440));
+}
+
 fn chroot(rootfs: &Path, args: &[&str]) -> std::process::Output {
     Command::new("/usr/sbin/chroot")
         .arg(rootfs)
@@ -51,7 +71,8 @@ fn chroot(rootfs: &Path, args: &[&str]) -> std::process::Output {
         .expect("run chroot")
 }
 
-/// What every build of the base recipe must contain, whichever tool made it.
+/// What every build of the Debian layer (and so of `base` and its children) must contain,
+/// whichever tool made it.
 fn check_base_tree(rootfs: &Path) {
     for bin in [
         "usr/bin/python3",
@@ -61,6 +82,11 @@ fn check_base_tree(rootfs: &Path) {
         "usr/bin/ps",
         "usr/sbin/ip",
         "usr/bin/less",
+        "usr/bin/gcc",
+        "usr/bin/make",
+        "usr/bin/sudo",
+        "usr/bin/gh",
+        "usr/bin/unzip",
     ] {
         assert!(rootfs.join(bin).exists(), "{bin} missing");
     }
@@ -75,7 +101,9 @@ fn check_base_tree(rootfs: &Path) {
     let home = std::fs::metadata(rootfs.join("home/user")).unwrap();
     assert_eq!((home.uid(), home.gid()), (1000, 1000));
     assert!(rootfs.join("home/user/.bashrc").is_file());
-    assert!(!rootfs.join("usr/sbin/sudo").exists() && !rootfs.join("usr/bin/sudo").exists());
+    // sudo is set-uid root (sandboxes run it without no_new_privs).
+    let sudo = std::fs::metadata(rootfs.join("usr/bin/sudo")).unwrap();
+    assert_eq!((sudo.uid(), sudo.mode() & 0o4000), (0, 0o4000));
     assert!(
         rootfs.join("usr/share/doc/bash/copyright").is_file(),
         "licences kept"
@@ -132,6 +160,7 @@ async fn builds_the_base_template_and_caches_it() {
     assert!(cache.is_ready(&recipe));
 
     check_base_tree(&rootfs);
+    check_e2b_base(&rootfs);
 
     // Cached now: a further build returns at once.
     let t = Instant::now();
@@ -243,7 +272,7 @@ async fn debootstrap_fallback_builds_the_same_template() {
         .tempdir_in("/var/tmp")
         .unwrap();
     let cache = ImageCache::new(dir.path()).with_tool(BootstrapTool::Debootstrap);
-    let recipe = TemplateRecipe::base();
+    let recipe = TemplateRecipe::debian();
     let started = Instant::now();
     let rootfs = build(&cache, &recipe).await;
     check_base_tree(&rootfs);
@@ -317,6 +346,7 @@ async fn builds_the_code_interpreter_template_on_base() {
     assert_eq!(info.tool, "layer");
     assert!(cache.is_ready(&TemplateRecipe::base()), "parent built too");
     check_base_tree(&rootfs);
+    check_e2b_base(&rootfs);
 
     // kernels.json is the one the recipe generates, and every kernel program exists.
     let kernels = std::fs::read_to_string(rootfs.join("opt/bulkhead/interpreter/kernels.json"))
