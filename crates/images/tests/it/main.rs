@@ -292,12 +292,13 @@ async fn debootstrap_fallback_builds_the_same_template() {
     );
 }
 
-/// Runs `args` in the tree as `user`, with /proc mounted (Deno needs /proc/self/exe) in a
-/// private mount namespace, so nothing is left mounted in the cached tree.
+/// Runs `args` in the tree as `user`, with /proc mounted (Deno needs /proc/self/exe) and a
+/// tmpfs on /tmp (yarn leaves a compile cache there) in a private mount namespace, so nothing
+/// is left mounted in, or written to, the cached tree.
 fn in_tree_as_user(rootfs: &Path, args: &[&str]) -> std::process::Output {
     Command::new("unshare")
         .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-ec"])
-        .arg(r#"mount -t proc proc "$0/proc"; exec /usr/sbin/chroot --userspec=1000:1000 "$0" /usr/bin/env HOME=/home/user "$@""#)
+        .arg(r#"mount -t proc proc "$0/proc"; mount -t tmpfs tmpfs "$0/tmp"; exec /usr/sbin/chroot --userspec=1000:1000 "$0" /usr/bin/env HOME=/home/user "$@""#)
         .arg(rootfs)
         .args(args)
         .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin")
