@@ -329,7 +329,8 @@ mod tests {
     fn the_defaults_are_valid() {
         let c = config();
         c.validate().unwrap();
-        assert_eq!(c.slots(), 500 + 2 * 4 + 8);
+        // Every sandbox, each served pool at its max plus a start in flight, and spares.
+        assert_eq!(c.slots(), 500 + (128 + 1) + (8 + 1) + 8);
         assert_eq!(
             c.image_cache_dir(),
             PathBuf::from("/var/lib/bulkhead/images")
