@@ -190,6 +190,10 @@ class BulkheadServer:
             os.environ.get("BULKHEAD_TEST_LOG_LEVEL", "info"),
             *(extra_args or []),
         ]
+        if not any(a.startswith("--pool") for a in (extra_args or [])):
+            # A fixed warm pool: the leak test compares the host's sandbox resources before and
+            # after 200 creates, which an adaptive pool grows (by design) for minutes.
+            argv += ["--pool-size", "2"]
         env = dict(os.environ)
         env["BULKHEAD_API_KEY"] = key
         # The server must not pick up a developer's own settings.

@@ -79,6 +79,12 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
             StatusCode::TOO_MANY_REQUESTS,
             Some("sandbox_capacity_unavailable"),
         ),
+        // No `Retry-After`: the SDKs would retry silently; the caller decides (E2B's SDKs
+        // raise their rate-limit error).
+        EngineError::TooManyCreates { .. } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            Some("too_many_concurrent_creates"),
+        ),
         // E2B's code for a create that failed on the way; other verbs fail as plain 500s.
         EngineError::Driver { op, .. }
         | EngineError::Agent { op, .. }

@@ -41,7 +41,7 @@ async fn ctx() -> Ctx {
         store,
         driver.clone(),
         EngineConfig {
-            pool_size: 0,
+            pools: bulkhead_engine::PoolConfig::fixed(0),
             ..Default::default()
         },
     );

@@ -6,8 +6,10 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use bulkhead_engine::{AdmissionLimits, PoolConfig, PoolLimits};
 use bulkhead_server::{
     BuiltTemplate, KeyBootstrap, NetworkConfig, NetworkDefault, Server, ServerConfig, TemplateSize,
+    default_pools,
 };
 
 use crate::args::DataArgs;
@@ -22,9 +24,22 @@ pub struct ServeArgs {
     /// Log level (error, warn, info, debug, trace) or a tracing filter.
     #[arg(long, env = "BULKHEAD_LOG", default_value = "info")]
     pub log_level: String,
-    /// Warm sandboxes kept ready per template.
-    #[arg(long, env = "BULKHEAD_POOL_SIZE", default_value_t = 2)]
-    pub pool_size: usize,
+    /// Warm sandboxes kept ready per template, fixed (the pools do not adapt to demand);
+    /// `--pool` entries override it per template.
+    #[arg(long, env = "BULKHEAD_POOL_SIZE")]
+    pub pool_size: Option<usize>,
+    /// Warm pool bounds of one template, `NAME=MIN..MAX` (or `NAME=N`, fixed); repeatable or
+    /// comma-separated. The pool grows toward the template's recent create rate within them
+    /// and shrinks back when idle. Default: every template 2..128, code-interpreter-v1 2..8.
+    #[arg(long, env = "BULKHEAD_POOL", value_delimiter = ',', value_parser = parse_pool)]
+    pub pool: Vec<(String, PoolLimits)>,
+    /// Creates doing work at once; more wait their turn in arrival order.
+    #[arg(long, env = "BULKHEAD_MAX_CONCURRENT_CREATES", default_value_t = 16)]
+    pub max_concurrent_creates: usize,
+    /// Creates waiting for a turn; one more is refused at once with a 429 (E2B's rate-limit
+    /// error in the SDKs).
+    #[arg(long, env = "BULKHEAD_MAX_QUEUED_CREATES", default_value_t = 1024)]
+    pub max_queued_creates: usize,
     /// Sandbox TTL when the client gives none, in seconds.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -82,7 +97,39 @@ pub struct ServeArgs {
     pub volume_max_bytes: u64,
 }
 
+/// `NAME=MIN..MAX` or `NAME=N`.
+fn parse_pool(s: &str) -> Result<(String, PoolLimits), String> {
+    let (name, bounds) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=MIN..MAX (e.g. base=4..128) or NAME=N"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<usize>()
+            .map_err(|_| format!("{s:?}: {v:?} is not a number of sandboxes"))
+    };
+    let limits = match bounds.split_once("..") {
+        Some((min, max)) => PoolLimits {
+            min: num(min)?,
+            max: num(max)?,
+        },
+        None => PoolLimits::fixed(num(bounds)?),
+    };
+    Ok((name.trim().to_string(), limits))
+}
+
 impl ServeArgs {
+    /// Pool bounds: `--pool-size` (fixed for all) or the defaults, then the `--pool` entries.
+    fn pools(&self) -> PoolConfig {
+        let mut c = match self.pool_size {
+            Some(n) => PoolConfig::fixed(n),
+            None => default_pools(),
+        };
+        for (name, limits) in &self.pool {
+            c.per_template.insert(name.clone(), *limits);
+        }
+        c
+    }
+
     /// The server configuration these flags (and `BULKHEAD_API_KEY`) describe.
     fn config(&self) -> ServerConfig {
         let net = &self.network;
@@ -92,7 +139,11 @@ impl ServeArgs {
             database_url: self.data.database_url.clone(),
             image_cache: self.data.image_cache.clone(),
             api_key: std::env::var("BULKHEAD_API_KEY").ok(),
-            pool_size: self.pool_size,
+            pools: self.pools(),
+            admission: AdmissionLimits {
+                max_concurrent: self.max_concurrent_creates,
+                max_queued: self.max_queued_creates,
+            },
             default_timeout: Duration::from_secs(self.default_timeout),
             max_timeout: Duration::from_secs(self.max_timeout),
             max_sandboxes: self.max_sandboxes,
@@ -232,6 +283,32 @@ mod tests {
             }
         );
         assert_eq!(c.network.default, NetworkDefault::Deny);
+        assert_eq!(c.pools, default_pools());
+        assert_eq!(c.admission.max_concurrent, 16);
+    }
+
+    #[test]
+    fn pool_flags_set_bounds_per_template_and_pool_size_fixes_the_rest() {
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--pool-size",
+            "3",
+            "--pool",
+            "base=4..64",
+            "--pool",
+            "code-interpreter-v1=1",
+        ])
+        .unwrap();
+        let c = cli.serve.config();
+        assert_eq!(c.pools.limits("base"), PoolLimits { min: 4, max: 64 });
+        assert_eq!(c.pools.limits("code-interpreter-v1"), PoolLimits::fixed(1));
+        assert_eq!(c.pools.limits("other"), PoolLimits::fixed(3));
+        let bad = Cli::try_parse_from(["serve", "--pool", "base=4-8"]);
+        assert!(bad.is_err());
+        let cli =
+            Cli::try_parse_from(["serve", "--templates", "base", "--pool", "base=9..3"]).unwrap();
+        let e = cli.serve.config().validate().unwrap_err().to_string();
+        assert!(e.contains("minimum is above the maximum"), "{e}");
     }
 
     #[test]

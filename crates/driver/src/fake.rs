@@ -107,6 +107,8 @@ pub struct FakeDriver {
     pub restores: AtomicI32,
     /// How long `restore` takes (to let tests overlap concurrent resumes).
     pub restore_delay: Mutex<std::time::Duration>,
+    /// How long `start` takes (to let tests overlap concurrent creates).
+    pub start_delay: Mutex<std::time::Duration>,
 }
 
 impl Default for FakeDriver {
@@ -132,6 +134,7 @@ impl FakeDriver {
             checkpoints: AtomicI32::new(0),
             restores: AtomicI32::new(0),
             restore_delay: Mutex::default(),
+            start_delay: Mutex::default(),
         }
     }
 
@@ -251,6 +254,10 @@ impl Driver for FakeDriver {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        let delay = *self.start_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
         if let Some(fail) = *self.fail_start.lock().unwrap() {
             return Err(fail());
         }

@@ -4,14 +4,20 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::admission::AdmissionLimits;
+use crate::pool_policy::PoolConfig;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// TTL when the client gives none (E2B: 300 s).
     pub default_timeout: Duration,
     /// Largest TTL a client may ask for.
     pub max_timeout: Duration,
-    /// Started, anonymous sandboxes kept ready per template.
-    pub pool_size: usize,
+    /// Warm pool bounds per template (started, anonymous sandboxes kept ready; the filler
+    /// sizes each pool to its demand within them).
+    pub pools: PoolConfig,
+    /// Creates running at once and waiting beyond those; more are refused with a 429.
+    pub admission: AdmissionLimits,
     /// envd version reported to SDKs (they gate features on it).
     pub envd_version: String,
     /// Most sandboxes running at once (pool members not counted).
@@ -43,7 +49,8 @@ impl Default for EngineConfig {
         Self {
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
-            pool_size: 2,
+            pools: PoolConfig::default(),
+            admission: AdmissionLimits::default(),
             envd_version: bulkhead_envd::ENVD_VERSION.into(),
             max_sandboxes: 1000,
             dead_retention: Duration::from_secs(3600),

@@ -45,7 +45,30 @@ pub(crate) struct CheckpointSource {
 }
 
 impl Engine {
+    /// Create a sandbox. Admitted first (see `admission`): beyond the running and queued
+    /// limits the answer is [`EngineError::TooManyCreates`] at once. Once its turn comes the
+    /// create runs to its end in its own task, so a client that goes away mid-create leaves a
+    /// recorded sandbox (ended by its TTL) and never an unrecorded one.
     pub async fn create(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let ticket = self.admission.enter()?;
+        let turn = self.admission.turn(ticket).await;
+        let engine = Arc::clone(self);
+        let caller = caller.clone();
+        let task = tokio::spawn(async move {
+            let _turn = turn;
+            engine.create_admitted(&caller, req).await
+        });
+        match task.await {
+            Ok(r) => r,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
+    async fn create_admitted(
         self: &Arc<Self>,
         caller: &Caller,
         req: CreateRequest,
@@ -56,7 +79,10 @@ impl Engine {
             req.template.as_str()
         };
         let source = match self.template(template_name) {
-            Some(t) => Source::Template(t),
+            Some(t) => {
+                self.record_pool_demand(&t.id);
+                Source::Template(t)
+            }
             // E2B: a snapshot is a template; creating from it restores it.
             None => match self.snapshot_source(template_name).await? {
                 Some(s) => Source::Checkpoint(s),

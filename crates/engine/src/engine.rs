@@ -1,6 +1,7 @@
 //! The engine's shared state: one [`Engine`] value that every verb module extends with its own
 //! `impl Engine` block (`create`, `kill`, `timeout`, `connect`, `usage`, `network_ops`,
-//! `secrets`, `signed_urls`, `sandboxes`, `templates`, `recovery`, `reaper`, `filler`). It
+//! `secrets`, `signed_urls`, `sandboxes`, `templates`, `recovery`, `reaper`, `filler`,
+//! `pool_source`). It
 //! imports only leaf modules, so no verb module depends on another.
 
 use std::collections::{HashMap, VecDeque};
@@ -10,12 +11,14 @@ use bulkhead_store::Store;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::admission::Admission;
 use crate::config::EngineConfig;
 use crate::driver::{Driver, DriverHandle};
 use crate::error::EngineError;
 use crate::keys;
 use crate::live::LiveSet;
 use crate::network::{EgressControl, StoreAuditSink};
+use crate::pool_policy::Demand;
 use crate::types::{Caller, TemplateInfo};
 use crate::volume_storage::VolumeStorage;
 
@@ -29,6 +32,10 @@ pub struct Engine {
     pub(crate) live: LiveSet,
     pub(crate) pools: Mutex<HashMap<String, VecDeque<DriverHandle>>>,
     pub(crate) pool_wakeup: Notify,
+    /// Creates per template, which the filler sizes each pool to.
+    pub(crate) pool_demand: Mutex<HashMap<String, Demand>>,
+    /// Creates running and waiting (see `admission`).
+    pub(crate) admission: Admission,
     pub(crate) shutdown: CancellationToken,
     /// The warm-pool filler, awaited on shutdown so a start in flight is not orphaned.
     pub(crate) filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -47,6 +54,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(store: Store, driver: Arc<dyn Driver>, cfg: EngineConfig) -> Arc<Self> {
+        let admission = Admission::new(cfg.admission);
         Arc::new(Self {
             store,
             driver,
@@ -55,6 +63,8 @@ impl Engine {
             live: LiveSet::default(),
             pools: Mutex::new(HashMap::new()),
             pool_wakeup: Notify::new(),
+            pool_demand: Mutex::new(HashMap::new()),
+            admission,
             shutdown: CancellationToken::new(),
             filler: Mutex::new(None),
             egress: OnceLock::new(),

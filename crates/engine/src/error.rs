@@ -43,6 +43,12 @@ pub enum EngineError {
     BadRequest(String),
     #[error("Sandbox capacity exhausted: kill unused sandboxes or raise the server's limit")]
     Capacity,
+    /// More creates are running or waiting than the server admits (`--max-concurrent-creates`
+    /// plus `--max-queued-creates`).
+    #[error(
+        "Too many sandbox creates at once ({limit} running or waiting): retry in a moment, or ask the operator to raise --max-queued-creates"
+    )]
+    TooManyCreates { limit: usize },
     /// The isolation driver failed while running `op`.
     #[error(
         "Could not {op} the sandbox: the sandbox driver failed; try again, and if it keeps failing ask the operator to check the server log"

@@ -11,6 +11,7 @@
 //! `live`, `lifecycle`, `error`); [`engine`](crate::Engine) holds the `Engine` value; each verb
 //! module adds its own `impl Engine` block and imports only leaves.
 
+mod admission;
 pub mod agent_client;
 mod checkpoints;
 mod clock;
@@ -24,6 +25,7 @@ pub mod keys;
 pub mod lifecycle;
 mod live;
 pub mod network;
+mod pool_policy;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod types;
@@ -41,6 +43,7 @@ mod fork;
 mod kill;
 mod network_ops;
 mod pause;
+mod pool_source;
 mod reaper;
 mod recovery;
 mod restore;
@@ -55,6 +58,7 @@ mod usage;
 mod volume_content;
 mod volumes;
 
+pub use admission::AdmissionLimits;
 pub use bulkhead_store::VolumeRow;
 pub use checkpoints::CheckpointError;
 pub use config::EngineConfig;
@@ -63,6 +67,7 @@ pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
+pub use pool_policy::{PoolConfig, PoolLimits};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,

@@ -41,7 +41,7 @@ async fn setup(
         store.clone(),
         driver.clone(),
         EngineConfig {
-            pool_size: pool,
+            pools: bulkhead_engine::PoolConfig::fixed(pool),
             reap_interval: Duration::from_millis(20),
             ..Default::default()
         },
@@ -267,6 +267,9 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(engine.pool_len("base"), 2);
+    // Starts are slow from here: a cold start would still be counted when the create
+    // returns, while a refill begun after the claim is not yet.
+    *driver.start_delay.lock().unwrap() = Duration::from_millis(500);
     let started_before = driver.started.load(Ordering::SeqCst);
     let mut env = BTreeMap::new();
     env.insert("FOO".to_string(), "bar".to_string());
@@ -286,6 +289,7 @@ async fn warm_pool_is_claimed_and_refilled_and_init_applies_identity() {
         started_before,
         "create claimed from the pool"
     );
+    *driver.start_delay.lock().unwrap() = Duration::ZERO;
     let inits = driver.inits.lock().unwrap().clone();
     let token = sb.envd_access_token.clone().unwrap();
     let mine = inits
@@ -353,7 +357,7 @@ fn recover_readopts_live_and_buries_dead() {
                 store.clone(),
                 driver.clone(),
                 EngineConfig {
-                    pool_size: 0,
+                    pools: bulkhead_engine::PoolConfig::fixed(0),
                     ..Default::default()
                 },
             );

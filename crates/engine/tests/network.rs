@@ -59,7 +59,7 @@ impl Setup {
 
 fn cfg(pool: usize) -> EngineConfig {
     EngineConfig {
-        pool_size: pool,
+        pools: bulkhead_engine::PoolConfig::fixed(pool),
         reap_interval: Duration::from_millis(20),
         ..Default::default()
     }

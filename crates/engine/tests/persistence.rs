@@ -26,7 +26,7 @@ struct Setup {
 
 fn cfg(checkpoints: PathBuf) -> EngineConfig {
     EngineConfig {
-        pool_size: 0,
+        pools: bulkhead_engine::PoolConfig::fixed(0),
         reap_interval: Duration::from_millis(20),
         checkpoint_dir: checkpoints,
         ..Default::default()

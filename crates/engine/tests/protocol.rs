@@ -104,7 +104,7 @@ async fn engine(dir: &tempfile::TempDir, driver: Arc<VersionedDriver>) -> Arc<En
         store,
         driver,
         EngineConfig {
-            pool_size: 0,
+            pools: bulkhead_engine::PoolConfig::fixed(0),
             reap_interval: Duration::from_millis(20),
             ..Default::default()
         },
@@ -217,7 +217,7 @@ fn restart_adopts_old_agents_and_keeps_unsupported_ones() {
                     store.clone(),
                     driver2,
                     EngineConfig {
-                        pool_size: 0,
+                        pools: bulkhead_engine::PoolConfig::fixed(0),
                         ..Default::default()
                     },
                 );

@@ -7,7 +7,23 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bulkhead_engine::{AdmissionLimits, PoolConfig, PoolLimits};
 use bulkhead_images::TemplateRecipe;
+
+/// Warm pools when the operator sets none: every template keeps 2 ready and grows with demand
+/// up to 128 (an idle `base` member costs ~2 MiB); `code-interpreter-v1` members hold running
+/// kernels (~100 MiB each), so it grows to 8 only.
+pub fn default_pools() -> PoolConfig {
+    let mut c = PoolConfig {
+        per_template: HashMap::new(),
+        default: PoolLimits { min: 2, max: 128 },
+    };
+    c.per_template.insert(
+        bulkhead_images::CODE_INTERPRETER_ID.to_string(),
+        PoolLimits { min: 2, max: 8 },
+    );
+    c
+}
 
 /// Whether sandboxes whose create request does not say get internet access.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +66,10 @@ pub struct ServerConfig {
     /// Key to accept from the start (`BULKHEAD_API_KEY`); without one and without any active
     /// key, the first start creates one.
     pub api_key: Option<String>,
-    pub pool_size: usize,
+    /// Warm pool bounds per template ([`default_pools`] unless the operator says).
+    pub pools: PoolConfig,
+    /// Creates running at once and waiting (`--max-concurrent-creates`, `--max-queued-creates`).
+    pub admission: AdmissionLimits,
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_sandboxes: usize,
@@ -97,10 +116,16 @@ pub enum ConfigError {
         "--default-timeout ({default} s) is longer than --max-timeout ({max} s): lower the first or raise the second"
     )]
     TimeoutAboveMax { default: u64, max: u64 },
+    #[error("--pool {template}={min}..{max}: the minimum is above the maximum")]
+    PoolBounds {
+        template: String,
+        min: usize,
+        max: usize,
+    },
     #[error("{flag} must be at least {min}")]
     TooSmall { flag: &'static str, min: u64 },
     #[error(
-        "--max-sandboxes and --pool-size need {needed} uid ranges, more than fit above --uid-base {uid_base}: lower them or the uid base"
+        "--max-sandboxes and the warm pools' maxima need {needed} uid ranges, more than fit above --uid-base {uid_base}: lower them or the uid base"
     )]
     UidRange { needed: u64, uid_base: u32 },
 }
@@ -112,6 +137,23 @@ impl ServerConfig {
         parse_overrides(&self.network.resolve)?;
         if self.max_sandboxes == 0 {
             return Err(ConfigError::NoSandboxes);
+        }
+        if self.admission.max_concurrent == 0 {
+            return Err(ConfigError::TooSmall {
+                flag: "--max-concurrent-creates",
+                min: 1,
+            });
+        }
+        let mut bounds: Vec<_> = self.pools.per_template.iter().collect();
+        bounds.sort_by(|a, b| a.0.cmp(b.0));
+        for (template, l) in bounds {
+            if l.min > l.max {
+                return Err(ConfigError::PoolBounds {
+                    template: template.clone(),
+                    min: l.min,
+                    max: l.max,
+                });
+            }
         }
         if self.volume_max_bytes < bulkhead_engine::volume_storage::MIN_VOLUME_BYTES {
             return Err(ConfigError::TooSmall {
@@ -196,10 +238,15 @@ impl ServerConfig {
             .unwrap_or_else(|| self.data_dir.join("images"))
     }
 
-    /// Jail slots: every sandbox, the warm pools (one per template, with room for refills) and
-    /// a few spare for starts racing a kill.
+    /// Jail slots: every sandbox, every served template's warm pool at its max, a start in
+    /// flight per template and a few spare for starts racing a kill.
     pub fn slots(&self) -> u32 {
-        (self.max_sandboxes + self.pool_size * 4 + 8) as u32
+        let pools: usize = self
+            .templates
+            .iter()
+            .map(|t| self.pools.limits(t).max.max(self.pools.limits(t).min) + 1)
+            .sum();
+        (self.max_sandboxes + pools + 8) as u32
     }
 
     /// CPUs and memory of the template `id`.
@@ -244,7 +291,8 @@ mod tests {
             database_url: None,
             image_cache: None,
             api_key: None,
-            pool_size: 2,
+            pools: default_pools(),
+            admission: AdmissionLimits::default(),
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             max_sandboxes: 500,
@@ -281,7 +329,8 @@ mod tests {
     fn the_defaults_are_valid() {
         let c = config();
         c.validate().unwrap();
-        assert_eq!(c.slots(), 500 + 2 * 4 + 8);
+        // Every sandbox, each served pool at its max plus a start in flight, and spares.
+        assert_eq!(c.slots(), 500 + (128 + 1) + (8 + 1) + 8);
         assert_eq!(
             c.image_cache_dir(),
             PathBuf::from("/var/lib/bulkhead/images")

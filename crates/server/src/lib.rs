@@ -11,6 +11,8 @@ mod config;
 mod network;
 mod server;
 
-pub use config::{ConfigError, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize};
+pub use config::{
+    ConfigError, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize, default_pools,
+};
 pub use network::NetworkSetupError;
 pub use server::{BuiltTemplate, KeyBootstrap, Prepared, Server, StartError};

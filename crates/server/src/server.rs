@@ -113,6 +113,7 @@ impl Server {
         if !is_root() {
             return Err(StartError::NotRoot);
         }
+        raise_fd_limit();
         std::fs::create_dir_all(&config.data_dir).map_err(|source| StartError::DataDir {
             path: config.data_dir.clone(),
             source,
@@ -247,7 +248,8 @@ impl Prepared {
             EngineConfig {
                 default_timeout: config.default_timeout,
                 max_timeout: config.max_timeout,
-                pool_size: config.pool_size,
+                pools: config.pools.clone(),
+                admission: config.admission,
                 max_sandboxes: config.max_sandboxes,
                 checkpoint_dir: config.data_dir.join("checkpoints"),
                 paused_retention: config.paused_retention,
@@ -340,6 +342,38 @@ fn cgroup_parent(data_dir: &Path) -> String {
         .unwrap_or_else(|_| data_dir.to_path_buf());
     let digest = sha2::Sha256::digest(canonical.as_os_str().as_encoded_bytes());
     format!("bulkhead/{}", &hex::encode(digest)[..8])
+}
+
+const FD_LIMIT_WANTED: libc::rlim_t = 65536;
+
+/// Raise the soft limit on open files toward the hard one: each sandbox holds a few descriptors
+/// (pidfd, agent connections, its network link) and each client connection one, so 500
+/// concurrent creates overrun the common default soft limit of 1024.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+            return;
+        }
+        let old = lim.rlim_cur;
+        // Sandboxes inherit it: enough for the server, not the hard limit's millions.
+        lim.rlim_cur = lim.rlim_max.min(FD_LIMIT_WANTED);
+        if lim.rlim_cur <= old {
+            return;
+        }
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+            tracing::debug!(from = old, to = lim.rlim_cur, "raised the open-files limit");
+        } else {
+            tracing::warn!(
+                limit = old,
+                "could not raise the open-files limit; many concurrent sandboxes may fail: raise it (ulimit -n)"
+            );
+        }
+    }
 }
 
 fn is_root() -> bool {

@@ -85,8 +85,8 @@ async function waitReady(srv, timeoutMs) {
   }
 }
 
-/** Start a `bulkhead serve` for this process. */
-export async function startServer() {
+/** Start a `bulkhead serve` for this process, with `extraArgs` after the usual flags. */
+export async function startServer(extraArgs = []) {
   const bin = process.env.BULKHEAD_BIN ? path.resolve(REPO, process.env.BULKHEAD_BIN) : path.join(REPO, 'target/debug/bulkhead')
   if (!existsSync(bin)) throw new Error(`bulkhead binary not found at ${bin}: run \`cargo build --workspace\` or set BULKHEAD_BIN`)
   const imageCache = process.env.BULKHEAD_IMAGE_CACHE ?? '/var/cache/bulkhead/images'
@@ -106,10 +106,11 @@ export async function startServer() {
   delete env.BULKHEAD_LISTEN
   const proc = spawn(
     bin,
-    ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--image-cache', imageCache, '--log-level', process.env.BULKHEAD_TEST_LOG_LEVEL ?? 'info'],
+    ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--image-cache', imageCache, '--log-level', process.env.BULKHEAD_TEST_LOG_LEVEL ?? 'info', ...extraArgs],
     { env, stdio: ['ignore', logFd, logFd], cwd: '/' },
   )
   const srv = {
+    pid: proc.pid,
     url: `http://127.0.0.1:${port}`,
     apiKey,
     dataDir,

@@ -32,7 +32,7 @@ pub async fn ctx_with(
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
     let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
     let mut cfg = EngineConfig {
-        pool_size: 0,
+        pools: bulkhead_engine::PoolConfig::fixed(0),
         ..Default::default()
     };
     configure(&mut cfg, dir.path());
