@@ -25,6 +25,12 @@ pub struct ServeArgs {
     /// Warm sandboxes kept ready per template.
     #[arg(long, env = "BULKHEAD_POOL_SIZE", default_value_t = 2)]
     pub pool_size: usize,
+    /// Which templates' warm pools are refilled by restoring a checkpoint of a warmed sandbox
+    /// (kernels already running) instead of cold starts: `auto` (templates with Jupyter
+    /// kernels, e.g. code-interpreter-v1; needs --criu), `off`, or a comma-separated list of
+    /// template ids.
+    #[arg(long, env = "BULKHEAD_POOL_CHECKPOINT", default_value = "auto")]
+    pub pool_checkpoint: bulkhead_engine::CheckpointPools,
     /// Sandbox TTL when the client gives none, in seconds.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -93,6 +99,7 @@ impl ServeArgs {
             image_cache: self.data.image_cache.clone(),
             api_key: std::env::var("BULKHEAD_API_KEY").ok(),
             pool_size: self.pool_size,
+            pool_checkpoint: self.pool_checkpoint.clone(),
             default_timeout: Duration::from_secs(self.default_timeout),
             max_timeout: Duration::from_secs(self.max_timeout),
             max_sandboxes: self.max_sandboxes,

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::EngineConfig;
 use crate::driver::{Driver, DriverHandle};
 use crate::error::EngineError;
+use crate::gold::PoolSources;
 use crate::keys;
 use crate::live::LiveSet;
 use crate::network::{EgressControl, StoreAuditSink};
@@ -29,6 +30,8 @@ pub struct Engine {
     pub(crate) live: LiveSet,
     pub(crate) pools: Mutex<HashMap<String, VecDeque<DriverHandle>>>,
     pub(crate) pool_wakeup: Notify,
+    /// Per heavy template, the warm checkpoint its pool is restored from.
+    pub(crate) pool_sources: PoolSources,
     pub(crate) shutdown: CancellationToken,
     /// The warm-pool filler, awaited on shutdown so a start in flight is not orphaned.
     pub(crate) filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -55,6 +58,7 @@ impl Engine {
             live: LiveSet::default(),
             pools: Mutex::new(HashMap::new()),
             pool_wakeup: Notify::new(),
+            pool_sources: PoolSources::default(),
             shutdown: CancellationToken::new(),
             filler: Mutex::new(None),
             egress: OnceLock::new(),

@@ -23,7 +23,7 @@ impl Engine {
                     if have >= self.cfg.pool_size {
                         break;
                     }
-                    match self.driver.start(&t.spec()).await {
+                    match self.new_pool_member(&t).await {
                         Ok(h) if self.shutdown.is_cancelled() => {
                             // Started while shutting down: nobody will claim it.
                             let _ = self.driver.stop(&h).await;

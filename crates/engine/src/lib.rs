@@ -18,6 +18,7 @@ mod config;
 pub mod driver;
 mod engine;
 mod error;
+mod gold;
 mod guarded;
 pub mod ids;
 pub mod keys;
@@ -41,6 +42,7 @@ mod fork;
 mod kill;
 mod network_ops;
 mod pause;
+mod pool_source;
 mod reaper;
 mod recovery;
 mod restore;
@@ -57,12 +59,13 @@ mod volumes;
 
 pub use bulkhead_store::VolumeRow;
 pub use checkpoints::CheckpointError;
-pub use config::EngineConfig;
+pub use config::{CheckpointPools, EngineConfig};
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
+pub use pool_source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,

@@ -88,7 +88,7 @@ mod tests {
             );
             assert_eq!(
                 TemplateRecipe::code_interpreter().content_hash(),
-                "0c05251798e7b160f39250c2c549462890389984c7cb353483acff224e167ea8",
+                "e68746b9e1910b04eed4f566f9873b8f255cdc5a619483e05642e2e87c97f9de",
                 "code-interpreter-v1 recipe hash changed"
             );
         }

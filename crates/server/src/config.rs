@@ -51,6 +51,8 @@ pub struct ServerConfig {
     /// key, the first start creates one.
     pub api_key: Option<String>,
     pub pool_size: usize,
+    /// Which templates' pools are restored from a warm checkpoint (`--pool-checkpoint`).
+    pub pool_checkpoint: bulkhead_engine::CheckpointPools,
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_sandboxes: usize,
@@ -245,6 +247,7 @@ mod tests {
             image_cache: None,
             api_key: None,
             pool_size: 2,
+            pool_checkpoint: bulkhead_engine::CheckpointPools::Auto,
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             max_sandboxes: 500,

@@ -248,6 +248,7 @@ impl Prepared {
                 default_timeout: config.default_timeout,
                 max_timeout: config.max_timeout,
                 pool_size: config.pool_size,
+                checkpoint_pools: config.pool_checkpoint.clone(),
                 max_sandboxes: config.max_sandboxes,
                 checkpoint_dir: config.data_dir.join("checkpoints"),
                 paused_retention: config.paused_retention,
