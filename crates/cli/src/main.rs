@@ -32,7 +32,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Start the API server with embedded defaults (SQLite, local images, jail driver).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Manage API keys.
     Keys {
         #[command(flatten)]
@@ -86,7 +86,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.cmd {
-            Cmd::Serve(args) => serve::run(args).await,
+            Cmd::Serve(args) => serve::run(*args).await,
             Cmd::Keys { data, cmd } => keys::run(data, cmd).await,
             Cmd::Sandbox { client, cmd } => sandbox::run(client, cmd).await,
             Cmd::Secrets { client, cmd } => secrets::run(client, cmd).await,
