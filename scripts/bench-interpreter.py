@@ -29,6 +29,17 @@ Method (every sample is wall-clock time in this process, `time.perf_counter`):
 - bare ipykernel: start→first execute  `KernelManager.start_kernel()` + `wait_for_ready()` +
   the first execute: what "create → first run_code" costs without a sandbox (a fresh kernel).
 
+Load mode (`--load RATE`, the target of issue 14 item 4): first `--n-idle` creates one at a time
+(`--idle-pause` apart, so each is a warm-pool claim) give the idle create→first run_code p50;
+then creates are started at RATE per second for `--duration` seconds, each in its own thread
+followed by `run_code("1+1")` (the sandbox is killed afterwards, outside the timed region). It
+prints successes, p50/p95/p99, the p50 against the idle p50 of the same run, and CPU per create:
+system-wide busy jiffies from /proc/stat over the load phase plus a settle time for the pool to
+refill (`--settle`), divided by the creates; with `--server-pid` also the server's own CPU and its
+reaped children's (CRIU), and with `--data-dir` the sandboxes' cgroup CPU (cpuacct/cpu.stat of the
+server's `bulkhead/<instance>` subtree). On a machine shared with other work the system-wide figure
+includes that work; the per-process and cgroup figures do not.
+
 Ratios are p50 against the bare-kernel row of the same kind. The kernel inside the sandbox also
 loads Bulkhead's startup module (formatters registered lazily), the host kernel does not unless
 --bare-exec-file is given.
@@ -150,6 +161,128 @@ def raw_execute_keepalive(sbx, n: int) -> List[float]:
     return out
 
 
+def busy_jiffies() -> int:
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...: busy = all but idle and iowait
+    return sum(fields) - fields[3] - fields[4]
+
+
+def process_cpu_s(pid: int) -> tuple:
+    """(own, reaped children) CPU seconds of `pid` from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        rest = f.read().rsplit(")", 1)[1].split()
+    hz = os.sysconf("SC_CLK_TCK")
+    utime, stime, cutime, cstime = (int(rest[i]) for i in (11, 12, 13, 14))
+    return (utime + stime) / hz, (cutime + cstime) / hz
+
+
+def sandbox_cgroup_cpu_s(data_dir: str) -> Optional[float]:
+    """CPU seconds charged to the server's sandbox cgroups (v1 cpuacct or v2 cpu.stat)."""
+    import hashlib
+
+    instance = hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:8]
+    for path, kind in (
+        (f"/sys/fs/cgroup/cpuacct/bulkhead/{instance}/cpuacct.usage", "v1"),
+        (f"/sys/fs/cgroup/cpu,cpuacct/bulkhead/{instance}/cpuacct.usage", "v1"),
+        (f"/sys/fs/cgroup/bulkhead/{instance}/cpu.stat", "v2"),
+        (f"/sys/fs/cgroup/unified/bulkhead/{instance}/cpu.stat", "v2"),
+    ):
+        try:
+            text = open(path).read()
+        except OSError:
+            continue
+        if kind == "v1":
+            return int(text.strip()) / 1e9
+        for line in text.splitlines():
+            if line.startswith("usage_usec"):
+                return int(line.split()[1]) / 1e6
+    return None
+
+
+def create_and_run(Sandbox, create_kw) -> float:
+    t0 = time.perf_counter()
+    sbx = Sandbox.create(**create_kw)
+    try:
+        ex = sbx.run_code("1+1")
+        took = time.perf_counter() - t0
+        if ex.text != "2":
+            raise RuntimeError(f"run_code returned {ex.text!r} error={ex.error}")
+        return took
+    finally:
+        sbx.kill()
+
+
+def load_mode(args, Sandbox, create_kw) -> int:
+    import threading
+
+    print(f"idle: {args.n_idle} creates, {args.idle_pause:g} s apart", flush=True)
+    idle, idle_fail = [], []
+    for _ in range(args.n_idle):
+        time.sleep(args.idle_pause)
+        try:
+            idle.append(create_and_run(Sandbox, create_kw))
+        except Exception as e:
+            idle_fail.append(str(e).splitlines()[0][:200])
+    time.sleep(args.idle_pause)
+
+    n = int(round(args.load * args.duration))
+    print(f"load: {n} creates at {args.load:g}/s over {args.duration:g} s, each + run_code(\"1+1\")", flush=True)
+    lat, fails = [None] * n, []
+    lock = threading.Lock()
+
+    def one(i: int):
+        try:
+            lat[i] = create_and_run(Sandbox, create_kw)
+        except Exception as e:
+            with lock:
+                fails.append(str(e).splitlines()[0][:200])
+
+    cg0 = sandbox_cgroup_cpu_s(args.data_dir) if args.data_dir else None
+    srv0 = process_cpu_s(args.server_pid) if args.server_pid else None
+    j0, w0 = busy_jiffies(), time.perf_counter()
+    threads = []
+    start = time.perf_counter()
+    for i in range(n):
+        delay = start + i / args.load - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = threading.Thread(target=one, args=(i,), daemon=True)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    load_wall = time.perf_counter() - w0
+    time.sleep(args.settle)
+    j1 = busy_jiffies()
+    hz = os.sysconf("SC_CLK_TCK")
+    ok = [x for x in lat if x is not None]
+
+    idle_row = Row("idle: create→first run_code", idle)
+    load_row = Row(f"load {args.load:g}/s: create→first run_code", ok)
+    print(idle_row.line())
+    print(load_row.line(idle_row))
+    print(f"load: {len(ok)}/{n} OK ({100.0 * len(ok) / max(n, 1):.1f} %), load phase {load_wall:.1f} s + settle {args.settle:g} s")
+    if fails:
+        print(f"load: {len(fails)} failed, e.g.: {fails[0]}")
+    if idle_fail:
+        print(f"idle: {len(idle_fail)} failed, e.g.: {idle_fail[0]}")
+    busy_s = (j1 - j0) / hz
+    print(f"CPU system-wide: {busy_s:.2f} s busy over {load_wall + args.settle:.1f} s = {1e3 * busy_s / max(n, 1):.0f} ms per create")
+    if srv0 is not None:
+        own, kids = (b - a for a, b in zip(srv0, process_cpu_s(args.server_pid)))
+        print(f"CPU server process: {own:.2f} s ({1e3 * own / max(n, 1):.1f} ms per create), its reaped children (CRIU, launcher): {kids:.2f} s ({1e3 * kids / max(n, 1):.1f} ms per create)")
+    if cg0 is not None:
+        cg1 = sandbox_cgroup_cpu_s(args.data_dir)
+        if cg1 is not None:
+            d = cg1 - cg0
+            print(f"CPU sandbox cgroups: {d:.2f} s ({1e3 * d / max(n, 1):.1f} ms per create, includes restores and pool refills)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"idle_ms": idle_row.ms, "load_ms": load_row.ms, "failures": fails, "busy_s": busy_s}, f, indent=1)
+    return 1 if fails or idle_fail else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", help="server base URL (sets E2B_API_URL and E2B_SANDBOX_URL)")
@@ -166,6 +299,13 @@ def main() -> int:
         help="seconds to wait between creates, so the warm pool refills (its kernels start) and every "
         "create is a pool claim; 0 measures back-to-back creates that drain the pool",
     )
+    ap.add_argument("--load", type=float, default=0.0, help="load mode: creates per second (issue 14: 5)")
+    ap.add_argument("--duration", type=float, default=20.0, help="load mode: seconds of load")
+    ap.add_argument("--n-idle", type=int, default=10, help="load mode: idle creates for the baseline")
+    ap.add_argument("--idle-pause", type=float, default=2.0, help="load mode: seconds between idle creates")
+    ap.add_argument("--settle", type=float, default=5.0, help="load mode: seconds after the load counted for CPU (pool refill)")
+    ap.add_argument("--server-pid", type=int, help="load mode: the server's pid, for its own CPU figures")
+    ap.add_argument("--data-dir", help="load mode: the server's data dir, for its sandboxes' cgroup CPU")
     args = ap.parse_args()
 
     if args.url:
@@ -184,6 +324,9 @@ def main() -> int:
     create_kw = {"timeout": 600}
     if args.template:
         create_kw["template"] = args.template
+
+    if args.load > 0:
+        return load_mode(args, Sandbox, create_kw)
 
     print(
         f"bench-interpreter: run_code(\"1+1\"), {args.n_create} creates (pause {args.pause:g} s), "

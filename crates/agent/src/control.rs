@@ -4,6 +4,8 @@
 //! `GET` [`AGENT_INFO_PATH`](bulkhead_envd::protocol::AGENT_INFO_PATH): that is how the host tells which protocol a sandbox's agent speaks
 //! (an agent built before versioning answers `/init` with an empty `204` and has no info route).
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
@@ -13,6 +15,7 @@ use bulkhead_envd::protocol::AgentInfo;
 use bulkhead_envd::rest::InitRequest;
 
 use crate::http::{error_json, json_response};
+use crate::interpreter::Interpreter;
 use crate::state::SharedState;
 
 /// `GET /health`.
@@ -89,6 +92,45 @@ pub async fn restored() -> Response {
         Err(e) => error_json(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("cannot rebuild the sandbox's Landlock ruleset after a restore: {e}"),
+        ),
+    }
+}
+
+/// `POST` [`WARM_PATH`](bulkhead_envd::protocol::WARM_PATH) (host-only): answers once the
+/// kernels that start with the sandbox are running and warmed (at once without an interpreter).
+/// The host asks before it checkpoints a warm sandbox for a pool.
+pub async fn warm(interpreter: Option<Arc<Interpreter>>) -> Response {
+    let Some(interpreter) = interpreter else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    match interpreter.warm().await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error_json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "the sandbox's kernels did not start: {}",
+                crate::report::error_chain(&e)
+            ),
+        ),
+    }
+}
+
+/// `POST` [`CLONED_PATH`](bulkhead_envd::protocol::CLONED_PATH) (host-only): this sandbox was
+/// restored as one of several clones of one checkpoint; re-seed what the kernels drew before
+/// the checkpoint (see [`Interpreter::reseed`]). The agent's own ids come from the OS RNG per
+/// use and need nothing.
+pub async fn cloned(interpreter: Option<Arc<Interpreter>>) -> Response {
+    let Some(interpreter) = interpreter else {
+        return StatusCode::NO_CONTENT.into_response();
+    };
+    match interpreter.reseed().await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => error_json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "could not re-seed the kernels of a cloned sandbox: {}",
+                crate::report::error_chain(&e)
+            ),
         ),
     }
 }

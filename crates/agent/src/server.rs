@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bulkhead_envd::protocol::{AGENT_INFO_PATH, RESTORED_PATH};
+use bulkhead_envd::protocol::{AGENT_INFO_PATH, CLONED_PATH, RESTORED_PATH, WARM_PATH};
 use bulkhead_envd::rest::{
     ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, HEADER_SANDBOX_PORT, PortClosedBody,
 };
@@ -98,7 +98,7 @@ pub fn app_with_interpreter(
     state: SharedState,
     interpreter: Option<Arc<crate::interpreter::Interpreter>>,
 ) -> Router {
-    let mut ports = PortRouter::new(ENVD_PORT, envd_router(state));
+    let mut ports = PortRouter::new(ENVD_PORT, envd_router(state, interpreter.clone()));
     if let Some(interpreter) = interpreter {
         ports = ports.with_port(
             crate::interpreter::INTERPRETER_PORT,
@@ -108,9 +108,21 @@ pub fn app_with_interpreter(
     ports.into_router()
 }
 
-/// The envd API.
-pub fn envd_router(state: SharedState) -> Router {
+/// The envd API (with the host-only pool routes, which need the interpreter when there is one).
+pub fn envd_router(
+    state: SharedState,
+    interpreter: Option<Arc<crate::interpreter::Interpreter>>,
+) -> Router {
+    let warm_interpreter = interpreter.clone();
     Router::new()
+        .route(
+            WARM_PATH,
+            post(move || crate::control::warm(warm_interpreter.clone())),
+        )
+        .route(
+            CLONED_PATH,
+            post(move || crate::control::cloned(interpreter.clone())),
+        )
         .route("/health", get(crate::control::health))
         .route(
             "/files",

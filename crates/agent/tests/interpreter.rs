@@ -64,6 +64,11 @@ impl Harness {
                 "sql": {"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
                                  format!("--IPKernelApp.exec_files={}", sql_startup.display())],
                         "aliases": ["duckdb"]},
+                // A lazily started Python (standing in for Deno): its argv carries a marker the
+                // tests look for among processes, and in-memory history as in the template.
+                "lazypy": {"argv": [python, "-m", "ipykernel_launcher", "-f", "{connection_file}",
+                                    "--HistoryManager.hist_file=:memory:"],
+                           "dialect": "python", "start_lazily": true},
                 "broken": {"argv": [python, "-c", "import sys; sys.stderr.write('no luck here\\n'); sys.exit(3)", "{connection_file}"]},
             }
         });
@@ -723,6 +728,68 @@ async fn bash_and_sql_contexts() {
     let list: Vec<Value> = serde_json::from_str(&list).unwrap();
     let languages: Vec<&str> = list.iter().filter_map(|c| c["language"].as_str()).collect();
     assert_eq!(languages, ["bash", "sql"]);
+}
+
+/// Kernels started with `--HistoryManager.hist_file=:memory:` (only `lazypy`'s), counted by a
+/// Python cell in the default context.
+const LAZY_KERNELS: &str = "import os\ndef _lazy():\n    n = 0\n    for p in os.listdir('/proc'):\n        try:\n            c = open(f'/proc/{p}/cmdline', 'rb').read()\n        except OSError:\n            continue\n        n += b'hist_file=:memory:' in c and b'ipykernel' in c\n    return n\n_lazy()";
+
+#[bulkhead_testkit::requires(KernelVenv)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_default_contexts_warm_and_reseed_after_a_clone() {
+    let h = Harness::new(&["python", "lazypy"]).await;
+    // The host's warm-pool probe answers once the eager kernel is up (envd port: no port header).
+    let warm = Request::post("/bulkhead/warm").body(Body::empty()).unwrap();
+    let response = tokio::time::timeout(WAIT, h.router.clone().oneshot(warm))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+
+    // Both default contexts are listed, but the lazy one's kernel has not started.
+    let (_, list) = h.call("GET", "/contexts", None).await;
+    let list: Vec<Value> = serde_json::from_str(&list).unwrap();
+    let languages: Vec<&str> = list.iter().filter_map(|c| c["language"].as_str()).collect();
+    assert_eq!(languages, ["python", "lazypy"]);
+    assert_eq!(main_text(&h.py(LAZY_KERNELS).await).as_deref(), Some("0"));
+    let lines = h
+        .run(json!({"code": "a = 21\na * 2", "language": "lazypy"}))
+        .await;
+    no_error(&lines);
+    assert_eq!(main_text(&lines).as_deref(), Some("42"));
+    assert_eq!(main_text(&h.py(LAZY_KERNELS).await).as_deref(), Some("1"));
+    // In-memory history works.
+    let lines = h
+        .run(json!({"code": "[c for c in _ih if c][-2:]", "language": "lazypy"}))
+        .await;
+    assert!(main_text(&lines).unwrap().contains("a = 21"), "{lines:?}");
+
+    // State drawn before a clone restore repeats unless re-seeded: seed, then "clone".
+    let before = "import random, json\nrandom.seed(7)\nk = get_ipython().kernel\ns0 = k.session.session\nnone = None";
+    no_error(&h.py(before).await);
+    let cloned = Request::post("/bulkhead/cloned")
+        .body(Body::empty())
+        .unwrap();
+    let response = tokio::time::timeout(WAIT, h.router.clone().oneshot(cloned))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let check = "json.dumps([random.random() != random.Random(7).random(), k.session.session != s0, k.session.bsession == k.session.session.encode(), 'none' in dir()])";
+    let lines = h.py(check).await;
+    no_error(&lines);
+    assert_eq!(
+        main_text(&lines).as_deref(),
+        Some("[true, true, true, true]"),
+        "re-seeded, new session id, user namespace untouched: {lines:?}"
+    );
+    // The re-seed cell left no names behind and the kernels still work.
+    let lines = h
+        .py("[n for n in ('_np', '_tf', '_k') if n in dir()]")
+        .await;
+    assert_eq!(main_text(&lines).as_deref(), Some("[]"));
+    let lines = h.run(json!({"code": "a", "language": "lazypy"})).await;
+    assert_eq!(main_text(&lines).as_deref(), Some("21"));
 }
 
 #[bulkhead_testkit::requires(KernelVenv)]

@@ -40,6 +40,12 @@ pub struct ServeArgs {
     /// error in the SDKs).
     #[arg(long, env = "BULKHEAD_MAX_QUEUED_CREATES", default_value_t = 1024)]
     pub max_queued_creates: usize,
+    /// Which templates' warm pools are refilled by restoring a checkpoint of a warmed sandbox
+    /// (kernels already running) instead of cold starts: `auto` (templates with Jupyter
+    /// kernels, e.g. code-interpreter-v1; needs --criu), `off`, or a comma-separated list of
+    /// template ids.
+    #[arg(long, env = "BULKHEAD_POOL_CHECKPOINT", default_value = "auto")]
+    pub pool_checkpoint: bulkhead_engine::CheckpointPools,
     /// Sandbox TTL when the client gives none, in seconds.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -144,6 +150,7 @@ impl ServeArgs {
                 max_concurrent: self.max_concurrent_creates,
                 max_queued: self.max_queued_creates,
             },
+            pool_checkpoint: self.pool_checkpoint.clone(),
             default_timeout: Duration::from_secs(self.default_timeout),
             max_timeout: Duration::from_secs(self.max_timeout),
             max_sandboxes: self.max_sandboxes,

@@ -118,6 +118,14 @@ pub trait Driver: Send + Sync + 'static {
         None
     }
 
+    /// What a memory checkpoint written now depends on besides its template: the agent build the
+    /// driver runs, the checkpoint tool and its version, the image format. A checkpoint kept for
+    /// reuse (a heavy template's warm pool checkpoint) stays valid while this is unchanged.
+    /// `None`: the driver cannot say, and such checkpoints are not reused across server starts.
+    fn checkpoint_key(&self) -> Option<String> {
+        None
+    }
+
     /// Start a new sandbox from a checkpoint in `dir`, with the resources `spec` grants (its
     /// template must be the one checkpointed). The image is left in place, so one snapshot can
     /// be restored many times (fork). Returns once the agent accepts connections.

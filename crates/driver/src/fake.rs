@@ -44,6 +44,12 @@ pub struct FakeMemory {
     pub inits: u32,
     /// Anything a test keeps "in a process" (a REPL variable, a background job).
     pub vars: BTreeMap<String, String>,
+    /// Whether the host asked this agent to warm its kernels (`/bulkhead/warm`).
+    #[serde(default)]
+    pub warmed: bool,
+    /// How many times this process was told it is a clone (`/bulkhead/cloned`).
+    #[serde(default)]
+    pub cloned: u32,
 }
 
 /// A fake checkpoint as written to [`CHECKPOINT_FILE`].
@@ -109,6 +115,10 @@ pub struct FakeDriver {
     pub restore_delay: Mutex<std::time::Duration>,
     /// How long `start` takes (to let tests overlap concurrent creates).
     pub start_delay: Mutex<std::time::Duration>,
+    /// What [`Driver::checkpoint_key`] answers (a test changes it to stand for a new agent).
+    pub checkpoint_key: Mutex<Option<String>>,
+    /// While set, the fake agent answers `/bulkhead/warm` with 404 (an agent that predates it).
+    pub old_agent: std::sync::atomic::AtomicBool,
 }
 
 impl Default for FakeDriver {
@@ -135,6 +145,8 @@ impl FakeDriver {
             restores: AtomicI32::new(0),
             restore_delay: Mutex::default(),
             start_delay: Mutex::default(),
+            checkpoint_key: Mutex::new(Some("fake-agent-1".into())),
+            old_agent: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -313,6 +325,7 @@ impl Driver for FakeDriver {
         };
         let (client, server) = tokio::io::duplex(64 * 1024);
         let sink = Arc::clone(&self.inits);
+        let old_agent = self.old_agent.load(Ordering::SeqCst);
         tokio::spawn(async move {
             let svc =
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
@@ -339,11 +352,21 @@ impl Driver for FakeDriver {
                             }
                             sink.lock().unwrap().push(init);
                         }
-                        let status = if path == "/init" || path == "/health" {
-                            204
-                        } else {
-                            404
-                        };
+                        let pool_route = path == "/bulkhead/warm" || path == "/bulkhead/cloned";
+                        if pool_route && !old_agent {
+                            let mut m = memory.lock().unwrap();
+                            if path == "/bulkhead/warm" {
+                                m.warmed = true;
+                            } else {
+                                m.cloned += 1;
+                            }
+                        }
+                        let status =
+                            if path == "/init" || path == "/health" || (pool_route && !old_agent) {
+                                204
+                            } else {
+                                404
+                            };
                         Ok::<_, hyper::Error>(
                             hyper::Response::builder()
                                 .status(status)
@@ -421,6 +444,10 @@ impl Driver for FakeDriver {
 
     async fn thaw(&self, h: &DriverHandle) -> Result<(), DriverError> {
         self.set_frozen(h, false)
+    }
+
+    fn checkpoint_key(&self) -> Option<String> {
+        self.checkpoint_key.lock().unwrap().clone()
     }
 
     fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
@@ -509,7 +536,11 @@ impl Driver for FakeDriver {
         let memory = image
             .memory
             .filter(|_| !opts.filesystem_only)
-            .map(|m| FakeMemory { inits: 0, ..m })
+            .map(|m| FakeMemory {
+                inits: 0,
+                cloned: 0,
+                ..m
+            })
             .unwrap_or_default();
         Ok(self.spawn(spec, memory, image.files))
     }

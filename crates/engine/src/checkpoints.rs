@@ -4,6 +4,8 @@
 //! <checkpoint_dir>/sandboxes/<sandbox id>/<generation>   a pause (a fresh directory per pause)
 //! <checkpoint_dir>/snapshots/<snapshot id>               a snapshot (a template)
 //! <checkpoint_dir>/forks/<random>                        a fork's snapshot, deleted afterwards
+//! <checkpoint_dir>/pools/<template id>/<key>             a heavy template's warm checkpoint
+//!                                                        (see `pool_source`)
 //! ```
 //!
 //! The driver writes its image into the directory; the engine writes [`MARKER`] last, holding

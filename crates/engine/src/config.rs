@@ -42,6 +42,42 @@ pub struct EngineConfig {
     /// How long a paused sandbox is kept before its checkpoint and record are deleted
     /// (`--paused-retention`).
     pub paused_retention: Duration,
+    /// Which templates' warm pools are refilled by restoring a checkpoint of a warmed sandbox
+    /// instead of cold starts (`--pool-checkpoint`; see `pool_source`).
+    pub checkpoint_pools: CheckpointPools,
+}
+
+/// Which templates' pools are refilled from a warm checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum CheckpointPools {
+    /// Templates whose sandboxes start Jupyter kernels (their rootfs has the interpreter's
+    /// `kernels.json`); the rest start cold.
+    #[default]
+    Auto,
+    /// None: every pool member starts cold.
+    Off,
+    /// Exactly these templates (ids or aliases).
+    Only(Vec<String>),
+}
+
+impl std::str::FromStr for CheckpointPools {
+    type Err = String;
+
+    /// `auto`, `off`, or a comma-separated list of template ids or aliases.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "auto" => Ok(Self::Auto),
+            "off" | "none" => Ok(Self::Off),
+            "" => Err("give `auto`, `off` or a comma-separated list of templates".into()),
+            list => Ok(Self::Only(
+                list.split(',')
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+            )),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -61,6 +97,7 @@ impl Default for EngineConfig {
             volume_max_bytes: 1 << 30,
             checkpoint_dir: std::env::temp_dir().join("bulkhead-checkpoints"),
             paused_retention: Duration::from_secs(30 * 24 * 3600),
+            checkpoint_pools: CheckpointPools::Auto,
         }
     }
 }

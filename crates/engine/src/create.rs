@@ -248,7 +248,8 @@ impl Engine {
         Ok(self.info_from_row(&row))
     }
 
-    /// Take a warm sandbox (or start one) and give it its identity through `/init`.
+    /// Take a warm sandbox (or make one as the pool would) and give it its identity through
+    /// `/init`.
     /// Returns the sandbox and what its agent said about itself.
     pub(crate) async fn claim_and_init(
         &self,
@@ -280,7 +281,19 @@ impl Engine {
                 }
             }
         }
-        self.start_cold_and_init(&t.spec(), init).await
+        // An empty pool: a member made now (for a heavy template, restored from its warm
+        // checkpoint rather than paying a kernel start).
+        let handle = self.new_pool_member(t).await?;
+        match self
+            .init_agent(&handle, init, None, Operation::Create)
+            .await
+        {
+            Ok(agent) => Ok((handle, agent)),
+            Err(e) => {
+                let _ = self.driver.stop(&handle).await;
+                Err(e)
+            }
+        }
     }
 
     /// Start a sandbox from `spec` (no pool) and give it its identity through `/init`.

@@ -15,6 +15,7 @@ use crate::admission::Admission;
 use crate::config::EngineConfig;
 use crate::driver::{Driver, DriverHandle};
 use crate::error::EngineError;
+use crate::gold::PoolSources;
 use crate::keys;
 use crate::live::LiveSet;
 use crate::network::{EgressControl, StoreAuditSink};
@@ -36,6 +37,8 @@ pub struct Engine {
     pub(crate) pool_demand: Mutex<HashMap<String, Demand>>,
     /// Creates running and waiting (see `admission`).
     pub(crate) admission: Admission,
+    /// Per heavy template, the warm checkpoint its pool is restored from.
+    pub(crate) pool_sources: PoolSources,
     pub(crate) shutdown: CancellationToken,
     /// The warm-pool filler, awaited on shutdown so a start in flight is not orphaned.
     pub(crate) filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -65,6 +68,7 @@ impl Engine {
             pool_wakeup: Notify::new(),
             pool_demand: Mutex::new(HashMap::new()),
             admission,
+            pool_sources: PoolSources::default(),
             shutdown: CancellationToken::new(),
             filler: Mutex::new(None),
             egress: OnceLock::new(),

@@ -19,6 +19,7 @@ mod config;
 pub mod driver;
 mod engine;
 mod error;
+mod gold;
 mod guarded;
 pub mod ids;
 pub mod keys;
@@ -61,13 +62,14 @@ mod volumes;
 pub use admission::AdmissionLimits;
 pub use bulkhead_store::VolumeRow;
 pub use checkpoints::CheckpointError;
-pub use config::EngineConfig;
+pub use config::{CheckpointPools, EngineConfig};
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use pool_policy::{PoolConfig, PoolLimits};
+pub use pool_source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,

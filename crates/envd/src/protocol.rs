@@ -28,6 +28,15 @@ pub const AGENT_INFO_PATH: &str = "/bulkhead/agent";
 /// socket with this literal path.
 pub const RESTORED_PATH: &str = "/bulkhead/restored";
 
+/// Host-only: answers (`204`) once the kernels that start with the sandbox are running and
+/// warmed. The host asks before it checkpoints a warm sandbox for a pool. Agents without it
+/// answer 404: their template is then pooled by cold starts.
+pub const WARM_PATH: &str = "/bulkhead/warm";
+
+/// Host-only: this sandbox is one of several restored from one checkpoint (a pool member);
+/// re-seed the generators running kernels seeded before the checkpoint. Answers `204` when done.
+pub const CLONED_PATH: &str = "/bulkhead/cloned";
+
 /// What the agent says about itself: in the body of `POST /init` answers and on
 /// [`AGENT_INFO_PATH`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::protocol::{AGENT_INFO_PATH, RESTORED_PATH};
+use crate::protocol::{AGENT_INFO_PATH, CLONED_PATH, RESTORED_PATH, WARM_PATH};
 
 /// Port the SDKs address envd on (`E2b-Sandbox-Port` value).
 pub const ENVD_PORT: u16 = 49983;
@@ -39,6 +39,8 @@ pub const HOST_ONLY_PATHS: &[&str] = &[
     "/upgrade",
     AGENT_INFO_PATH,
     RESTORED_PATH,
+    WARM_PATH,
+    CLONED_PATH,
 ];
 
 /// Body of `POST /init`, sent by the host after it claims a sandbox.
@@ -211,6 +213,8 @@ mod tests {
         assert!(HOST_ONLY_PATHS.contains(&"/init"));
         assert!(HOST_ONLY_PATHS.contains(&AGENT_INFO_PATH));
         assert!(HOST_ONLY_PATHS.contains(&RESTORED_PATH));
+        assert!(HOST_ONLY_PATHS.contains(&WARM_PATH));
+        assert!(HOST_ONLY_PATHS.contains(&CLONED_PATH));
         assert!(!HOST_ONLY_PATHS.contains(&"/files"));
         assert!(!HOST_ONLY_PATHS.contains(&"/health"));
     }

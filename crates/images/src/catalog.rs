@@ -137,7 +137,7 @@ mod tests {
             );
             assert_eq!(
                 TemplateRecipe::code_interpreter().content_hash(),
-                "995aa4fc89aff05535fe2ef85767c1fd8a5ae3d73f6e7e736d3137b90294927a",
+                "5b2d074a3e0fd5d305527e17a5ac135e8f487e3c77dea469bd75a98f51162bfc",
                 "code-interpreter-v1 recipe hash changed"
             );
         }

@@ -118,6 +118,10 @@ struct Kernel {
     aliases: Vec<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     warmup: Option<&'static str>,
+    /// The language's default context is listed from the start but its kernel starts on first
+    /// use (see the Deno entries).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    start_lazily: bool,
 }
 
 /// Deno kernels speak ESM, where `require` is undefined; code written for Node (and for E2B's
@@ -131,6 +135,13 @@ fn exec_files_flag(files: &[&str]) -> String {
     format!("--IPKernelApp.exec_files=[{}]", items.join(", "))
 }
 
+/// IPython keeps its history in memory, not in `~/.ipython/.../history.sqlite`: a SQLite
+/// database open when a warm sandbox is checkpointed turns read-only in every pool clone (the
+/// copied file has a new inode), and the kernel then reports "The history saving thread hit an
+/// unexpected error" on the first cell. `_ih`, `%history` and `In`/`Out` work as before; only
+/// history across kernel restarts (`%history -g`) is lost.
+const IN_MEMORY_HISTORY: &str = "--HistoryManager.hist_file=:memory:";
+
 fn ipykernel_argv(exec_files: &[&str]) -> Vec<String> {
     [
         PYTHON,
@@ -141,7 +152,7 @@ fn ipykernel_argv(exec_files: &[&str]) -> Vec<String> {
     ]
     .iter()
     .map(|s| s.to_string())
-    .chain([exec_files_flag(exec_files)])
+    .chain([exec_files_flag(exec_files), IN_MEMORY_HISTORY.to_owned()])
     .collect()
 }
 
@@ -161,6 +172,7 @@ pub fn kernels_json() -> String {
                 env: BTreeMap::from([("MPLBACKEND", "module://matplotlib_inline.backend_inline")]),
                 aliases: vec![],
                 warmup: None,
+                start_lazily: false,
             },
         ),
         (
@@ -170,6 +182,11 @@ pub fn kernels_json() -> String {
                 env: deno_env.clone(),
                 aliases: vec!["js"],
                 warmup: Some(DENO_WARMUP),
+                // Deno starts on first use: V8's `Math.random` cannot be re-seeded from
+                // JavaScript, so a Deno kernel in a heavy template's warm checkpoint would draw
+                // the same numbers in every pool clone; and a create should not pay ~0.3 s of
+                // CPU for a kernel most sandboxes never use.
+                start_lazily: true,
             },
         ),
         (
@@ -179,6 +196,7 @@ pub fn kernels_json() -> String {
                 env: deno_env,
                 aliases: vec!["ts"],
                 warmup: Some(DENO_WARMUP),
+                start_lazily: true,
             },
         ),
         (
@@ -191,6 +209,7 @@ pub fn kernels_json() -> String {
                 env: BTreeMap::new(),
                 aliases: vec!["sh"],
                 warmup: None,
+                start_lazily: false,
             },
         ),
         (
@@ -200,6 +219,7 @@ pub fn kernels_json() -> String {
                 env: BTreeMap::new(),
                 aliases: vec!["duckdb"],
                 warmup: None,
+                start_lazily: false,
             },
         ),
     ]);
@@ -265,6 +285,7 @@ mod tests {
             v["default_contexts"],
             serde_json::json!(["python", "javascript"])
         );
+        assert_eq!(langs_lazy(&v), ["javascript", "typescript"]);
         let langs = v["languages"].as_object().unwrap();
         let mut names: Vec<&str> = langs.keys().map(String::as_str).collect();
         names.sort_unstable();
@@ -293,6 +314,12 @@ mod tests {
             "--IPKernelApp.exec_files=['/opt/bulkhead/interpreter/python/bulkhead_startup.py', \
              '/opt/bulkhead/interpreter/python/bulkhead_sql.py']"
         );
+        for ipykernel in ["python", "sql"] {
+            assert_eq!(
+                langs[ipykernel]["argv"][6], "--HistoryManager.hist_file=:memory:",
+                "{ipykernel}: no SQLite history open in a checkpoint"
+            );
+        }
         assert_eq!(
             langs["python"]["env"]["MPLBACKEND"],
             "module://matplotlib_inline.backend_inline"
@@ -301,6 +328,18 @@ mod tests {
         assert_eq!(langs["typescript"]["aliases"], serde_json::json!(["ts"]));
         assert_eq!(langs["bash"]["aliases"], serde_json::json!(["sh"]));
         assert_eq!(langs["sql"]["aliases"], serde_json::json!(["duckdb"]));
+    }
+
+    fn langs_lazy(v: &serde_json::Value) -> Vec<&str> {
+        let mut lazy: Vec<&str> = v["languages"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(_, k)| k["start_lazily"] == true)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        lazy.sort_unstable();
+        lazy
     }
 
     #[test]

@@ -70,6 +70,8 @@ pub struct ServerConfig {
     pub pools: PoolConfig,
     /// Creates running at once and waiting (`--max-concurrent-creates`, `--max-queued-creates`).
     pub admission: AdmissionLimits,
+    /// Which templates' pools are restored from a warm checkpoint (`--pool-checkpoint`).
+    pub pool_checkpoint: bulkhead_engine::CheckpointPools,
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_sandboxes: usize,
@@ -293,6 +295,7 @@ mod tests {
             api_key: None,
             pools: default_pools(),
             admission: AdmissionLimits::default(),
+            pool_checkpoint: bulkhead_engine::CheckpointPools::Auto,
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             max_sandboxes: 500,

@@ -250,6 +250,7 @@ impl Prepared {
                 max_timeout: config.max_timeout,
                 pools: config.pools.clone(),
                 admission: config.admission,
+                checkpoint_pools: config.pool_checkpoint.clone(),
                 max_sandboxes: config.max_sandboxes,
                 checkpoint_dir: config.data_dir.join("checkpoints"),
                 paused_retention: config.paused_retention,

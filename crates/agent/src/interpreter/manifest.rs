@@ -122,6 +122,11 @@ pub struct LanguageSpec {
     /// for Deno kernels (which publish results concurrently with idle) and 0 otherwise.
     #[serde(default)]
     pub settle_ms: Option<u64>,
+    /// This language's default context is listed from the start, but its kernel starts on its
+    /// first execution rather than with the agent: it then never runs in a warm sandbox that is
+    /// checkpointed for a pool (Deno: V8's `Math.random` cannot be re-seeded in the clones).
+    #[serde(default)]
+    pub start_lazily: bool,
 }
 
 /// The manifest.

@@ -3,9 +3,15 @@
 //! kernels the template lists in `/opt/bulkhead/interpreter/kernels.json`.
 //!
 //! Model: a *context* is one kernel process plus its language and working directory. Each
-//! language has a default context (python and javascript start with the agent so warm-pooled
-//! sandboxes have live, warmed kernels; others start on first `language=` use). Executions on one
+//! language has a default context. The manifest's `default_contexts` are created with the agent
+//! (so warm-pooled sandboxes have live, warmed kernels), except that a language marked
+//! `start_lazily` (Deno) has its default context listed at once but its kernel started by its
+//! first execution; other languages get theirs on first `language=` use. Executions on one
 //! context are serialized by an async mutex (FIFO); different contexts run concurrently.
+//!
+//! For checkpoint-restored pools (see `docs/persistence.md`), the host asks [`Interpreter::warm`]
+//! before it checkpoints a warm sandbox and [`Interpreter::reseed`] in every clone restored from
+//! it, before the clone is handed to anyone.
 //!
 //! Semantics worth knowing (see [`execute`] for the details):
 //! - A client that disconnects mid-execution gets its cell interrupted (SIGINT to the kernel's
@@ -184,7 +190,7 @@ impl Interpreter {
         })
     }
 
-    /// Starts the manifest's default contexts in the background.
+    /// Starts the manifest's default contexts in the background (lazy ones without a kernel).
     pub fn start_default_contexts(self: &Arc<Self>) {
         for language in self.manifest.default_contexts.clone() {
             let this = Arc::clone(self);
@@ -195,6 +201,68 @@ impl Interpreter {
                 }
             });
         }
+    }
+
+    /// Waits until every default context whose kernel starts with the agent has a running,
+    /// warmed kernel (starting it again if its first start failed): after this, a sandbox's
+    /// first execution does not pay for a kernel start. The host asks for it before it
+    /// checkpoints a warm sandbox for a pool.
+    pub async fn warm(&self) -> Result<(), ContextError> {
+        for language in self.manifest.default_contexts.clone() {
+            let language = self.manifest.normalize(Some(&language));
+            if self
+                .manifest
+                .language(&language)
+                .is_some_and(|s| s.start_lazily)
+            {
+                continue;
+            }
+            let context = self.default_context(&language).await?;
+            let mut slot = context.slot.lock().await;
+            if slot.kernel.as_ref().is_none_or(|k| k.exited().is_some()) {
+                slot.kernel = None;
+                self.start_kernel(&context, &mut slot).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// This sandbox is one of several restored from one checkpoint: give every running kernel
+    /// its own randomness and identity before any user code runs. Python kernels re-seed their
+    /// generators and take a new Jupyter session id ([`snippets::PYTHON_RESEED`]); a kernel of
+    /// another language cannot be re-seeded from outside (V8's `Math.random`) and is restarted
+    /// (a pool member holds no user state). Waits for executions in progress.
+    pub async fn reseed(&self) -> Result<(), KernelError> {
+        for context in self.list() {
+            let mut slot = context.slot.lock().await;
+            let Some(kernel) = slot.kernel.as_mut().filter(|k| k.exited().is_none()) else {
+                continue;
+            };
+            if matches!(context.dialect(), Dialect::Python | Dialect::Sql) {
+                kernel.discard_pending();
+                if let Some(error) = kernel
+                    .run_silent(snippets::PYTHON_RESEED, Duration::from_secs(30))
+                    .await?
+                {
+                    return Err(KernelError::Died(format!(
+                        "its re-seeding cell failed: {}: {}",
+                        error.name, error.value
+                    )));
+                }
+            } else {
+                if let Some(kill) = context.control().kill.take() {
+                    kill.kill();
+                }
+                slot.kernel = None;
+                self.start_kernel(&context, &mut slot).await?;
+            }
+            tracing::info!(
+                id = context.id,
+                language = context.language,
+                "kernel re-seeded after a clone restore"
+            );
+        }
+        Ok(())
     }
 
     /// The manifest.
@@ -235,7 +303,12 @@ impl Interpreter {
             return Ok(context);
         }
         let cwd = self.config.default_cwd.to_string_lossy().into_owned();
-        let context = self.create_context(language, &cwd).await?;
+        // A lazy language's kernel starts with the execution that asked for its context.
+        let lazy = self
+            .manifest
+            .language(language)
+            .is_some_and(|s| s.start_lazily);
+        let context = self.new_context(language, &cwd, !lazy).await?;
         *id = Some(context.id.clone());
         Ok(context)
     }
@@ -245,6 +318,16 @@ impl Interpreter {
         &self,
         language: &str,
         cwd: &str,
+    ) -> Result<Arc<Context>, ContextError> {
+        self.new_context(language, cwd, true).await
+    }
+
+    /// Creates a context; its kernel starts now when `start`, else on its first execution.
+    async fn new_context(
+        &self,
+        language: &str,
+        cwd: &str,
+        start: bool,
     ) -> Result<Arc<Context>, ContextError> {
         let Some(spec) = self.manifest.language(language) else {
             return Err(ContextError::UnknownLanguage {
@@ -269,12 +352,18 @@ impl Interpreter {
         let mut slot = context.slot.lock().await;
         self.table()
             .insert(context.id.clone(), Arc::clone(&context));
-        if let Err(e) = self.start_kernel(&context, &mut slot).await {
+        if start && let Err(e) = self.start_kernel(&context, &mut slot).await {
             self.table().remove(&context.id);
             return Err(e.into());
         }
         drop(slot);
-        tracing::info!(id = context.id, language, cwd, "context created");
+        tracing::info!(
+            id = context.id,
+            language,
+            cwd,
+            started = start,
+            "context created"
+        );
         Ok(context)
     }
 

@@ -26,6 +26,25 @@ pub fn wrap_user_code(dialect: Dialect, code: &str) -> String {
     }
 }
 
+/// The silent cell that gives a Python kernel restored as one of several clones of a checkpoint
+/// its own randomness and identity: every generator seeded before the checkpoint would
+/// otherwise produce the same sequence in every clone. It runs in a throwaway namespace, so the
+/// user's namespace is untouched. What it cannot change (the `hash()` seed, the memory layout,
+/// the connection's HMAC key) is listed in `docs/threat-model.md`.
+pub const PYTHON_RESEED: &str = r#"exec("""
+import os, random, sys, uuid
+random.seed(os.urandom(32))
+_np = sys.modules.get("numpy")
+if _np is not None:
+    _np.random.seed()
+_tf = sys.modules.get("tempfile")
+if _tf is not None:
+    _tf._name_sequence = None
+_k = getattr(get_ipython(), "kernel", None)
+if _k is not None:
+    _k.session.session = str(uuid.uuid4())
+""", {"get_ipython": get_ipython})"#;
+
 /// A statement that changes environment variables: `Some(value)` sets, `None` removes. Returns
 /// `None` when there is nothing to do or the dialect cannot do it.
 pub fn env_changes(dialect: Dialect, changes: &[(String, Option<String>)]) -> Option<String> {

@@ -51,6 +51,28 @@ impl JailDriver {
         })
     }
 
+    /// What a memory image written now depends on: the agent build (its content-addressed file
+    /// name), the CRIU binary's version and this driver's image format. None without CRIU.
+    pub(super) fn compute_checkpoint_key(&self) -> Option<String> {
+        let criu = self.inner.cfg.criu.as_ref()?;
+        let version = match Criu::check(criu) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(
+                    error = &e as &dyn std::error::Error,
+                    "criu --version failed"
+                );
+                return None;
+            }
+        };
+        let agent = self.inner.agent.file_name()?.to_string_lossy().into_owned();
+        Some(format!(
+            "jail format {}; agent {agent}; {}",
+            CHECKPOINT_FORMAT,
+            version.replace('\n', " ")
+        ))
+    }
+
     /// A complete checkpoint of this driver in `dir` (its manifest is in place), as
     /// `checkpoint` reported it.
     pub(super) fn read_checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {

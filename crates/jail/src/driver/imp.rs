@@ -280,6 +280,13 @@ impl Driver for JailDriver {
         self.read_checkpoint_info(dir)
     }
 
+    fn checkpoint_key(&self) -> Option<String> {
+        self.inner
+            .checkpoint_key
+            .get_or_init(|| self.compute_checkpoint_key())
+            .clone()
+    }
+
     async fn restore(
         &self,
         spec: &SandboxSpec,

@@ -90,6 +90,7 @@ impl JailDriver {
                 agent,
                 cgroups,
                 slots,
+                checkpoint_key: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -69,6 +69,8 @@ pub(super) struct Inner {
     pub(super) agent: PathBuf,
     pub(super) cgroups: Box<dyn CgroupBackend>,
     pub(super) slots: Mutex<SlotTable<Arc<Sandbox>>>,
+    /// `Driver::checkpoint_key`, worked out once (it runs `criu --version`).
+    pub(super) checkpoint_key: std::sync::OnceLock<Option<String>>,
 }
 
 impl Drop for Inner {
