@@ -25,7 +25,7 @@ struct Setup {
 
 fn cfg(dir: &tempfile::TempDir, pools: CheckpointPools) -> EngineConfig {
     EngineConfig {
-        pool_size: 0,
+        pools: bulkhead_engine::PoolConfig::fixed(0),
         checkpoint_dir: dir.path().join("checkpoints"),
         checkpoint_pools: pools,
         ..Default::default()
@@ -156,7 +156,7 @@ async fn a_claimed_restored_member_gets_its_identity_through_init() {
         store.clone(),
         driver.clone(),
         EngineConfig {
-            pool_size: 1,
+            pools: bulkhead_engine::PoolConfig::fixed(1),
             ..cfg(&dir, CheckpointPools::Auto)
         },
     );
@@ -325,7 +325,7 @@ async fn the_filler_refills_heavy_pools_from_the_checkpoint() {
         store,
         driver.clone(),
         EngineConfig {
-            pool_size: 2,
+            pools: bulkhead_engine::PoolConfig::fixed(2),
             ..cfg(&dir, CheckpointPools::Auto)
         },
     );
