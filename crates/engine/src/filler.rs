@@ -23,7 +23,7 @@ impl Engine {
                     if have >= self.cfg.pool_size {
                         break;
                     }
-                    match self.driver.start(&t.spec()).await {
+                    match self.start_pool_member(&t.spec(), have).await {
                         Ok(h) if self.shutdown.is_cancelled() => {
                             // Started while shutting down: nobody will claim it.
                             let _ = self.driver.stop(&h).await;
@@ -49,6 +49,22 @@ impl Engine {
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
                 _ = self.shutdown.cancelled() => return,
             }
+        }
+    }
+
+    /// Start one pool member; `have`: how many the pool holds now. While it holds some, nobody
+    /// waits for this one: it starts at background CPU priority and never competes with the
+    /// sandboxes in use (a just-claimed sandbox's first command above all). An empty pool means
+    /// demand is ahead of the filler: full priority then.
+    async fn start_pool_member(
+        &self,
+        spec: &crate::driver::SandboxSpec,
+        have: usize,
+    ) -> Result<DriverHandle, crate::driver::DriverError> {
+        if have > 0 {
+            self.driver.start_warm(spec).await
+        } else {
+            self.driver.start(spec).await
         }
     }
 

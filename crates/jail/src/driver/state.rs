@@ -69,6 +69,7 @@ pub(super) struct Inner {
     pub(super) agent: PathBuf,
     pub(super) cgroups: Box<dyn CgroupBackend>,
     pub(super) slots: Mutex<SlotTable<Arc<Sandbox>>>,
+    pub(super) launcher: super::launch::Launcher,
 }
 
 impl Drop for Inner {
