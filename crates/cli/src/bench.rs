@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use bulkhead_images::{ImageCache, TemplateRecipe};
 
 use crate::args::ClientArgs;
-use crate::bench_stats::{Stats, create_and_run};
+use crate::bench_cpu::{CpuPerCreate, CpuProbe, CpuSample};
+use crate::bench_stats::{Split, Stats, create_and_run, create_and_run_split};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -40,6 +41,17 @@ pub struct BenchArgs {
     /// (pause, resume, fork, create from a snapshot; against a cold create in the same run).
     #[arg(long, value_enum, default_value_t = Mode::Create)]
     mode: Mode,
+    /// Pid of the server, for the CPU-per-create breakdown; default: the process listening on
+    /// the API URL's port (the server must run on this machine).
+    #[arg(long)]
+    server_pid: Option<i32>,
+    /// Skip the host and bwrap baselines.
+    #[arg(long)]
+    no_baselines: bool,
+    /// Idle time between sequential iterations (not measured), like a user creating a sandbox
+    /// now and then; 0: back to back.
+    #[arg(long, default_value_t = 0)]
+    gap_ms: u64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,8 +78,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         ImageCache::new(args.image_cache.clone()).rootfs_path(&TemplateRecipe::base())
     });
     println!(
-        "bulkhead bench: command {:?}, {} sequential, burst {}",
-        args.cmd, args.n, args.burst
+        "bulkhead bench: command {:?}, {} sequential ({} ms apart), burst {}",
+        args.cmd, args.n, args.gap_ms, args.burst
     );
 
     // Baselines first (same run, same machine state).
@@ -75,7 +87,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         name: "host: bare command".into(),
         samples: Vec::new(),
     };
-    for _ in 0..args.n {
+    let baselines = if args.no_baselines { 0 } else { args.n };
+    for _ in 0..baselines.max(1) {
         let mut c = std::process::Command::new(&args.cmd[0]);
         // Same PATH as inside the sandbox, so a bare name runs the distribution's binary (not,
         // say, a version-manager shim).
@@ -86,8 +99,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         name: "bwrap: --unshare-all over template rootfs".into(),
         samples: Vec::new(),
     };
-    if which("bwrap") && rootfs.exists() {
-        for _ in 0..args.n {
+    if baselines > 0 && which("bwrap") && rootfs.exists() {
+        for _ in 0..baselines {
             let mut c = std::process::Command::new("bwrap");
             c.args([
                 "--unshare-all",
@@ -123,13 +136,45 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         name: "bulkhead: create→first command (sequential)".into(),
         samples: Vec::new(),
     };
+    let mut probe = match CpuProbe::new(args.server_pid, client.host_port()) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            println!("(CPU per create skipped: {e:#})");
+            None
+        }
+    };
+    // One warm-up create: its sandbox shows where the server's sandbox cgroups are.
+    let (_, id) = create_and_run(&client, &args.template, &args.cmd).await?;
+    if let Some(p) = probe.as_mut() {
+        p.find_sandbox_cgroup();
+        if !p.has_sandbox_cgroup() {
+            println!("(sandbox cgroups not found: their CPU counts as the rest)");
+        }
+    }
+    client
+        .api(http::Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await?;
+    let before = match &probe {
+        Some(p) => Some(settle(p).await?),
+        None => None,
+    };
+    let mut splits = Vec::new();
     for _ in 0..args.n {
-        let (d, id) = create_and_run(&client, &args.template, &args.cmd).await?;
-        seq.samples.push(d);
+        if args.gap_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(args.gap_ms)).await;
+        }
+        let (split, id) = create_and_run_split(&client, &args.template, &args.cmd).await?;
+        seq.samples.push(split.total());
+        splits.push(split);
         client
             .api(http::Method::DELETE, &format!("/sandboxes/{id}"), None)
             .await?;
     }
+    // Includes the pool refills the claims triggered: they are part of what a create costs.
+    let cpu = match (&probe, before) {
+        (Some(p), Some(a)) => Some(CpuPerCreate::between(&a, &settle(p).await?, args.n)),
+        _ => None,
+    };
 
     let mut burst = Stats {
         name: format!("bulkhead: create→first command (burst {})", args.burst),
@@ -164,8 +209,76 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if !bwrap.samples.is_empty() {
         println!("{}", seq.row(Some(&bwrap)));
     }
-    println!("{}", burst.row(Some(&host)));
+    if !burst.samples.is_empty() {
+        println!("{}", burst.row(Some(&host)));
+    }
+    println!(
+        "sequential tail: p99/p50 = {:.2}, p95/p50 = {:.2}",
+        seq.pct(99.0) / seq.pct(50.0),
+        seq.pct(95.0) / seq.pct(50.0)
+    );
+    println!("{}", slowest(&splits, 5));
+    if let (Some(cpu), Some(p)) = (cpu, &probe) {
+        println!(
+            "{}",
+            cpu.rows(&format!(
+                "sequential, {} creates + kills, server pid {}",
+                args.n,
+                p.server_pid()
+            ))
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `k` slowest iterations, split into create and first command, against the medians.
+fn slowest(splits: &[Split], k: usize) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let median = |f: &dyn Fn(&Split) -> f64| {
+        let mut v: Vec<f64> = splits.iter().map(f).collect();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let mut order: Vec<(usize, &Split)> = splits.iter().enumerate().collect();
+    order.sort_by_key(|(_, s)| std::cmp::Reverse(s.total()));
+    let rows: Vec<String> = order
+        .iter()
+        .take(k)
+        .map(|(i, s)| {
+            format!(
+                "#{i}: create {:.2} + command {:.2}",
+                ms(s.create),
+                ms(s.command)
+            )
+        })
+        .collect();
+    format!(
+        "slowest iterations (ms; medians: create {:.2}, command {:.2}): {}",
+        median(&|s| ms(s.create)),
+        median(&|s| ms(s.command)),
+        rows.join(", ")
+    )
+}
+
+/// Wait until the server and its sandboxes stop spending CPU (a pool refill done), at most
+/// 10 s, and sample then.
+async fn settle(p: &CpuProbe) -> anyhow::Result<CpuSample> {
+    let mut last = p.sample()?;
+    let mut quiet = 0;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = p.sample()?;
+        if now.server_activity() == last.server_activity() {
+            quiet += 1;
+            if quiet == 2 {
+                return Ok(now);
+            }
+        } else {
+            quiet = 0;
+        }
+        last = now;
+    }
+    Ok(last)
 }
 
 fn which(bin: &str) -> bool {

@@ -47,6 +47,28 @@ pub(crate) async fn create_and_run(
     template: &str,
     cmd: &[String],
 ) -> anyhow::Result<(Duration, String)> {
+    let (split, id) = create_and_run_split(client, template, cmd).await?;
+    Ok((split.total(), id))
+}
+
+/// One create→first command, with where the time went.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Split {
+    pub(crate) create: Duration,
+    pub(crate) command: Duration,
+}
+
+impl Split {
+    pub(crate) fn total(&self) -> Duration {
+        self.create + self.command
+    }
+}
+
+pub(crate) async fn create_and_run_split(
+    client: &Client,
+    template: &str,
+    cmd: &[String],
+) -> anyhow::Result<(Split, String)> {
     let t0 = Instant::now();
     let (_, _, b) = client
         .api(
@@ -60,8 +82,15 @@ pub(crate) async fn create_and_run(
         id: v["sandboxID"].as_str().context("no sandboxID")?.to_string(),
         access_token: v["envdAccessToken"].as_str().map(str::to_owned),
     };
+    let created = t0.elapsed();
     let code = run_command(client, &sb, &cmd[0], &cmd[1..], Some(30_000), |_, _| {}).await?;
     let elapsed = t0.elapsed();
     anyhow::ensure!(code == 0, "benchmark command exited with {code}");
-    Ok((elapsed, sb.id))
+    Ok((
+        Split {
+            create: created,
+            command: elapsed - created,
+        },
+        sb.id,
+    ))
 }

@@ -34,6 +34,11 @@ impl Client {
         })
     }
 
+    /// `host:port` of the API.
+    pub fn host_port(&self) -> &str {
+        &self.host_port
+    }
+
     async fn send(
         &self,
         req: http::Request<Full<Bytes>>,

@@ -4,6 +4,7 @@
 
 mod args;
 mod bench;
+mod bench_cpu;
 mod bench_persist;
 mod bench_stats;
 mod client;

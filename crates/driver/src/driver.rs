@@ -45,6 +45,19 @@ pub trait Driver: Send + Sync + 'static {
     /// Start a sandbox and return once its agent accepts connections.
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError>;
 
+    /// Start a sandbox for a warm pool: like [`Driver::start`], but it may run at a lower CPU
+    /// priority until [`Driver::claimed`], so that filling a pool does not slow down the
+    /// sandboxes in use. The default is a plain start.
+    async fn start_warm(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        self.start(spec).await
+    }
+
+    /// A sandbox started by [`Driver::start_warm`] is handed out: give it the normal CPU
+    /// priority. The default does nothing.
+    async fn claimed(&self, _handle: &DriverHandle) -> Result<(), DriverError> {
+        Ok(())
+    }
+
     /// Kill every process of the sandbox and remove its mounts, cgroups and directories.
     /// Idempotent: stopping an already dead sandbox cleans up and returns Ok. Works on a
     /// frozen sandbox too.

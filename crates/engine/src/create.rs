@@ -267,6 +267,10 @@ impl Engine {
             else {
                 break;
             };
+            // It was started at background CPU priority (see `Driver::start_warm`).
+            if let Err(e) = self.driver.claimed(&handle).await {
+                tracing::warn!(error = %e, "pooled sandbox keeps its background CPU priority");
+            }
             match self
                 .init_agent(&handle, init, None, Operation::Create)
                 .await

@@ -84,7 +84,13 @@ impl Engine {
         if self.shutdown.is_cancelled() {
             return Step::Done;
         }
-        match self.new_pool_member(t).await {
+        // An empty pool means demand is ahead of the filler: full priority then.
+        let member = if have > 0 {
+            self.new_background_pool_member(t).await
+        } else {
+            self.new_pool_member(t).await
+        };
+        match member {
             Ok(h) if self.shutdown.is_cancelled() => {
                 // Started while shutting down: nobody will claim it.
                 let _ = self.driver.stop(&h).await;

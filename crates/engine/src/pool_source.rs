@@ -93,6 +93,24 @@ impl Engine {
         &self,
         t: &TemplateInfo,
     ) -> Result<(DriverHandle, PoolSource), EngineError> {
+        self.pool_member(t, false).await
+    }
+
+    /// A member for a pool that still holds others: nobody waits for it, so a cold start runs
+    /// at background CPU priority until claimed (`Driver::start_warm`), never competing with the
+    /// sandboxes in use (a just-claimed sandbox's first command above all).
+    pub(crate) async fn new_background_pool_member(
+        &self,
+        t: &TemplateInfo,
+    ) -> Result<DriverHandle, EngineError> {
+        Ok(self.pool_member(t, true).await?.0)
+    }
+
+    async fn pool_member(
+        &self,
+        t: &TemplateInfo,
+        background: bool,
+    ) -> Result<(DriverHandle, PoolSource), EngineError> {
         if self.is_heavy(t) {
             match self.restore_member(t).await {
                 Ok(Some(h)) => return Ok((h, PoolSource::Checkpoint)),
@@ -106,11 +124,13 @@ impl Engine {
                 ),
             }
         }
-        let h = self
-            .driver
-            .start(&t.spec())
-            .await
-            .map_err(EngineError::driver(Operation::Create))?;
+        let spec = t.spec();
+        let started = if background {
+            self.driver.start_warm(&spec).await
+        } else {
+            self.driver.start(&spec).await
+        };
+        let h = started.map_err(EngineError::driver(Operation::Create))?;
         Ok((h, PoolSource::Cold))
     }
 

@@ -1,5 +1,9 @@
-//! The launcher: a short-lived, single-threaded helper process the driver spawns for every
-//! privileged step that needs `clone` (the server itself is multi-threaded and never clones).
+//! The launcher: a single-threaded helper process that does every privileged step that needs
+//! `clone` (the server itself is multi-threaded and never clones). The driver keeps one
+//! long-lived launcher, the zygote (`--zygote`, see [`crate::zygote`]), which forks a copy of
+//! itself per request: the copy behaves exactly like a launcher run for one request, without
+//! the cost of an `execve` of the server binary per sandbox. Run without `--zygote`, it
+//! answers one request and exits (the driver's fallback when no zygote can run).
 //!
 //! Contract (see [`crate::spec`]): the program given as `JailConfig::launcher` must call
 //! [`main`] first thing, before any thread exists (the `bulkhead` binary does this for
@@ -20,6 +24,8 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
+use seccompiler::BpfProgram;
+
 use crate::child;
 use crate::seccomp;
 use crate::spec::{IdmapSpec, LaunchReply, LaunchRequest, StartSpec};
@@ -27,19 +33,37 @@ use crate::sys;
 
 /// Entry point of the launcher process. Never returns.
 pub fn main() -> ! {
-    let mut input = String::new();
-    let req = match std::io::stdin().read_to_string(&mut input) {
-        Ok(_) => serde_json::from_str::<LaunchRequest>(&input)
-            .map_err(|e| format!("unreadable launch request: {e}")),
-        Err(e) => Err(format!("cannot read the launch request: {e}")),
-    };
+    if std::env::args_os().any(|a| a == crate::zygote::ZYGOTE_FLAG) {
+        crate::zygote::serve(answer);
+    }
+    let mut input = Vec::new();
+    match std::io::stdin().read_to_end(&mut input) {
+        Ok(_) => answer(&input, None),
+        Err(e) => reply_and_exit(
+            LaunchReply::Failed {
+                error: format!("cannot read the launch request: {e}"),
+            },
+            2,
+        ),
+    }
+}
+
+/// Handle one request and write its reply to stdout; never returns. `programs`: the seccomp
+/// policy compiled in advance (the zygote compiles it once).
+fn answer(input: &[u8], programs: Option<&[BpfProgram]>) -> ! {
+    let req = serde_json::from_slice::<LaunchRequest>(input)
+        .map_err(|e| format!("unreadable launch request: {e}"));
     let (reply, code) = match req {
         Err(e) => (LaunchReply::Failed { error: e }, 2),
-        Ok(LaunchRequest::Start(spec)) => finish(start(&spec)),
+        Ok(LaunchRequest::Start(spec)) => finish(start(&spec, programs)),
         Ok(LaunchRequest::Idmap(spec)) => {
             finish(idmap(&spec).map(|()| LaunchReply::Done { ok: true }))
         }
     };
+    reply_and_exit(reply, code)
+}
+
+fn reply_and_exit(reply: LaunchReply, code: i32) -> ! {
     let mut out = std::io::stdout().lock();
     let line = serde_json::to_string(&reply).unwrap_or_else(|_| r#"{"error":"reply"}"#.into());
     let _ = writeln!(out, "{line}");
@@ -92,9 +116,16 @@ fn kill_and_reap(pid: libc::pid_t) {
     }
 }
 
-fn start(spec: &StartSpec) -> Result<LaunchReply, String> {
+fn start(spec: &StartSpec, compiled: Option<&[BpfProgram]>) -> Result<LaunchReply, String> {
     // Compile the policy before any namespace exists: a broken policy fails cheaply.
-    let programs = seccomp::builtin_programs().map_err(|e| e.to_string())?;
+    let owned;
+    let programs = match compiled {
+        Some(p) => p,
+        None => {
+            owned = seccomp::builtin_programs().map_err(|e| e.to_string())?;
+            &owned
+        }
+    };
     // Idmapped copies of the volumes, made here with host privileges and inherited by the
     // child through the clone (each is close-on-exec, so the agent never holds one).
     let volumes = volume_mounts(spec)?;
@@ -113,7 +144,7 @@ fn start(spec: &StartSpec) -> Result<LaunchReply, String> {
         drop(err_r);
         child::run(
             spec,
-            &programs,
+            programs,
             &volume_fds,
             release_r.as_raw_fd(),
             err_w.as_raw_fd(),

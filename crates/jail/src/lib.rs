@@ -33,6 +33,7 @@ pub mod slots;
 pub mod spec;
 pub mod sys;
 pub mod uidshift;
+pub mod zygote;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

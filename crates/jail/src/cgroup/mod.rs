@@ -79,6 +79,9 @@ pub trait CgroupBackend: Send + Sync + std::fmt::Debug {
     /// Remove the cgroup directories; missing ones are fine, busy ones are an error.
     fn remove(&self, name: &str) -> io::Result<()>;
     fn usage(&self, name: &str) -> io::Result<CgroupUsage>;
+    /// Background (the smallest CPU weight: runs when nothing else wants the CPU) or normal
+    /// CPU weight relative to the other sandboxes.
+    fn set_background(&self, name: &str, background: bool) -> io::Result<()>;
     /// Names of existing sandbox cgroups under the parent (for cleaning up after a crash).
     fn list(&self) -> io::Result<Vec<String>>;
     /// The parent directories themselves (removed when the server stops with none left).
@@ -308,6 +311,17 @@ impl CgroupBackend for V1 {
         self.mounts.values().map(|m| m.join(&self.parent)).collect()
     }
 
+    fn set_background(&self, name: &str, background: bool) -> io::Result<()> {
+        let cpu = self
+            .dir("cpu", name)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no cpu hierarchy"))?;
+        // 2 is the smallest weight cpu.shares takes; 1024 the default.
+        write(
+            &cpu.join("cpu.shares"),
+            if background { "2" } else { "1024" },
+        )
+    }
+
     fn freezer(&self, name: &str) -> Option<Freezer> {
         let state = self.dir("freezer", name)?.join("freezer.state");
         Some(Freezer::V1 { state })
@@ -448,6 +462,14 @@ impl CgroupBackend for V2 {
 
     fn parent_dirs(&self) -> Vec<PathBuf> {
         vec![self.root.join(&self.parent)]
+    }
+
+    fn set_background(&self, name: &str, background: bool) -> io::Result<()> {
+        // 1 is the smallest cpu.weight; 100 the default.
+        write(
+            &self.dir(name).join("cpu.weight"),
+            if background { "1" } else { "100" },
+        )
     }
 
     fn freezer(&self, name: &str) -> Option<Freezer> {

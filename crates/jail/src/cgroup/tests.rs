@@ -239,3 +239,33 @@ fn stat_fields_match_whole_keys() {
     assert_eq!(stat_field(s, "total_cache"), Some(5));
     assert_eq!(stat_field(s, "rss"), None);
 }
+
+#[test]
+fn warm_sandboxes_get_the_smallest_cpu_weight_until_claimed() {
+    let t = tempfile::tempdir().unwrap();
+    let mut mounts = BTreeMap::new();
+    for c in V1_CONTROLLERS {
+        mounts.insert(c.to_string(), t.path().join(c));
+    }
+    let v1 = V1 {
+        mounts,
+        parent: "bulkhead".into(),
+    };
+    v1.create("0-a", &limits()).unwrap();
+    let shares = t.path().join("cpu/bulkhead/0-a/cpu.shares");
+    v1.set_background("0-a", true).unwrap();
+    assert_eq!(fs::read_to_string(&shares).unwrap(), "2");
+    v1.set_background("0-a", false).unwrap();
+    assert_eq!(fs::read_to_string(&shares).unwrap(), "1024");
+
+    let v2 = V2 {
+        root: t.path().join("unified"),
+        parent: "bulkhead".into(),
+    };
+    v2.create("0-b", &limits()).unwrap();
+    let weight = t.path().join("unified/bulkhead/0-b/cpu.weight");
+    v2.set_background("0-b", true).unwrap();
+    assert_eq!(fs::read_to_string(&weight).unwrap(), "1");
+    v2.set_background("0-b", false).unwrap();
+    assert_eq!(fs::read_to_string(&weight).unwrap(), "100");
+}

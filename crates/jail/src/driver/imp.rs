@@ -39,7 +39,15 @@ impl Driver for JailDriver {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
-        self.start_sandbox(spec, None).await
+        self.start_sandbox(spec, None, false).await
+    }
+
+    async fn start_warm(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        self.start_sandbox(spec, None, true).await
+    }
+
+    async fn claimed(&self, handle: &DriverHandle) -> Result<(), DriverError> {
+        self.set_foreground(handle)
     }
 
     async fn changes(

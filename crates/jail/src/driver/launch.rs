@@ -1,12 +1,17 @@
-//! Launcher I/O: run the launcher process with one request on stdin and read its one-line
-//! reply (see [`crate::spec`]), with a deadline. Leaf module.
+//! Launcher I/O: hand one request to the launcher and read its one-line reply (see
+//! [`crate::spec`]), with a deadline. Requests go to a long-lived launcher, the zygote (see
+//! [`crate::zygote`]), started on first use and again after it died; when it cannot run, the
+//! launcher is executed for the one request as before. Leaf module.
 
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::spec::{LaunchReply, LaunchRequest};
+use crate::zygote;
 
 /// Why the launcher did not do what it was asked.
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +51,140 @@ pub enum LaunchError {
     Unexpected(LaunchReply),
     #[error("Jail slot {0} is already taken")]
     SlotTaken(u32),
+    #[error(
+        "The jail launcher gave no reply (its errors are in the server's log): check that the \
+         launcher and the server come from the same build"
+    )]
+    NoAnswer,
 }
 
-/// Run `launcher` with `req` and wait at most `timeout` for its reply.
-pub(super) async fn run_launcher(
+/// The driver's launcher: the configured command, and the zygote it runs as.
+pub(crate) struct Launcher {
+    program: Vec<OsString>,
+    zygote: Mutex<Option<Zygote>>,
+}
+
+/// A running zygote: our end of its request socket, and the process (killed when dropped).
+struct Zygote {
+    sock: OwnedFd,
+    _child: tokio::process::Child,
+}
+
+impl Launcher {
+    pub(crate) fn new(program: Vec<OsString>) -> Launcher {
+        Launcher {
+            program,
+            zygote: Mutex::new(None),
+        }
+    }
+
+    /// Run `req` and wait at most `timeout` for the reply.
+    pub(crate) async fn run(
+        &self,
+        req: &LaunchRequest,
+        timeout: Duration,
+    ) -> Result<LaunchReply, LaunchError> {
+        let json = serde_json::to_vec(req).expect("launch request serialises");
+        match self.submit(&json) {
+            Some(reply) => read_reply(reply, timeout).await,
+            None => run_launcher(&self.program, &json, timeout).await,
+        }
+    }
+
+    /// Hand `json` to the zygote (starting it if needed); returns the reply pipe's read end,
+    /// or None when no zygote takes requests (the caller then executes the launcher).
+    fn submit(&self, json: &[u8]) -> Option<OwnedFd> {
+        if json.len() > zygote::MAX_REQUEST {
+            return None;
+        }
+        let mut z = self.zygote.lock().expect("zygote lock poisoned");
+        // Twice: a zygote that died since the last request is replaced once.
+        for _ in 0..2 {
+            if z.is_none() {
+                match spawn_zygote(&self.program) {
+                    Ok(started) => *z = Some(started),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot start the launcher zygote; executing the launcher per request");
+                        return None;
+                    }
+                }
+            }
+            let sock = z.as_ref().expect("set above").sock.as_raw_fd();
+            let (r, w) = match reply_pipe() {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot make a pipe for the launcher's reply");
+                    return None;
+                }
+            };
+            match zygote::send_with_fd(sock, json, w.as_raw_fd()) {
+                Ok(()) => return Some(r),
+                // Behind (its socket buffer is full): this one request is executed instead.
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the launcher zygote is gone; starting a new one");
+                    *z = None;
+                }
+            }
+        }
+        None
+    }
+}
+
+fn spawn_zygote(program: &[OsString]) -> std::io::Result<Zygote> {
+    let (ours, theirs) = zygote::seqpacket_pair()?;
+    let child = tokio::process::Command::new(&program[0])
+        .args(&program[1..])
+        .arg(zygote::ZYGOTE_FLAG)
+        .env_clear()
+        .stdin(std::process::Stdio::from(theirs))
+        .stdout(std::process::Stdio::null())
+        // Its (and its request handlers') complaints go to the server's log.
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    Ok(Zygote {
+        sock: ours,
+        _child: child,
+    })
+}
+
+/// A pipe for one reply: our read end (non-blocking, for the runtime) and the write end the
+/// request handler gets.
+fn reply_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: `fds` is a valid two-element array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (r, w) = unsafe {
+        use std::os::fd::FromRawFd;
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    // SAFETY: setting a flag on our own descriptor.
+    if unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((r, w))
+}
+
+/// Read the reply until the handler closes the pipe (it exits after replying).
+async fn read_reply(reply: OwnedFd, timeout: Duration) -> Result<LaunchReply, LaunchError> {
+    let mut rx =
+        tokio::net::unix::pipe::Receiver::from_owned_fd(reply).map_err(LaunchError::Wait)?;
+    let mut out = Vec::new();
+    tokio::time::timeout(timeout, rx.read_to_end(&mut out))
+        .await
+        .map_err(|_| LaunchError::Timeout(timeout))?
+        .map_err(LaunchError::Wait)?;
+    LaunchReply::parse(&String::from_utf8_lossy(&out)).ok_or(LaunchError::NoAnswer)
+}
+
+/// Execute `launcher` with the request `json` and wait at most `timeout` for its reply.
+async fn run_launcher(
     launcher: &[OsString],
-    req: &LaunchRequest,
+    json: &[u8],
     timeout: Duration,
 ) -> Result<LaunchReply, LaunchError> {
     let mut cmd = tokio::process::Command::new(&launcher[0]);
@@ -65,9 +198,8 @@ pub(super) async fn run_launcher(
         program: launcher[0].clone(),
         source,
     })?;
-    let json = serde_json::to_vec(req).expect("launch request serialises");
     let mut stdin = child.stdin.take().expect("stdin is piped");
-    stdin.write_all(&json).await.map_err(LaunchError::Send)?;
+    stdin.write_all(json).await.map_err(LaunchError::Send)?;
     drop(stdin);
     let out = tokio::time::timeout(timeout, child.wait_with_output())
         .await

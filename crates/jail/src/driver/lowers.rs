@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use bulkhead_driver::{DriverError, StartError};
 
 use super::fsutil::template_key;
-use super::launch::{LaunchError, run_launcher};
+use super::launch::LaunchError;
 use super::state::JailDriver;
 use crate::slots;
 use crate::spec::{IdmapSpec, LaunchReply, LaunchRequest};
@@ -69,8 +69,8 @@ impl JailDriver {
             id_count: IDS_PER_SLOT,
             volume: false,
         });
-        let cfg = &self.inner.cfg;
-        let failure = match run_launcher(&cfg.launcher, &req, cfg.start_timeout).await {
+        let timeout = self.inner.cfg.start_timeout;
+        let failure = match self.inner.launcher.run(&req, timeout).await {
             Ok(LaunchReply::Done { ok: true }) => return Ok(lower),
             Ok(LaunchReply::Failed { error }) => LaunchError::Idmap(error),
             Ok(other) => LaunchError::Unexpected(other),

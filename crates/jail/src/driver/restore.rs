@@ -26,7 +26,7 @@ use bulkhead_driver::{DriverError, DriverHandle, RestoreOptions, SandboxSpec, St
 use super::agent_sock::notify_restored;
 use super::checkpoint::{AGENT_KEY, SOCK_KEY, criu_error};
 use super::fsutil::copy_sandbox_file;
-use super::launch::{LaunchError, run_launcher};
+use super::launch::LaunchError;
 use super::manifest::{AGENT_LOG, IMAGES, Manifest, UPPER};
 use super::seed::Seed;
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
@@ -60,7 +60,7 @@ impl JailDriver {
         // A filesystem-only checkpoint, or a resume that asks to ignore the memory (E2B's
         // `memory: false`), boots afresh on the saved files.
         if !m.memory || opts.filesystem_only {
-            return self.start_sandbox(spec, Some(&seed)).await;
+            return self.start_sandbox(spec, Some(&seed), false).await;
         }
         if !spec.rootfs.is_dir() {
             return Err(StartError::RootfsMissing.into());
@@ -241,8 +241,8 @@ impl JailDriver {
                 id_count: IDS_PER_SLOT,
                 volume: true,
             });
-            let cfg = &self.inner.cfg;
-            match run_launcher(&cfg.launcher, &req, cfg.start_timeout).await {
+            let timeout = self.inner.cfg.start_timeout;
+            match self.inner.launcher.run(&req, timeout).await {
                 Ok(LaunchReply::Done { ok: true }) => views.push((key.clone(), target)),
                 other => {
                     for (_, view) in &views {

@@ -86,6 +86,7 @@ impl JailDriver {
         let slots = Mutex::new(SlotTable::new(cfg.max_slots));
         Ok(JailDriver {
             inner: Arc::new(Inner {
+                launcher: super::launch::Launcher::new(cfg.launcher.clone()),
                 cfg,
                 agent,
                 cgroups,

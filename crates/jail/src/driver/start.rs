@@ -23,7 +23,7 @@ use bulkhead_driver::{AgentExit, DriverError, DriverHandle, SandboxSpec, StartEr
 use super::agent_sock::{connect_agent, log_tail};
 use super::ca::sandbox_ca_bundle;
 use super::fsutil::{chown, mkdir_mode};
-use super::launch::{LaunchError, run_launcher};
+use super::launch::LaunchError;
 use super::resolv::write_resolv_conf;
 use super::seed::{Seed, prepare_slot_removal};
 use super::state::{DRIVER_NAME, HandleData, JailDriver, Sandbox};
@@ -36,10 +36,12 @@ use crate::{IDS_PER_SLOT, JailError, sys};
 
 impl JailDriver {
     /// `Driver::start`: reserve a slot, run the pipeline in it, clean up after a failure.
+    /// `background`: a warm-pool start, at the lowest CPU weight until claimed.
     pub(super) async fn start_sandbox(
         &self,
         spec: &SandboxSpec,
         seed: Option<&Seed>,
+        background: bool,
     ) -> Result<DriverHandle, DriverError> {
         let started = Instant::now();
         let deadline = started + self.inner.cfg.start_timeout;
@@ -49,7 +51,7 @@ impl JailDriver {
         let slot = self.reserve_slot_preferring(seed.map(|s| s.slot))?;
         let cgroup_name = format!("{slot}-{:08x}", sys::random_u64() as u32);
         match self
-            .start_in_slot(slot, &cgroup_name, spec, deadline, seed)
+            .start_in_slot(slot, &cgroup_name, spec, deadline, seed, background)
             .await
         {
             Ok(h) => {
@@ -95,6 +97,7 @@ impl JailDriver {
         spec: &SandboxSpec,
         deadline: Instant,
         seed: Option<&Seed>,
+        background: bool,
     ) -> Result<DriverHandle, DriverError> {
         let dir = self.fresh_slot_dir(slot)?;
         if let Some(seed) = seed {
@@ -109,6 +112,12 @@ impl JailDriver {
             .cgroups
             .create(cgroup_name, &CgroupLimits::from_spec(spec))
             .map_err(|e| DriverError::io(format!("create cgroup {cgroup_name}"), e))?;
+        if background {
+            self.inner
+                .cgroups
+                .set_background(cgroup_name, true)
+                .map_err(|e| DriverError::io(format!("set the CPU weight of {cgroup_name}"), e))?;
+        }
         let start = self.start_spec(slot, &dir, lower.clone(), procs, spec)?;
         let (pid, start_time) = self.launch(start, deadline).await?;
         let sb = self
@@ -131,6 +140,16 @@ impl JailDriver {
         );
         self.wait_for_socket(slot, &sb, deadline).await?;
         Ok(handle)
+    }
+
+    /// A warm sandbox is claimed: the normal CPU weight from now on.
+    pub(super) fn set_foreground(&self, handle: &DriverHandle) -> Result<(), DriverError> {
+        let data: HandleData = serde_json::from_value(handle.data.clone())
+            .map_err(|e| DriverError::io("read the sandbox handle", std::io::Error::other(e)))?;
+        self.inner
+            .cgroups
+            .set_background(&data.cgroup, false)
+            .map_err(|e| DriverError::io(format!("set the CPU weight of {}", data.cgroup), e))
     }
 
     pub(super) fn slot_uid(&self, slot: u32) -> u32 {
@@ -231,12 +250,11 @@ impl JailDriver {
     /// Step 5: the launcher starts the init and reports its pid and start time.
     async fn launch(&self, start: StartSpec, deadline: Instant) -> Result<(i32, u64), DriverError> {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        let reply = run_launcher(
-            &self.inner.cfg.launcher,
-            &LaunchRequest::Start(start),
-            remaining,
-        )
-        .await;
+        let reply = self
+            .inner
+            .launcher
+            .run(&LaunchRequest::Start(start), remaining)
+            .await;
         let failure = match reply {
             Ok(LaunchReply::Started { pid, start_time }) => return Ok((pid, start_time)),
             Ok(LaunchReply::Failed { error }) => LaunchError::Failed(error),

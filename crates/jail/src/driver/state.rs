@@ -71,6 +71,7 @@ pub(super) struct Inner {
     pub(super) slots: Mutex<SlotTable<Arc<Sandbox>>>,
     /// `Driver::checkpoint_key`, worked out once (it runs `criu --version`).
     pub(super) checkpoint_key: std::sync::OnceLock<Option<String>>,
+    pub(super) launcher: super::launch::Launcher,
 }
 
 impl Drop for Inner {
