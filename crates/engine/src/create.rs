@@ -288,16 +288,7 @@ impl Engine {
         // An empty pool: a member made now (for a heavy template, restored from its warm
         // checkpoint rather than paying a kernel start).
         let handle = self.new_pool_member(t).await?;
-        match self
-            .init_agent(&handle, init, None, Operation::Create)
-            .await
-        {
-            Ok(agent) => Ok((handle, agent)),
-            Err(e) => {
-                let _ = self.driver.stop(&handle).await;
-                Err(e)
-            }
-        }
+        self.init_or_stop(handle, init).await
     }
 
     /// Start a sandbox from `spec` (no pool) and give it its identity through `/init`.
@@ -311,6 +302,15 @@ impl Engine {
             .start(spec)
             .await
             .map_err(EngineError::driver(Operation::Create))?;
+        self.init_or_stop(handle, init).await
+    }
+
+    /// `/init` a sandbox nobody else has seen yet; stop it if that fails (nothing is recorded).
+    async fn init_or_stop(
+        &self,
+        handle: DriverHandle,
+        init: &InitRequest,
+    ) -> Result<(DriverHandle, AgentInfo)> {
         match self
             .init_agent(&handle, init, None, Operation::Create)
             .await
