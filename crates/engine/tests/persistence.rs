@@ -123,6 +123,19 @@ fn files_under(dir: &std::path::Path) -> usize {
     walk(dir).len()
 }
 
+/// [`files_under`] once background deletions (`remove_later`) have had their chance: polls for
+/// up to 10 s until the count is 0 (a loaded CI host may run the deleting task late).
+async fn files_under_when_settled(dir: &std::path::Path) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = files_under(dir);
+        if n == 0 || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return Vec::new();
@@ -212,8 +225,9 @@ async fn pause_and_connect_keep_memory_files_env_token_and_id() {
     // The restored agent was not given its identity again (its env would be reset).
     let last_init = s.driver.inits.lock().unwrap().last().cloned().unwrap();
     assert!(last_init.get("envVars").is_none(), "{last_init}");
+    // The checkpoint is deleted in the background once the resume is recorded.
     assert_eq!(
-        files_under(&s.checkpoints()),
+        files_under_when_settled(&s.checkpoints()).await,
         0,
         "the checkpoint is deleted after a resume"
     );
@@ -342,7 +356,7 @@ async fn a_failed_pause_leaves_the_sandbox_running_with_its_link() {
         egress.attached.lock().unwrap().contains_key(&sb.id),
         "link given back"
     );
-    assert_eq!(files_under(&s.checkpoints()), 0);
+    assert_eq!(files_under_when_settled(&s.checkpoints()).await, 0);
     // It is still watched: a death ends it.
     s.driver.crash(pid);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -490,7 +504,7 @@ async fn paused_retention_deletes_checkpoint_and_record() {
         Err(EngineError::SandboxNotFound(_))
     ));
     assert_eq!(s.state(&sb.id).await, SandboxState::Dead);
-    assert_eq!(files_under(&s.checkpoints()), 0);
+    assert_eq!(files_under_when_settled(&s.checkpoints()).await, 0);
     s.engine.shutdown().await;
 }
 
@@ -501,7 +515,7 @@ async fn killing_a_paused_sandbox_deletes_its_checkpoint() {
     s.engine.pause(&s.owner, &sb.id, true).await.unwrap();
     assert!(files_under(&s.checkpoints()) > 0);
     s.engine.kill(&s.owner, &sb.id).await.unwrap();
-    assert_eq!(files_under(&s.checkpoints()), 0);
+    assert_eq!(files_under_when_settled(&s.checkpoints()).await, 0);
     assert!(matches!(
         s.engine.connect(&s.owner, &sb.id, resume()).await,
         Err(EngineError::SandboxNotFound(_))
@@ -768,7 +782,7 @@ async fn fork_makes_independent_copies_and_leaves_the_parent() {
         sb.envd_access_token
     );
     assert_eq!(
-        files_under(&s.checkpoints()),
+        files_under_when_settled(&s.checkpoints()).await,
         0,
         "the fork's snapshot is deleted"
     );
