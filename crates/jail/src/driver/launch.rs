@@ -149,24 +149,11 @@ fn spawn_zygote(program: &[OsString]) -> std::io::Result<Zygote> {
     })
 }
 
-/// A pipe for one reply: our read end (non-blocking, for the runtime) and the write end the
-/// request handler gets.
+/// A pipe for one reply (close-on-exec): our read end, which `read_reply` makes non-blocking
+/// for the runtime, and the write end the request handler gets.
 fn reply_pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: `fds` is a valid two-element array.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    let (r, w) = unsafe {
-        use std::os::fd::FromRawFd;
-        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
-    };
-    // SAFETY: setting a flag on our own descriptor.
-    if unsafe { libc::fcntl(r.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok((r, w))
+    let (r, w) = std::io::pipe()?;
+    Ok((r.into(), w.into()))
 }
 
 /// Read the reply until the handler closes the pipe (it exits after replying).

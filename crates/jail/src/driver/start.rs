@@ -16,6 +16,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bulkhead_driver::{AgentExit, DriverError, DriverHandle, SandboxSpec, StartError};
@@ -123,6 +124,7 @@ impl JailDriver {
         let sb = self
             .register_started(slot, &dir, pid, start_time, cgroup_name)
             .await?;
+        sb.background.store(background, Ordering::SeqCst);
         let handle = DriverHandle::new(
             DRIVER_NAME,
             pid,
@@ -143,13 +145,19 @@ impl JailDriver {
     }
 
     /// A warm sandbox is claimed: the normal CPU weight from now on.
+    /// Only a member started in the background has a weight to restore: claims of the others
+    /// (an empty pool's full-priority start, a restored clone) cost nothing here.
     pub(super) fn set_foreground(&self, handle: &DriverHandle) -> Result<(), DriverError> {
-        let data: HandleData = serde_json::from_value(handle.data.clone())
-            .map_err(|e| DriverError::io("read the sandbox handle", std::io::Error::other(e)))?;
+        let Some(sb) = self.lookup(handle) else {
+            return Ok(());
+        };
+        if !sb.background.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
         self.inner
             .cgroups
-            .set_background(&data.cgroup, false)
-            .map_err(|e| DriverError::io(format!("set the CPU weight of {}", data.cgroup), e))
+            .set_background(&sb.cgroup, false)
+            .map_err(|e| DriverError::io(format!("set the CPU weight of {}", sb.cgroup), e))
     }
 
     pub(super) fn slot_uid(&self, slot: u32) -> u32 {

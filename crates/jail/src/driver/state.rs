@@ -52,6 +52,8 @@ pub(super) struct Sandbox {
     pub(super) pidfd: Arc<AsyncFd<OwnedFd>>,
     pub(super) exit: watch::Receiver<Option<ExitInfo>>,
     pub(super) reaper: AbortHandle,
+    /// A warm-pool member still at the background CPU weight (see `Driver::start_warm`).
+    pub(super) background: std::sync::atomic::AtomicBool,
 }
 
 impl Sandbox {

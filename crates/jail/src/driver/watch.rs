@@ -57,6 +57,7 @@ impl JailDriver {
             pidfd: afd,
             exit: rx,
             reaper: task.abort_handle(),
+            background: false.into(),
         });
         let mut slots = self.inner.slots.lock().expect("slot table poisoned");
         // Adoption must not steal a slot a start has reserved; a start completes its own.
