@@ -103,16 +103,10 @@ pub async fn warm(interpreter: Option<Arc<Interpreter>>) -> Response {
     let Some(interpreter) = interpreter else {
         return StatusCode::NO_CONTENT.into_response();
     };
-    match interpreter.warm().await {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => error_json(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "the sandbox's kernels did not start: {}",
-                crate::report::error_chain(&e)
-            ),
-        ),
-    }
+    done_or_500(
+        interpreter.warm().await,
+        "the sandbox's kernels did not start",
+    )
 }
 
 /// `POST` [`CLONED_PATH`](bulkhead_envd::protocol::CLONED_PATH) (host-only): this sandbox was
@@ -123,14 +117,19 @@ pub async fn cloned(interpreter: Option<Arc<Interpreter>>) -> Response {
     let Some(interpreter) = interpreter else {
         return StatusCode::NO_CONTENT.into_response();
     };
-    match interpreter.reseed().await {
+    done_or_500(
+        interpreter.reseed().await,
+        "could not re-seed the kernels of a cloned sandbox",
+    )
+}
+
+/// `204`, or a `500` saying `what` failed and why.
+fn done_or_500<E: std::error::Error>(result: Result<(), E>, what: &str) -> Response {
+    match result {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => error_json(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!(
-                "could not re-seed the kernels of a cloned sandbox: {}",
-                crate::report::error_chain(&e)
-            ),
+            format!("{what}: {}", crate::report::error_chain(&e)),
         ),
     }
 }

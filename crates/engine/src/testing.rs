@@ -75,3 +75,12 @@ pub fn base_template() -> crate::TemplateInfo {
         pids_max: 64,
     }
 }
+
+/// The caller of a fresh API key in `store`: the owner of what a test creates.
+pub async fn owner(store: &bulkhead_store::Store) -> crate::Caller {
+    crate::keys::create(store, "t")
+        .await
+        .expect("create an API key")
+        .0
+        .caller()
+}

@@ -47,11 +47,7 @@ async fn setup(
         },
     );
     engine.register_template(template()).await.unwrap();
-    let owner = bulkhead_engine::keys::create(&store, "t")
-        .await
-        .unwrap()
-        .0
-        .caller();
+    let owner = bulkhead_engine::testing::owner(&store).await;
     (dir, driver, engine, owner, store)
 }
 

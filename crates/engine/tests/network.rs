@@ -36,11 +36,7 @@ async fn setup(cfg: EngineConfig, with_egress: bool) -> Setup {
         .register_template(bulkhead_engine::testing::base_template())
         .await
         .unwrap();
-    let owner = bulkhead_engine::keys::create(&store, "t")
-        .await
-        .unwrap()
-        .0
-        .caller();
+    let owner = bulkhead_engine::testing::owner(&store).await;
     Setup {
         _dir: dir,
         store,

@@ -49,11 +49,7 @@ async fn setup_with(tweak: impl FnOnce(&mut EngineConfig)) -> Setup {
         .register_template(bulkhead_engine::testing::base_template())
         .await
         .unwrap();
-    let owner = bulkhead_engine::keys::create(&store, "t")
-        .await
-        .unwrap()
-        .0
-        .caller();
+    let owner = bulkhead_engine::testing::owner(&store).await;
     Setup {
         dir,
         host,

@@ -167,11 +167,7 @@ async fn a_claimed_restored_member_gets_its_identity_through_init() {
     while engine.pool_len(&heavy.id) < 1 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let owner = bulkhead_engine::keys::create(&store, "t")
-        .await
-        .unwrap()
-        .0
-        .caller();
+    let owner = bulkhead_engine::testing::owner(&store).await;
     let mut env = std::collections::BTreeMap::new();
     env.insert("WHO".to_string(), "clone".to_string());
     let info = engine

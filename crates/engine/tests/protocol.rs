@@ -118,11 +118,7 @@ async fn engine(dir: &tempfile::TempDir, driver: Arc<VersionedDriver>) -> Arc<En
 
 async fn owner(dir: &tempfile::TempDir) -> bulkhead_engine::Caller {
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    bulkhead_engine::keys::create(&store, "t")
-        .await
-        .unwrap()
-        .0
-        .caller()
+    bulkhead_engine::testing::owner(&store).await
 }
 
 fn base() -> CreateRequest {

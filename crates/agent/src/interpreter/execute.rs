@@ -117,16 +117,13 @@ async fn run(interpreter: &Interpreter, context: &Context, request: &ExecRequest
         .await;
         return;
     }
-    if slot.kernel.as_ref().is_none_or(|k| k.exited().is_some()) {
-        slot.kernel = None;
-        if let Err(e) = interpreter.start_kernel(context, &mut slot).await {
-            sink.finish_with_error(ErrorLine::synthetic(
-                "KernelStartError",
-                crate::report::error_chain(&e),
-            ))
-            .await;
-            return;
-        }
+    if let Err(e) = interpreter.ensure_kernel(context, &mut slot).await {
+        sink.finish_with_error(ErrorLine::synthetic(
+            "KernelStartError",
+            crate::report::error_chain(&e),
+        ))
+        .await;
+        return;
     }
     let globals = interpreter.state.settings().env_vars;
     let (prelude, restore) = env_plan(context, &mut slot, &globals, &request.env_vars);

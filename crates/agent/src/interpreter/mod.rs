@@ -219,10 +219,21 @@ impl Interpreter {
             }
             let context = self.default_context(&language).await?;
             let mut slot = context.slot.lock().await;
-            if slot.kernel.as_ref().is_none_or(|k| k.exited().is_some()) {
-                slot.kernel = None;
-                self.start_kernel(&context, &mut slot).await?;
-            }
+            self.ensure_kernel(&context, &mut slot).await?;
+        }
+        Ok(())
+    }
+
+    /// Start `context`'s kernel unless one is running (the first use of a lazily started
+    /// context, or after its kernel died).
+    pub(crate) async fn ensure_kernel(
+        &self,
+        context: &Context,
+        slot: &mut Slot,
+    ) -> Result<(), KernelError> {
+        if slot.kernel.as_ref().is_none_or(|k| k.exited().is_some()) {
+            slot.kernel = None;
+            self.start_kernel(context, slot).await?;
         }
         Ok(())
     }
