@@ -82,6 +82,22 @@ def test_user_has_passwordless_sudo(sandbox):
     assert fields["Seccomp"].strip() == "2", status
 
 
+
+def test_login_shell_is_debians_without_helper_processes(sandbox):
+    # Commands run in a login shell; the profile decides root's PATH with bash's `$EUID`
+    # instead of running `id -u` (and root's `mesg n` only on a terminal): same result.
+    root_path = ok(sandbox, "echo $PATH", user="root").strip().split(":")
+    user_path = ok(sandbox, "echo $PATH").strip().split(":")
+    assert "/usr/sbin" in root_path and "/sbin" in root_path, root_path
+    assert "/usr/local/bin" in user_path and "/usr/sbin" not in user_path, user_path
+    # A login shell's trace shows every command the profile runs: no `id`, no `mesg`.
+    for user in ("root", "user"):
+        trace = ok(sandbox, "bash -l -x -c true 2>&1", user=user).splitlines()
+        assert trace, "no trace"
+        run = [l for l in trace if l.lstrip("+ ").split(" ")[0] in ("id", "mesg")]
+        assert not run, (user, run)
+
+
 def _wheel(name: str, version: str, module: str, body: str) -> tuple[str, bytes]:
     """A minimal pure-Python wheel (PEP 427), built in memory."""
     dist = f"{name.replace('-', '_')}-{version}"

@@ -219,11 +219,18 @@ impl CgroupBackend for V1 {
                 ));
             }
         }
-        self.ensure_parent()?;
         let dirs = self.unique_dirs(name);
         for d in &dirs {
-            fs::create_dir(d)
-                .map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", d.display())))?;
+            // The parents exist after the first create; make them only when missing, not
+            // with five `create_dir_all`s on every create.
+            let made = match fs::create_dir(d) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    self.ensure_parent()?;
+                    fs::create_dir(d)
+                }
+                other => other,
+            };
+            made.map_err(|e| io::Error::new(e.kind(), format!("mkdir {}: {e}", d.display())))?;
         }
         let mem = self.dir("memory", name).expect("checked above");
         let bytes = limits.memory_bytes.to_string();

@@ -92,6 +92,7 @@ impl JailDriver {
                 cgroups,
                 slots,
                 checkpoint_key: std::sync::OnceLock::new(),
+                stale_cgroups: Mutex::new(Vec::new()),
             }),
         })
     }

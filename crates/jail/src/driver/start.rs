@@ -193,10 +193,20 @@ impl JailDriver {
 
     fn remove_stale_cgroups(&self, slot: u32) {
         let prefix = format!("{slot}-");
-        if let Ok(names) = self.inner.cgroups.list() {
-            for n in names.iter().filter(|n| n.starts_with(&prefix)) {
-                // Fails harmlessly (EBUSY) if something still runs in it.
-                let _ = self.inner.cgroups.remove(n);
+        let mine: Vec<String> = {
+            let mut stale = self.inner.stale_cgroups.lock().expect("stale cgroups poisoned");
+            let (mine, others) = stale.drain(..).partition(|n| n.starts_with(&prefix));
+            *stale = others;
+            mine
+        };
+        for n in mine {
+            if self.inner.cgroups.remove(&n).is_err() {
+                // Still busy (EBUSY): keep it for the next start in this slot.
+                self.inner
+                    .stale_cgroups
+                    .lock()
+                    .expect("stale cgroups poisoned")
+                    .push(n);
             }
         }
     }

@@ -74,6 +74,10 @@ pub(super) struct Inner {
     /// `Driver::checkpoint_key`, worked out once (it runs `criu --version`).
     pub(super) checkpoint_key: std::sync::OnceLock<Option<String>>,
     pub(super) launcher: super::launch::Launcher,
+    /// Cgroups a teardown could not remove (a task still draining). The next start in their
+    /// slot retries them; listing every hierarchy on each start instead cost more than the
+    /// rest of the cgroup work. Leftovers of a crashed server are found by `reclaim_orphans`.
+    pub(super) stale_cgroups: Mutex<Vec<String>>,
 }
 
 impl Drop for Inner {

@@ -71,13 +71,18 @@ impl JailDriver {
         let mut result = Ok(());
         if let Some(name) = cgroup_name {
             let inner = self.inner.clone();
-            let name = name.to_string();
+            let owned = name.to_string();
             let r = tokio::task::spawn_blocking(move || {
-                cgroup::remove_with_retry(inner.cgroups.as_ref(), &name, CGROUP_DRAIN_BUDGET)
+                cgroup::remove_with_retry(inner.cgroups.as_ref(), &owned, CGROUP_DRAIN_BUDGET)
             })
             .await
             .unwrap_or_else(|e| Err(io::Error::other(e)));
             if let Err(e) = r {
+                self.inner
+                    .stale_cgroups
+                    .lock()
+                    .expect("stale cgroups poisoned")
+                    .push(name.to_string());
                 result = Err(DriverError::io("remove the sandbox cgroup", e));
             }
         }
