@@ -67,10 +67,18 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
-    let key = req
-        .headers()
+    // `X-API-Key` (the SDKs), else `Authorization: Bearer <key>` (what Prometheus and most
+    // HTTP tooling send).
+    let headers = req.headers();
+    let key = headers
         .get("x-api-key")
         .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        })
         .map(str::to_owned);
     let Some(key) = key else {
         return ApiError::unauthorized().into_response();

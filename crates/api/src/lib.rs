@@ -8,6 +8,7 @@ mod changes;
 mod control;
 mod error;
 mod http;
+mod metrics;
 mod persist;
 mod proxy;
 mod state;
@@ -26,7 +27,10 @@ pub use state::AppState;
 /// The full application: sandbox routing in front of the control plane.
 pub fn router(engine: Arc<Engine>) -> Router {
     let state = AppState { engine };
-    let keyed = volumes::rest_routes().merge(changes::routes());
+    metrics::install();
+    let keyed = volumes::rest_routes()
+        .merge(changes::routes())
+        .merge(metrics::routes());
     control::routes(state.clone(), keyed)
         .merge(volumes::content_routes())
         .layer(axum::middleware::from_fn_with_state(
@@ -34,5 +38,6 @@ pub fn router(engine: Arc<Engine>) -> Router {
             proxy::route_to_sandbox,
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::new())
+        .layer(axum::middleware::from_fn(metrics::count_responses))
         .with_state(state)
 }

@@ -48,6 +48,19 @@ impl Sandbox {
         bytes_out: u64,
         bytes_in: u64,
     ) {
+        // For `/metrics`: decisions by protocol and verdict (never the host: unbounded).
+        metrics::counter!(
+            "bulkhead_egress_decisions_total",
+            "protocol" => protocol,
+            "verdict" => if allowed { "allowed" } else { "denied" }
+        )
+        .increment(1);
+        if bytes_out + bytes_in > 0 {
+            metrics::counter!("bulkhead_egress_bytes_total", "direction" => "out")
+                .increment(bytes_out);
+            metrics::counter!("bulkhead_egress_bytes_total", "direction" => "in")
+                .increment(bytes_in);
+        }
         self.shared.audit.record(AuditEvent {
             sandbox_id: self.id.clone(),
             at: chrono::Utc::now(),

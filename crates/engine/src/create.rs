@@ -20,6 +20,7 @@ use crate::ids;
 use crate::lifecycle::{self, Operation};
 use crate::live::LiveExtra;
 use crate::network;
+use crate::telemetry;
 use crate::types::{Caller, CreateRequest, SandboxInfo, TemplateInfo};
 use crate::validate::{validate_env, validate_metadata};
 
@@ -50,6 +51,26 @@ impl Engine {
     /// create runs to its end in its own task, so a client that goes away mid-create leaves a
     /// recorded sandbox (ended by its TTL) and never an unrecorded one.
     pub async fn create(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let started = std::time::Instant::now();
+        // A metric label: a known template's id, never the caller's string (a snapshot id
+        // or a typo would make a new time series each).
+        let label = self
+            .template(if req.template.is_empty() {
+                "base"
+            } else {
+                &req.template
+            })
+            .map_or_else(|| "other".to_owned(), |t| t.id.clone());
+        let r = self.create_queued(caller, req).await;
+        telemetry::create_done(&label, r.as_ref().map(|_| ()), started.elapsed());
+        r
+    }
+
+    async fn create_queued(
         self: &Arc<Self>,
         caller: &Caller,
         req: CreateRequest,
@@ -275,7 +296,10 @@ impl Engine {
                 .init_agent(&handle, init, None, Operation::Create)
                 .await
             {
-                Ok(agent) => return Ok((handle, agent)),
+                Ok(agent) => {
+                    telemetry::pool_claim(&t.id, true);
+                    return Ok((handle, agent));
+                }
                 Err(e) => {
                     tracing::warn!(
                         error = &e as &dyn std::error::Error,
@@ -287,6 +311,7 @@ impl Engine {
         }
         // An empty pool: a member made now (for a heavy template, restored from its warm
         // checkpoint rather than paying a kernel start).
+        telemetry::pool_claim(&t.id, false);
         let handle = self.new_pool_member(t).await?;
         self.init_or_stop(handle, init).await
     }

@@ -64,6 +64,7 @@ impl Engine {
         self.live.lock().remove(id);
         self.live.notify();
         tracing::info!(sandbox = %id, reason, "sandbox ended");
+        crate::telemetry::stopped(reason);
         true
     }
 }

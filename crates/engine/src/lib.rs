@@ -53,6 +53,7 @@ mod sandboxes;
 mod secrets;
 mod signed_urls;
 mod snapshots;
+pub mod telemetry;
 mod templates;
 mod timeout;
 mod usage;

@@ -151,6 +151,19 @@ impl Store {
         Ok(n)
     }
 
+    /// Sandboxes that are not dead, counted by (state, template): what `/metrics` shows.
+    pub async fn count_sandboxes_by_state(&self) -> Result<Vec<(String, String, i64)>> {
+        let rows = sqlx::query(
+            "SELECT state, template_id, COUNT(*) FROM sandboxes WHERE state <> 'dead' \
+             GROUP BY state, template_id ORDER BY state, template_id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
+            .collect()
+    }
+
     /// Returns false if there is no such sandbox.
     pub async fn set_sandbox_end_at(&self, id: &str, end_at: i64) -> Result<bool> {
         let done = sqlx::query("UPDATE sandboxes SET end_at = $1 WHERE id = $2")
