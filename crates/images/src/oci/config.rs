@@ -23,6 +23,22 @@ pub struct RegistryCredentials {
     pub password: String,
 }
 
+impl RegistryCredentials {
+    /// E2B's `GeneralRegistry` (`{"type": "registry", "username", "password"}`).
+    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Self {
+        RegistryCredentials {
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+
+    /// E2B's `GCPRegistry` (`serviceAccountJson`): Google's registries take the key itself
+    /// as the password of the user `_json_key`.
+    pub fn gcp_service_account(service_account_json: impl Into<String>) -> Self {
+        RegistryCredentials::basic("_json_key", service_account_json)
+    }
+}
+
 impl fmt::Debug for RegistryCredentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "RegistryCredentials({}, <redacted>)", self.username)
