@@ -32,31 +32,45 @@ pub(crate) fn decoder(
     }
 }
 
-/// Passes bytes through and hashes them.
+/// Passes bytes through and hashes them, failing past `cap` bytes: a small blob that
+/// decompresses to an endless stream (a "zip bomb", even after the tar's end) stops there.
 pub(crate) struct Hashing<R> {
     inner: R,
     hash: Sha256,
+    left: u64,
+    /// Set when the cap was hit, so the caller reports the limit rather than a tar error.
+    pub exceeded: bool,
 }
 
 impl<R: Read> Hashing<R> {
-    pub fn new(inner: R) -> Self {
+    pub fn new(inner: R, cap: u64) -> Self {
         Hashing {
             inner,
             hash: Sha256::new(),
+            left: cap,
+            exceeded: false,
         }
     }
 
     /// Reads what the tar reader left (end-of-archive blocks, padding) and returns
     /// `sha256:<hex>` of the whole stream.
-    pub fn finish(mut self) -> io::Result<String> {
-        io::copy(&mut self, &mut io::sink())?;
-        Ok(format!("sha256:{}", hex::encode(self.hash.finalize())))
+    pub fn finish(&mut self) -> io::Result<String> {
+        io::copy(self, &mut io::sink())?;
+        Ok(format!(
+            "sha256:{}",
+            hex::encode(self.hash.finalize_reset())
+        ))
     }
 }
 
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            self.exceeded = true;
+            return Err(io::Error::other("the layer is larger than the pull limit"));
+        }
+        self.left -= n as u64;
         self.hash.update(&buf[..n]);
         Ok(n)
     }

@@ -330,12 +330,29 @@ impl ImageCache {
                     path: file.clone(),
                     source,
                 })?;
-                let mut hashing = decode::Hashing::new(decode::decoder(f, &media_type, &name)?);
+                // Tar headers and padding take at most ~1.5 KiB per entry beyond the files.
+                let cap = limits
+                    .max_bytes
+                    .saturating_add(limits.max_entries.saturating_mul(1536))
+                    .saturating_sub(carried.bytes);
+                let too_large = OciError::TooLarge {
+                    what: "unpacked bytes",
+                    limit: limits.max_bytes,
+                };
+                let mut hashing =
+                    decode::Hashing::new(decode::decoder(f, &media_type, &name)?, cap);
                 let mut u = Unpacker::new(&root, limits, true);
                 u.stats = carried;
-                u.apply(&mut hashing, &name)?;
-                let actual = hashing
-                    .finish()
+                let applied = u.apply(&mut hashing, &name);
+                if hashing.exceeded {
+                    return Err(too_large);
+                }
+                applied?;
+                let drained = hashing.finish();
+                if hashing.exceeded {
+                    return Err(too_large);
+                }
+                let actual = drained
                     .map_err(|e| OciError::layer(&name, format!("reading the layer: {e}")))?;
                 if actual != expected {
                     return Err(OciError::DiffId {

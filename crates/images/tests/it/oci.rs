@@ -358,6 +358,24 @@ async fn hostile_and_corrupt_images_are_refused_and_leave_nothing() {
         .unwrap_err();
     assert!(matches!(e, OciError::TooLarge { .. }), "{e}");
 
+    // A small blob that inflates far past the limit after the tar's end (a "zip bomb").
+    let mut bomb = layer(&[E::File("tiny", "x", 0o644, 0)]);
+    bomb.resize(bomb.len() + (8 << 20), 0);
+    reg.push(
+        "evil/bomb:1",
+        vec![(gzip(&bomb), GZIP)],
+        config_json(&[diff_id(&bomb)]),
+    )
+    .await;
+    let mut tight = cfg.clone();
+    tight.limits.max_unpacked_bytes = 1 << 20;
+    tight.limits.max_entries = 16;
+    let e = cache
+        .pull_image("evil/bomb:1", &tight, None, &LogProgress::quiet())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, OciError::TooLarge { .. }), "{e}");
+
     // Only the good image is in the cache, and no refused pull left a tree behind.
     let listed = cache.list().unwrap();
     assert_eq!(listed.iter().filter(|c| c.ready).count(), 1, "{listed:?}");
