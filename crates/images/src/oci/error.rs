@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 /// The flags and environment variables an operator sets to reach registries; quoted in
 /// errors so the fix is in the message.
-pub(crate) const CONFIGURE_HINT: &str = "configure a reachable registry or mirror: `bulkhead \
-     serve --registry-mirror docker.io=https://mirror.example` (env BULKHEAD_REGISTRY_MIRRORS), \
-     or allow the registry with --registry-allow";
+pub(crate) const CONFIGURE_HINT: &str = "check the network, or point the registry at a \
+     reachable mirror: `bulkhead serve --registry-mirror docker.io=https://mirror.example` (env \
+     BULKHEAD_REGISTRY_MIRRORS)";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {

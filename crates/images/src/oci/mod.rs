@@ -13,10 +13,11 @@
 //! ([`PulledImage`] without the path), written before `READY`.
 //!
 //! Submodules, from data to effects: `error`; `config` (operator settings, reference
-//! resolution); `image_config`; `decode` (compression, diff-id hashing); `unpack` (one layer
-//! onto a tree); `prepare` (sandbox files); `fetch` (the registry client).
+//! resolution); `image_config`; `decode` (compression, diff-id hashing); `confine` (paths
+//! inside a tree); `unpack` (one layer onto a tree); `prepare` (sandbox files); `fetch` (the registry client).
 
 mod config;
+mod confine;
 mod decode;
 mod error;
 mod fetch;

@@ -14,18 +14,17 @@ use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::{PermissionsExt, symlink};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use nix::sys::stat::{Mode, UtimensatFlags, utimensat};
 use nix::sys::time::TimeSpec;
 use nix::unistd::mkfifo;
 
+use super::confine::{clean_relative, io_err, mkdir, resolve_dir};
 use super::error::OciError;
 
 const WHITEOUT_PREFIX: &str = ".wh.";
 const OPAQUE_MARKER: &str = ".wh..wh..opq";
-/// Symlinks followed while resolving one path (Linux's own limit).
-const MAX_SYMLINK_HOPS: usize = 40;
 /// Owners at or above this are outside the 65536 ids a sandbox maps; they become `nobody`.
 const ID_RANGE: u64 = 65536;
 const NOBODY: u32 = 65534;
@@ -115,7 +114,7 @@ impl<'a> Unpacker<'a> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let rel_parent = rel.parent().unwrap_or(Path::new(""));
-        let parent = self.resolve_dir(rel_parent, layer, true)?;
+        let parent = resolve_dir(self.root, rel_parent, layer, true)?;
 
         if name == OPAQUE_MARKER {
             let own: HashSet<PathBuf> = created
@@ -210,8 +209,12 @@ impl<'a> Unpacker<'a> {
                 let target_rel = clean_relative(&raw)
                     .map_err(escape)?
                     .ok_or_else(|| escape("a hard link to the root directory"))?;
-                let target_dir =
-                    self.resolve_dir(target_rel.parent().unwrap_or(Path::new("")), layer, false)?;
+                let target_dir = resolve_dir(
+                    self.root,
+                    target_rel.parent().unwrap_or(Path::new("")),
+                    layer,
+                    false,
+                )?;
                 let target = target_dir.join(target_rel.file_name().unwrap_or_default());
                 match fs::symlink_metadata(&target) {
                     Ok(m) if m.is_file() || m.file_type().is_symlink() => {}
@@ -274,81 +277,6 @@ impl<'a> Unpacker<'a> {
         let id = |v: u64| if v < ID_RANGE { v as u32 } else { NOBODY };
         std::os::unix::fs::lchown(p, Some(id(uid)), Some(id(gid))).map_err(io_err("chown", p))
     }
-
-    /// The real directory that `rel` names inside the tree, following symlinks as if the tree
-    /// were `/`. Missing directories are created (0755) when `create` is set (tars need not
-    /// list parents first).
-    fn resolve_dir(&self, rel: &Path, layer: &str, create: bool) -> Result<PathBuf, OciError> {
-        let mut pending: Vec<PathBuf> = rel.components().map(|c| c.as_os_str().into()).collect();
-        pending.reverse();
-        let mut stack: Vec<PathBuf> = Vec::new(); // components below the root, resolved
-        let mut hops = 0;
-        while let Some(c) = pending.pop() {
-            if c.as_os_str() == ".." {
-                stack.pop(); // clamped at the root, as `/..` is `/`
-                continue;
-            }
-            if c.as_os_str() == "." || c.as_os_str().is_empty() {
-                continue;
-            }
-            let here: PathBuf = self.root.join(stack.iter().collect::<PathBuf>()).join(&c);
-            match fs::symlink_metadata(&here) {
-                Ok(m) if m.is_dir() => stack.push(c),
-                Ok(m) if m.file_type().is_symlink() => {
-                    hops += 1;
-                    if hops > MAX_SYMLINK_HOPS {
-                        return Err(OciError::layer(
-                            layer,
-                            format!("too many symlinks resolving {}", rel.display()),
-                        ));
-                    }
-                    let target = fs::read_link(&here).map_err(io_err("read the symlink", &here))?;
-                    if target.is_absolute() {
-                        stack.clear();
-                    }
-                    let mut parts: Vec<PathBuf> = target
-                        .components()
-                        .filter(|c| !matches!(c, Component::RootDir))
-                        .map(|c| c.as_os_str().into())
-                        .collect();
-                    parts.reverse();
-                    pending.extend(parts);
-                }
-                Ok(_) => {
-                    return Err(OciError::layer(
-                        layer,
-                        format!("{} is used as a directory but is not one", rel.display()),
-                    ));
-                }
-                Err(_) if create => {
-                    mkdir(&here)?;
-                    stack.push(c);
-                }
-                Err(_) => {
-                    return Err(OciError::layer(
-                        layer,
-                        format!("directory {} does not exist", rel.display()),
-                    ));
-                }
-            }
-        }
-        Ok(self.root.join(stack.iter().collect::<PathBuf>()))
-    }
-}
-
-/// `path` as a relative path of normal components, or `None` for the root. Absolute paths
-/// and `..` are refused: an image has no business naming them.
-fn clean_relative(path: &Path) -> Result<Option<PathBuf>, &'static str> {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::Normal(n) => out.push(n),
-            Component::CurDir => {}
-            Component::RootDir | Component::Prefix(_) => return Err("an absolute path"),
-            Component::ParentDir => return Err("a path that climbs out with `..`"),
-        }
-    }
-    Ok((!out.as_os_str().is_empty()).then_some(out))
 }
 
 /// Empties `dir` of everything this layer did not create (an opaque whiteout), keeping
@@ -382,12 +310,6 @@ fn remove_any(p: &Path) -> Result<(), OciError> {
     }
 }
 
-fn mkdir(p: &Path) -> Result<(), OciError> {
-    fs::create_dir(p).map_err(io_err("create", p))?;
-    fs::set_permissions(p, fs::Permissions::from_mode(0o755))
-        .map_err(io_err("set permissions on", p))
-}
-
 /// Best effort: a wrong mtime changes nothing a sandbox relies on.
 fn set_mtime(p: &Path, secs: u64) {
     let t = TimeSpec::new(secs as i64, 0);
@@ -398,15 +320,6 @@ fn set_mtime(p: &Path, secs: u64) {
         &t,
         UtimensatFlags::NoFollowSymlink,
     );
-}
-
-fn io_err(action: &'static str, p: &Path) -> impl FnOnce(io::Error) -> OciError {
-    let path = p.to_owned();
-    move |source| OciError::Io {
-        action,
-        path,
-        source,
-    }
 }
 
 #[cfg(test)]
