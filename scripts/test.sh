@@ -82,7 +82,7 @@ fi
 
 # ---- host packages --------------------------------------------------------------------------
 section "Host packages"
-want=(debootstrap mmdebstrap ca-certificates curl procps util-linux hostname python3 python3-venv iproute2 openssl)
+want=(debootstrap mmdebstrap ca-certificates curl procps util-linux hostname python3 python3-venv iproute2 openssl docker-registry)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -10,6 +10,7 @@ mod bench_stats;
 mod client;
 mod keys;
 mod netargs;
+mod registryargs;
 mod sandbox;
 mod secrets;
 mod serve;

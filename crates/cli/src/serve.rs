@@ -97,6 +97,8 @@ pub struct ServeArgs {
     pub code_interpreter_cpu_count: u32,
     #[command(flatten)]
     pub network: crate::netargs::NetworkArgs,
+    #[command(flatten)]
+    pub registry: crate::registryargs::RegistryArgs,
     /// Size limit of every new volume in bytes (each volume is its own filesystem of this
     /// size; at least 16 MiB).
     #[arg(long, env = "BULKHEAD_VOLUME_MAX_BYTES", default_value_t = 1 << 30)]
@@ -169,6 +171,8 @@ impl ServeArgs {
             },
             templates: self.templates.clone(),
             volume_max_bytes: self.volume_max_bytes,
+            // Filled by `run` from `--registry-*`: reading the auth file can fail.
+            registry: Default::default(),
             network: NetworkConfig {
                 default: match net.network_default {
                     crate::netargs::NetworkDefault::Deny => NetworkDefault::Deny,
@@ -185,7 +189,9 @@ impl ServeArgs {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_level);
-    let prepared = Server::prepare(args.config()).await?;
+    let mut config = args.config();
+    config.registry = args.registry.config()?;
+    let prepared = Server::prepare(config).await?;
     match &prepared.keys {
         KeyBootstrap::Seeded => eprintln!("Seeded the API key from BULKHEAD_API_KEY."),
         KeyBootstrap::Created(key) => {

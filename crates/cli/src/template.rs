@@ -23,6 +23,14 @@ pub enum TemplateCmd {
     },
     /// List cached template images.
     Ls,
+    /// Pull an image from an OCI registry into the cache (e.g. `python:3.12`), so templates
+    /// built from it start without a download. Prints the content hash and the tree's path.
+    Pull {
+        /// Image reference: `name[:tag]`, `registry/name[:tag]` or `name@sha256:…`.
+        reference: String,
+        #[command(flatten)]
+        registry: crate::registryargs::RegistryArgs,
+    },
 }
 
 pub async fn run(data: DataArgs, cmd: TemplateCmd) -> anyhow::Result<ExitCode> {
@@ -36,6 +44,21 @@ pub async fn run(data: DataArgs, cmd: TemplateCmd) -> anyhow::Result<ExitCode> {
             recipe.extra_ca_bundle = extra_ca_bundle;
             let path = ensure_built(&cache, &recipe).await?;
             println!("{} {} {}", recipe.id, recipe.content_hash(), path.display());
+        }
+        TemplateCmd::Pull {
+            reference,
+            registry,
+        } => {
+            let config = registry.config()?;
+            let image = cache
+                .pull_image(&reference, &config, None, progress().as_ref())
+                .await?;
+            println!(
+                "{} {} {}",
+                image.reference,
+                image.hash,
+                image.rootfs.display()
+            );
         }
         TemplateCmd::Ls => {
             println!(
@@ -93,12 +116,16 @@ pub async fn ensure_built(cache: &ImageCache, recipe: &TemplateRecipe) -> anyhow
             "about a minute"
         }
     );
-    let progress: Box<dyn Progress> = if std::io::stderr().is_terminal() {
+    Ok(cache.build(recipe, progress().as_ref()).await?)
+}
+
+/// A spinner on a terminal, plain lines otherwise.
+fn progress() -> Box<dyn Progress> {
+    if std::io::stderr().is_terminal() {
         Box::new(IndicatifProgress::new())
     } else {
         Box::new(LogProgress::default())
-    };
-    Ok(cache.build(recipe, progress.as_ref()).await?)
+    }
 }
 
 fn human(bytes: u64) -> String {

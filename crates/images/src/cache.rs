@@ -21,10 +21,10 @@ use crate::source::ImageSource;
 /// Default cache root for template root filesystems.
 pub const DEFAULT_CACHE_ROOT: &str = "/var/cache/bulkhead/images";
 
-const READY: &str = "READY";
+pub(crate) const READY: &str = "READY";
 const LOCK: &str = "lock";
-const ROOTFS: &str = "rootfs";
-const ROOTFS_TMP: &str = "rootfs.tmp";
+pub(crate) const ROOTFS: &str = "rootfs";
+pub(crate) const ROOTFS_TMP: &str = "rootfs.tmp";
 
 /// What `READY` records about a finished build.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -138,11 +138,11 @@ impl ImageCache {
         read_info(&self.entry(&recipe.content_hash()))
     }
 
-    fn entry(&self, hash: &str) -> PathBuf {
+    pub(crate) fn entry(&self, hash: &str) -> PathBuf {
         self.root.join(hash)
     }
 
-    fn entry_ready(&self, entry: &Path) -> bool {
+    pub(crate) fn entry_ready(&self, entry: &Path) -> bool {
         entry.join(READY).is_file() && entry.join(ROOTFS).is_dir()
     }
 
@@ -308,7 +308,7 @@ impl ImageCache {
     }
 }
 
-fn short(hash: &str) -> &str {
+pub(crate) fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
 }
 
@@ -318,7 +318,7 @@ fn read_info(entry: &Path) -> Option<ImageInfo> {
 }
 
 /// Takes the entry's build lock, telling the user when it has to wait for another build.
-async fn lock_entry(entry: &Path, progress: &dyn Progress) -> Result<Flock<fs::File>> {
+pub(crate) async fn lock_entry(entry: &Path, progress: &dyn Progress) -> Result<Flock<fs::File>> {
     let path = entry.join(LOCK);
     let file = fs::OpenOptions::new()
         .create(true)

@@ -32,7 +32,7 @@ path-exclude /usr/share/locale/*
 path-include /usr/share/locale/locale.alias
 ";
 
-const HOSTS: &str = "\
+pub(crate) const HOSTS: &str = "\
 127.0.0.1\tlocalhost
 127.0.1.1\tsandbox
 ::1\t\tlocalhost ip6-localhost ip6-loopback
@@ -313,7 +313,7 @@ fn truncate_logs(dir: &Path) -> Result<()> {
 
 /// Replaces `rel` under `root` with `contents` (0644), removing a symlink rather than writing
 /// through it.
-fn write_file(root: &Path, rel: &str, contents: &str) -> Result<()> {
+pub(crate) fn write_file(root: &Path, rel: &str, contents: &str) -> Result<()> {
     let p = root.join(rel);
     if let Some(dir) = p.parent() {
         fs::create_dir_all(dir).map_err(ImageError::io("create", dir))?;

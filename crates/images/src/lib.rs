@@ -22,8 +22,9 @@
 //! `error`, `progress`; `recipe` (what a tree is built from, and its hash: data only) and
 //! `interpreter` + `catalog` (the built-in recipes); `fsutil`, `exec` (processes, chroots in a
 //! private mount namespace), `mirror`, `finalize`; the image sources `bootstrap` (Debian) and
-//! `layer` (build steps on a parent's tree) behind `source::ImageSource`; and `cache`, which
-//! runs a source into a content-addressed entry.
+//! `layer` (build steps on a parent's tree) behind `source::ImageSource`; `cache`, which
+//! runs a source into a content-addressed entry; and `oci`, which pulls from OCI registries into
+//! cache entries of their own (keyed by manifest digest).
 
 mod bootstrap;
 mod cache;
@@ -36,6 +37,7 @@ mod interpreter;
 mod layer;
 mod mirror;
 mod nodejs;
+pub mod oci;
 mod progress;
 mod recipe;
 mod source;

@@ -92,6 +92,9 @@ pub struct ServerConfig {
     pub network: NetworkConfig,
     /// Size limit of every new volume in bytes (`--volume-max-bytes`).
     pub volume_max_bytes: u64,
+    /// OCI registries for templates built from images (`--registry-*`): allow list, mirrors,
+    /// credentials, pull limits.
+    pub registry: bulkhead_images::oci::RegistryConfig,
 }
 
 /// A configuration the server cannot start with.
@@ -321,6 +324,7 @@ mod tests {
                 resolve: Vec::new(),
             },
             volume_max_bytes: 1 << 30,
+            registry: Default::default(),
         }
     }
 

@@ -7,6 +7,9 @@
 //! bundle the extra-CA build trusts (e.g. a TLS-inspecting proxy's CA; scripts/test.sh makes a
 //! throwaway one when it is unset).
 
+mod oci;
+mod registry;
+
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,354 @@
+//! The operator's registry settings ([`RegistryConfig`]) and how an image reference such as
+//! `python:3.12` becomes the endpoint, repository and credentials a pull uses. Data only: no
+//! network here.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use base64::Engine as _;
+use oci_client::Reference;
+use serde::Deserialize;
+
+use super::error::OciError;
+
+/// Docker Hub's canonical name, as image references normalise it.
+pub const DOCKER_HUB: &str = "docker.io";
+
+/// A username and password (or token as password) for one registry.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RegistryCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl RegistryCredentials {
+    /// E2B's `GeneralRegistry` (`{"type": "registry", "username", "password"}`).
+    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Self {
+        RegistryCredentials {
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+
+    /// E2B's `GCPRegistry` (`serviceAccountJson`): Google's registries take the key itself
+    /// as the password of the user `_json_key`.
+    pub fn gcp_service_account(service_account_json: impl Into<String>) -> Self {
+        RegistryCredentials::basic("_json_key", service_account_json)
+    }
+}
+
+impl fmt::Debug for RegistryCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RegistryCredentials({}, <redacted>)", self.username)
+    }
+}
+
+/// Size limits of one pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PullLimits {
+    /// Compressed bytes downloaded (all layers and the config).
+    pub max_download_bytes: u64,
+    /// Bytes of regular files written to the tree.
+    pub max_unpacked_bytes: u64,
+    /// Tar entries across all layers.
+    pub max_entries: u64,
+    pub max_layers: usize,
+}
+
+impl Default for PullLimits {
+    fn default() -> Self {
+        PullLimits {
+            max_download_bytes: 8 << 30,
+            max_unpacked_bytes: 16 << 30,
+            max_entries: 2_000_000,
+            max_layers: 256,
+        }
+    }
+}
+
+/// Which registries images may come from and how to reach them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// Registries (as named in references: `docker.io`, `ghcr.io`, `registry:5000`) images
+    /// may be pulled from. Empty: any.
+    pub allowed: Vec<String>,
+    /// Registry → endpoint URL serving it (`docker.io` → `https://mirror.example`,
+    /// `http://127.0.0.1:5000`): a pull-through mirror, or the registry's own address. The
+    /// scheme decides HTTP or HTTPS; registries without an entry use HTTPS at their name.
+    pub mirrors: BTreeMap<String, String>,
+    /// Credentials by registry name or endpoint host (`host:port`).
+    pub credentials: BTreeMap<String, RegistryCredentials>,
+    /// Platform to pick from multi-platform images; default: this host's (`linux/amd64`).
+    pub platform: Option<(String, String)>,
+    pub connect_timeout: Duration,
+    /// A read that stalls this long fails the pull.
+    pub read_timeout: Duration,
+    pub limits: PullLimits,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        RegistryConfig {
+            allowed: Vec::new(),
+            mirrors: BTreeMap::new(),
+            credentials: BTreeMap::new(),
+            platform: None,
+            connect_timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(60),
+            limits: PullLimits::default(),
+        }
+    }
+}
+
+/// A reference resolved against a [`RegistryConfig`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedReference {
+    /// The normalised reference as the user meant it (`docker.io/library/python:3.12`).
+    pub canonical: String,
+    /// The registry it names (`docker.io`).
+    pub registry: String,
+    /// Where it is fetched from: the reference rewritten to the endpoint.
+    pub fetch: Reference,
+    /// `scheme://host[:port]` of the endpoint, for messages.
+    pub endpoint: String,
+    pub plain_http: bool,
+    pub credentials: Option<RegistryCredentials>,
+}
+
+impl RegistryConfig {
+    /// Parses `REGISTRY=URL` (a `--registry-mirror` value) into [`mirrors`](Self::mirrors).
+    pub fn add_mirror(&mut self, spec: &str) -> Result<(), String> {
+        let (registry, url) = spec.split_once('=').ok_or_else(|| {
+            format!("{spec:?}: expected REGISTRY=URL, e.g. docker.io=https://mirror.example")
+        })?;
+        let url = url.trim().trim_end_matches('/');
+        let rest = url
+            .strip_prefix("http://")
+            .or_else(|| url.strip_prefix("https://"))
+            .ok_or_else(|| format!("{spec:?}: the URL must start with http:// or https://"))?;
+        if rest.is_empty() || rest.contains('/') {
+            return Err(format!(
+                "{spec:?}: give the endpoint as scheme://host[:port] without a path"
+            ));
+        }
+        self.mirrors
+            .insert(registry.trim().to_owned(), url.to_owned());
+        Ok(())
+    }
+
+    /// Reads a Docker `config.json`-style credentials file: `{"auths": {"HOST": {"auth":
+    /// base64("user:password")}}}` or `{"username": …, "password": …}` per host.
+    pub fn load_auth_file(&mut self, path: &Path) -> Result<(), OciError> {
+        let bad = |reason: String| OciError::AuthFile {
+            path: path.to_owned(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+        self.credentials.extend(parse_auths(&text).map_err(bad)?);
+        Ok(())
+    }
+
+    /// Normalises `reference`, applies the allow list and the mirror mapping, and picks the
+    /// credentials (`explicit` — e.g. from a build request — wins over configured ones).
+    pub fn resolve(
+        &self,
+        reference: &str,
+        explicit: Option<&RegistryCredentials>,
+    ) -> Result<ResolvedReference, OciError> {
+        let parsed: Reference = reference
+            .trim()
+            .parse()
+            .map_err(|e: oci_client::ParseError| OciError::BadReference {
+                reference: reference.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let registry = parsed.registry().to_owned();
+        if !self.allowed.is_empty() && !self.allowed.iter().any(|a| a == &registry) {
+            return Err(OciError::NotAllowed {
+                registry,
+                allowed: self.allowed.join(", "),
+            });
+        }
+        let (endpoint, host, plain_http) = match self.mirrors.get(&registry) {
+            Some(url) => {
+                let plain = url.starts_with("http://");
+                let host = url.split_once("://").map_or(url.as_str(), |(_, h)| h);
+                (url.clone(), host.to_owned(), plain)
+            }
+            None => {
+                // Docker Hub's API lives at index.docker.io; oci-client maps it on its own.
+                let host = parsed.resolve_registry().to_owned();
+                (format!("https://{host}"), registry.clone(), false)
+            }
+        };
+        let repository = parsed.repository().to_owned();
+        let fetch = match (parsed.digest(), parsed.tag()) {
+            (Some(d), _) => Reference::with_digest(host.clone(), repository, d.to_owned()),
+            (None, Some(t)) => Reference::with_tag(host.clone(), repository, t.to_owned()),
+            (None, None) => Reference::with_tag(host.clone(), repository, "latest".to_owned()),
+        };
+        let credentials = explicit
+            .cloned()
+            .or_else(|| self.credentials.get(&host).cloned())
+            .or_else(|| self.credentials.get(&registry).cloned());
+        Ok(ResolvedReference {
+            canonical: parsed.whole(),
+            registry,
+            fetch,
+            endpoint,
+            plain_http,
+            credentials,
+        })
+    }
+}
+
+#[derive(Deserialize)]
+struct AuthFile {
+    #[serde(default)]
+    auths: BTreeMap<String, AuthEntry>,
+}
+
+#[derive(Deserialize)]
+struct AuthEntry {
+    auth: Option<String>,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+fn parse_auths(text: &str) -> Result<BTreeMap<String, RegistryCredentials>, String> {
+    let file: AuthFile = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    let mut out = BTreeMap::new();
+    for (host, e) in file.auths {
+        // Docker writes `https://index.docker.io/v1/` for Hub; keep only the host part.
+        let key = host
+            .trim_start_matches("https://")
+            .trim_start_matches("http://")
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let key = if key == "index.docker.io" {
+            DOCKER_HUB.to_owned()
+        } else {
+            key
+        };
+        let creds = match (e.auth, e.username, e.password) {
+            (Some(b64), _, _) => {
+                let raw = base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .map_err(|err| format!("auths.{host}.auth is not base64: {err}"))?;
+                let raw = String::from_utf8(raw)
+                    .map_err(|_| format!("auths.{host}.auth is not UTF-8 user:password"))?;
+                let (u, p) = raw
+                    .split_once(':')
+                    .ok_or_else(|| format!("auths.{host}.auth is not user:password"))?;
+                RegistryCredentials {
+                    username: u.to_owned(),
+                    password: p.to_owned(),
+                }
+            }
+            (None, Some(username), Some(password)) => RegistryCredentials { username, password },
+            _ => {
+                return Err(format!(
+                    "auths.{host} has neither auth nor username+password"
+                ));
+            }
+        };
+        out.insert(key, creds);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn docker_hub_names_go_to_the_mirror() {
+        let mut c = RegistryConfig::default();
+        c.add_mirror("docker.io=http://127.0.0.1:5000/").unwrap();
+        let r = c.resolve("python:3.12", None).unwrap();
+        assert_eq!(r.canonical, "docker.io/library/python:3.12");
+        assert_eq!(r.registry, "docker.io");
+        assert_eq!(r.endpoint, "http://127.0.0.1:5000");
+        assert!(r.plain_http);
+        assert_eq!(r.fetch.whole(), "127.0.0.1:5000/library/python:3.12");
+
+        let other = c.resolve("ghcr.io/org/app@sha256:0000000000000000000000000000000000000000000000000000000000000000", None).unwrap();
+        assert_eq!(other.endpoint, "https://ghcr.io");
+        assert!(!other.plain_http);
+        assert_eq!(other.fetch.digest().map(|d| &d[..7]), Some("sha256:"));
+        assert_eq!(
+            c.resolve("debian", None).unwrap().fetch.tag(),
+            Some("latest")
+        );
+    }
+
+    #[test]
+    fn allow_list_and_bad_specs() {
+        let c = RegistryConfig {
+            allowed: vec!["docker.io".into()],
+            ..Default::default()
+        };
+        assert!(c.resolve("ubuntu:24.04", None).is_ok());
+        let e = c.resolve("quay.io/x/y:1", None).unwrap_err();
+        assert!(e.to_string().contains("--registry-allow"), "{e}");
+        assert!(matches!(
+            c.resolve("UPPER/Case:tag", None),
+            Err(OciError::BadReference { .. })
+        ));
+        let mut c = RegistryConfig::default();
+        assert!(c.add_mirror("docker.io").is_err());
+        assert!(c.add_mirror("docker.io=ftp://x").is_err());
+        assert!(c.add_mirror("docker.io=https://x/path").is_err());
+    }
+
+    #[test]
+    fn credentials_from_a_docker_config_and_explicit_ones_win() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("auth.json");
+        let b64 = base64::engine::general_purpose::STANDARD.encode("alice:s3cret");
+        std::fs::write(
+            &p,
+            format!(
+                r#"{{"auths": {{"https://index.docker.io/v1/": {{"auth": "{b64}"}},
+                   "mirror.local:5000": {{"username": "bob", "password": "pw"}}}}}}"#
+            ),
+        )
+        .unwrap();
+        let mut c = RegistryConfig::default();
+        c.load_auth_file(&p).unwrap();
+        c.add_mirror("docker.io=https://mirror.local:5000").unwrap();
+        // The endpoint's own entry is preferred over the registry name's.
+        assert_eq!(
+            c.resolve("alpine", None)
+                .unwrap()
+                .credentials
+                .unwrap()
+                .username,
+            "bob"
+        );
+        c.mirrors.clear();
+        let hub = c.resolve("alpine", None).unwrap().credentials.unwrap();
+        assert_eq!(
+            (hub.username.as_str(), hub.password.as_str()),
+            ("alice", "s3cret")
+        );
+        assert!(!format!("{hub:?}").contains("s3cret"));
+        let mine = RegistryCredentials {
+            username: "me".into(),
+            password: "x".into(),
+        };
+        assert_eq!(
+            c.resolve("alpine", Some(&mine)).unwrap().credentials,
+            Some(mine)
+        );
+        std::fs::write(&p, r#"{"auths": {"x": {"auth": "!!"}}}"#).unwrap();
+        assert!(matches!(
+            c.load_auth_file(&p),
+            Err(OciError::AuthFile { .. })
+        ));
+    }
+}
