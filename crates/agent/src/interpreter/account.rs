@@ -9,8 +9,20 @@
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 
-use super::KernelUser;
 use crate::users::{User, UserDb};
+
+/// Who kernels run as.
+#[derive(Debug, Clone)]
+pub enum KernelUser {
+    /// A sandbox account (the contract: `user`, uid/gid 1000, HOME=/home/user); uid/gid 1000 and
+    /// `/home/user` are assumed when the account is missing from `/etc/passwd`.
+    Sandbox(String),
+    /// The agent's own credentials with this HOME (tests on a host, where no `user` exists).
+    Current {
+        /// HOME of the kernels.
+        home: PathBuf,
+    },
+}
 
 /// The account for a kernel whose working directory is `cwd`.
 pub(crate) fn for_cwd(configured: &KernelUser, cwd: &Path) -> User {

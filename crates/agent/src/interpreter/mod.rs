@@ -42,6 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use self::account::KernelUser;
 use self::kernel::{Kernel, KernelError, KillHandle, StartSpec};
 use self::manifest::{Dialect, LanguageSpec, Manifest};
 use crate::state::SharedState;
@@ -52,19 +53,6 @@ const START_ATTEMPTS: u32 = 3;
 
 /// The sandbox port of the code-interpreter API.
 pub const INTERPRETER_PORT: u16 = 49999;
-
-/// Who kernels run as.
-#[derive(Debug, Clone)]
-pub enum KernelUser {
-    /// A sandbox account (the contract: `user`, uid/gid 1000, HOME=/home/user); uid/gid 1000 and
-    /// `/home/user` are assumed when the account is missing from `/etc/passwd`.
-    Sandbox(String),
-    /// The agent's own credentials with this HOME (tests on a host, where no `user` exists).
-    Current {
-        /// HOME of the kernels.
-        home: PathBuf,
-    },
-}
 
 /// Interpreter settings.
 #[derive(Debug, Clone)]
