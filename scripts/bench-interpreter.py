@@ -40,6 +40,19 @@ reaped children's (CRIU), and with `--data-dir` the sandboxes' cgroup CPU (cpuac
 server's `bulkhead/<instance>` subtree). On a machine shared with other work the system-wide figure
 includes that work; the per-process and cgroup figures do not.
 
+Density mode (`--density N`, issue 9: target <= 60 MiB per idle sandbox): host `MemAvailable`
+(/proc/meminfo; the median of 5 reads 1 s apart) with the server idle and its pools full, then
+with N idle code-interpreter sandboxes created one at a time (`--pause` apart, so each is a pool
+claim and the pool refills to the same size) and left alone for `--settle` seconds, then again
+after they are killed. Per sandbox: the drop from before to during, and (less exposed to drift)
+the rise from during to after, each divided by N. With `--data-dir` also the sandboxes' memory
+cgroups (v1 `memory.usage_in_bytes`, v2 `memory.current`: page cache of the shared tree included,
+so higher than the host figure). Other work on the machine moves MemAvailable: run it quiet.
+
+First-JS mode (`--first-js N`, target <= 1 s): N fresh sandboxes; in each the first
+`run_code("1+1", language="js")` is timed (the Deno kernel starts on first use), then a second
+one on the same sandbox, the warm baseline of the same run.
+
 Ratios are p50 against the bare-kernel row of the same kind. The kernel inside the sandbox also
 loads Bulkhead's startup module (formatters registered lazily), the host kernel does not unless
 --bare-exec-file is given.
@@ -200,6 +213,98 @@ def sandbox_cgroup_cpu_s(data_dir: str) -> Optional[float]:
     return None
 
 
+def mem_available_kib(reads: int = 5) -> float:
+    vals = []
+    for i in range(reads):
+        if i:
+            time.sleep(1)
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    vals.append(int(line.split()[1]))
+    return statistics.median(vals)
+
+
+def sandbox_cgroup_mem_bytes(data_dir: str) -> Optional[int]:
+    """Memory charged to the server's sandbox cgroups (v1 memory.usage_in_bytes, v2 memory.current)."""
+    import hashlib
+
+    instance = hashlib.sha256(os.path.realpath(data_dir).encode()).hexdigest()[:8]
+    for path in (
+        f"/sys/fs/cgroup/memory/bulkhead/{instance}/memory.usage_in_bytes",
+        f"/sys/fs/cgroup/bulkhead/{instance}/memory.current",
+        f"/sys/fs/cgroup/unified/bulkhead/{instance}/memory.current",
+    ):
+        try:
+            return int(open(path).read().strip())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def density_mode(args, Sandbox, create_kw) -> int:
+    n = args.density
+    print(f"bench-interpreter density: {n} idle sandboxes, pause {args.pause:g} s, settle {args.settle:g} s", flush=True)
+    time.sleep(args.settle)
+    before = mem_available_kib()
+    cg_before = sandbox_cgroup_mem_bytes(args.data_dir) if args.data_dir else None
+    made = []
+    try:
+        for _ in range(n):
+            made.append(Sandbox.create(**create_kw))
+            if args.pause:
+                time.sleep(args.pause)
+        # Every sandbox answers (none is a corpse counted as free memory).
+        for sbx in made:
+            if sbx.run_code("1+1").text != "2":
+                raise RuntimeError("an idle sandbox did not answer run_code")
+        time.sleep(args.settle)
+        during = mem_available_kib()
+        cg_during = sandbox_cgroup_mem_bytes(args.data_dir) if args.data_dir else None
+    finally:
+        for sbx in made:
+            try:
+                sbx.kill()
+            except Exception as e:  # keep killing the others
+                print(f"kill failed: {e}", file=sys.stderr)
+    time.sleep(args.settle)
+    after = mem_available_kib()
+    mib = lambda kib: kib / 1024.0
+    print(f"MemAvailable before {mib(before):.0f} MiB, with {n} sandboxes {mib(during):.0f} MiB, after kill {mib(after):.0f} MiB")
+    print(f"per idle sandbox: {mib(before - during) / n:.1f} MiB (before→during), {mib(after - during) / n:.1f} MiB (during→after kill)")
+    if cg_before is not None and cg_during is not None:
+        print(f"sandbox cgroups: {(cg_during - cg_before) / n / 2**20:.1f} MiB per sandbox (page cache included)")
+    return 0
+
+
+def first_js_mode(args, Sandbox, create_kw) -> int:
+    first, second, failures = [], [], []
+    for _ in range(args.first_js):
+        if args.pause:
+            time.sleep(args.pause)
+        sbx = Sandbox.create(**create_kw)
+        try:
+            t0 = time.perf_counter()
+            ex = sbx.run_code("1+1", language="js")
+            t1 = time.perf_counter()
+            ex2 = sbx.run_code("1+1", language="js")
+            t2 = time.perf_counter()
+            if ex.text != "2" or ex2.text != "2":
+                raise RuntimeError(f"returned {ex.text!r}/{ex2.text!r} error={ex.error or ex2.error}")
+            first.append(t1 - t0)
+            second.append(t2 - t1)
+        except Exception as e:
+            failures.append(str(e).splitlines()[0][:200])
+        finally:
+            sbx.kill()
+    warm = Row("bulkhead: second JS run_code (same sandbox)", second)
+    print(warm.line())
+    print(Row("bulkhead: first JS run_code on a fresh sandbox", first).line(warm))
+    if failures:
+        print(f"FAILED in {len(failures)} of {args.first_js} sandboxes, e.g.: {failures[0]}")
+    return 1 if failures else 0
+
+
 def create_and_run(Sandbox, create_kw) -> float:
     t0 = time.perf_counter()
     sbx = Sandbox.create(**create_kw)
@@ -303,9 +408,11 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=20.0, help="load mode: seconds of load")
     ap.add_argument("--n-idle", type=int, default=10, help="load mode: idle creates for the baseline")
     ap.add_argument("--idle-pause", type=float, default=2.0, help="load mode: seconds between idle creates")
-    ap.add_argument("--settle", type=float, default=5.0, help="load mode: seconds after the load counted for CPU (pool refill)")
+    ap.add_argument("--settle", type=float, default=5.0, help="load mode: seconds after the load counted for CPU (pool refill); density mode: seconds to settle before each reading")
     ap.add_argument("--server-pid", type=int, help="load mode: the server's pid, for its own CPU figures")
-    ap.add_argument("--data-dir", help="load mode: the server's data dir, for its sandboxes' cgroup CPU")
+    ap.add_argument("--data-dir", help="load/density mode: the server's data dir, for its sandboxes' cgroup CPU and memory")
+    ap.add_argument("--density", type=int, default=0, help="density mode: idle sandboxes to hold (issue 9: 30)")
+    ap.add_argument("--first-js", type=int, default=0, help="first-JS mode: fresh sandboxes to sample")
     args = ap.parse_args()
 
     if args.url:
@@ -327,6 +434,10 @@ def main() -> int:
 
     if args.load > 0:
         return load_mode(args, Sandbox, create_kw)
+    if args.density > 0:
+        return density_mode(args, Sandbox, create_kw)
+    if args.first_js > 0:
+        return first_js_mode(args, Sandbox, create_kw)
 
     print(
         f"bench-interpreter: run_code(\"1+1\"), {args.n_create} creates (pause {args.pause:g} s), "

@@ -72,6 +72,13 @@ pub struct Args {
     )]
     pub interpreter_manifest: std::path::PathBuf,
 
+    /// Also serve the code-interpreter API on these TCP addresses (comma-separated), for code in
+    /// the sandbox that calls `localhost:49999` as on E2B. Requests there need no access token:
+    /// only the sandbox's own processes can reach the sandbox's loopback. The jail driver passes
+    /// `127.0.0.1:49999,[::1]:49999`.
+    #[arg(long, value_delimiter = ',', env = "BULKHEAD_AGENT_INTERPRETER_LISTEN")]
+    pub interpreter_listen: Vec<SocketAddr>,
+
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive list).
     #[arg(long, default_value = "info", env = "BULKHEAD_AGENT_LOG")]
     pub log_level: String,

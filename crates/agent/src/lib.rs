@@ -99,9 +99,11 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
     // which a kernel spawned meanwhile would inherit (its ~/.ipython then comes out 0600).
     let start_kernels = {
         let interpreter = interpreter.clone();
+        let loopback = args.interpreter_listen.clone();
         move || {
             if let Some(i) = &interpreter {
                 i.start_default_contexts();
+                interpreter::local::serve(i, &loopback);
             }
         }
     };

@@ -150,7 +150,7 @@ mod tests {
             );
             assert_eq!(
                 TemplateRecipe::code_interpreter().content_hash(),
-                "5b2d074a3e0fd5d305527e17a5ac135e8f487e3c77dea469bd75a98f51162bfc",
+                "6d51d1a0703df58173f907580b412b058c80566060cce920f3c193cce5fd1d79",
                 "code-interpreter-v1 recipe hash changed"
             );
         }

@@ -1,7 +1,12 @@
 //! The `code-interpreter-v1` template: `base` plus Jupyter kernels for Python (ipykernel with the
-//! Bulkhead startup module), JavaScript/TypeScript (Deno's Jupyter kernel), Bash (bash_kernel)
-//! and SQL (DuckDB through an ipykernel), and `/opt/bulkhead/interpreter/kernels.json`, which
-//! tells the agent how to start each kernel.
+//! Bulkhead startup module), JavaScript/TypeScript (Deno's Jupyter kernel), Bash (bash_kernel),
+//! SQL (DuckDB through an ipykernel), R (Debian's IRkernel) and Java (JJava, a JShell kernel),
+//! and `/opt/bulkhead/interpreter/kernels.json`, which tells the agent how to start each kernel.
+//!
+//! Java: JJava (PyPI `jjava`, the maintained fork of IJava) is a Jupyter kernel built on the
+//! JDK's `jdk.jshell` API; its wheel carries the kernel jar, so nothing comes from GitHub. We run
+//! its jar directly rather than through its launcher jar (which only starts a second JVM with
+//! the same `--add-opens`): one JVM per Java context instead of two.
 //!
 //! Why Deno and not tslab for JavaScript/TypeScript: both install from npm without GitHub, but
 //! tslab prints the last expression with `console.log` (no `execute_result`, so E2B's
@@ -28,6 +33,10 @@ pub const KERNELS_JSON: &str = "/opt/bulkhead/interpreter/kernels.json";
 
 const PYTHON: &str = "/usr/bin/python3";
 const DENO: &str = "/usr/local/bin/deno";
+const R: &str = "/usr/bin/R";
+const JAVA: &str = "/usr/bin/java";
+/// Where pip puts the `jjava` wheel's kernel directory (its `data` scheme is `/usr/local`).
+const JJAVA_JAR: &str = "/usr/local/share/jupyter/kernels/java/jjava.jar";
 pub(crate) const STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_startup.py";
 const SQL_STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_sql.py";
 
@@ -36,9 +45,14 @@ const SQL_STARTUP: &str = "/opt/bulkhead/interpreter/python/bulkhead_sql.py";
 const PIP_PACKAGES: &[&str] = &[
     // What the template promises.
     "ipykernel==7.4.0",
-    "numpy==2.4.6",
-    "pandas==3.1.1",
-    "matplotlib==3.11.2",
+    // Pins for code written by LLMs against the APIs they were trained on: matplotlib 3.10
+    // takes both `boxplot(labels=...)` (removed in 3.11) and `tick_labels=` (new in 3.9);
+    // pandas 2.3 keeps `df[c].fillna(v, inplace=True)` and chained assignment working, which
+    // pandas 3's copy-on-write turns into silent no-ops; numpy 2.3 is what pandas 2.3 was
+    // released against.
+    "numpy==2.3.5",
+    "pandas==2.3.3",
+    "matplotlib==3.10.9",
     "scipy==1.17.1",
     "seaborn==0.13.2",
     "openpyxl==3.1.5",
@@ -47,6 +61,7 @@ const PIP_PACKAGES: &[&str] = &[
     "orjson==3.13.0",
     "bash_kernel==0.10.0",
     "duckdb==2.0.0",
+    "jjava==1.0a8",
     // Their dependencies.
     "asttokens==3.0.2",
     "certifi==2026.10.18",
@@ -79,7 +94,7 @@ const PIP_PACKAGES: &[&str] = &[
     "pygments==2.21.0",
     "pyparsing==3.3.3",
     "python-dateutil==4.0.0",
-    // DuckDB needs pytz to hand TIMESTAMPTZ values to Python; pandas 3 no longer pulls it in.
+    // DuckDB needs pytz to hand TIMESTAMPTZ values to Python (pandas 2.3 depends on it too).
     "pytz==2026.6",
     "pyzmq==27.3.0",
     "stack_data==0.6.3",
@@ -90,6 +105,25 @@ const PIP_PACKAGES: &[&str] = &[
     "urllib3==2.8.0",
     "wcwidth==0.9.4",
 ];
+
+/// Debian packages for the R and Java kernels: R with IRkernel (and its R dependencies) and the
+/// JDK, whose `jdk.jshell` module JJava runs on (a JRE lacks it). Without recommends: R's would
+/// pull in a compiler toolchain and X11 fonts, the JDK's the desktop libraries.
+const APT_PACKAGES: &[&str] = &["openjdk-17-jdk-headless", "r-base-core", "r-cran-irkernel"];
+
+/// (The JRE's postinst links its man pages into `/usr/share/man/man1`, which the minbase tree
+/// does not have.)
+fn apt_install_script() -> String {
+    format!(
+        "echo 'apt-get install {pkgs}'\n\
+         mkdir -p /usr/share/man/man1\n\
+         apt-get update -qq\n\
+         apt-get install -y -qq --no-install-recommends {pkgs}\n\
+         apt-get clean\n\
+         rm -rf /var/lib/apt/lists/*",
+        pkgs = APT_PACKAGES.join(" ")
+    )
+}
 
 /// npm packages installed globally. `deno` ships its binary in the pinned optional dependency
 /// `@deno/linux-x64-glibc` (or arm64), so nothing is downloaded from GitHub.
@@ -102,7 +136,9 @@ const WARM_UP: &str = "setpriv --reuid=1000 --regid=1000 --clear-groups \
     env HOME=/home/user MPLBACKEND=agg python3 -c \
     'import matplotlib.pyplot, numpy, pandas, scipy, seaborn, openpyxl, PIL, requests, orjson, \
     duckdb, ipykernel, bash_kernel; print(\"python modules import\")' && \
-    deno --version";
+    deno --version && \
+    test -f /usr/local/share/jupyter/kernels/java/jjava.jar && java -version && \
+    Rscript -e 'library(IRkernel); cat(\"IRkernel loads\\n\")'";
 
 #[derive(Serialize)]
 struct KernelsFile {
@@ -118,6 +154,10 @@ struct Kernel {
     aliases: Vec<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     warmup: Option<&'static str>,
+    /// `message` for kernels that want `interrupt_request` rather than SIGINT (JJava, as its
+    /// kernelspec says).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interrupt_mode: Option<&'static str>,
     /// The language's default context is listed from the start but its kernel starts on first
     /// use (see the Deno entries).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -128,6 +168,19 @@ struct Kernel {
 /// Node kernel) calls `require('fs')`. The agent runs this as each JS/TS kernel's warm-up cell.
 const DENO_WARMUP: &str =
     "globalThis.require = (await import(\"node:module\")).createRequire(\"/home/user/\");";
+
+/// JShell compiles every cell; the C1 compiler alone starts the JVM faster and keeps its code
+/// cache small, and the serial collector has the smallest footprint for one small heap.
+/// `java.util` is opened so the agent can set environment variables in the running kernel
+/// (`System.getenv` is otherwise read-only); `jdk.jshell` as JJava's launcher would.
+const JAVA_OPTIONS: &[&str] = &[
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "--add-opens",
+    "jdk.jshell/jdk.jshell=ALL-UNNAMED",
+    "--add-opens",
+    "java.base/java.util=ALL-UNNAMED",
+];
 
 /// `--IPKernelApp.exec_files=['a', 'b']`: traitlets parses the value as a Python list literal.
 fn exec_files_flag(files: &[&str]) -> String {
@@ -172,6 +225,7 @@ pub fn kernels_json() -> String {
                 env: BTreeMap::from([("MPLBACKEND", "module://matplotlib_inline.backend_inline")]),
                 aliases: vec![],
                 warmup: None,
+                interrupt_mode: None,
                 start_lazily: false,
             },
         ),
@@ -186,6 +240,7 @@ pub fn kernels_json() -> String {
                 // JavaScript, so a Deno kernel in a heavy template's warm checkpoint would draw
                 // the same numbers in every pool clone; and a create should not pay ~0.3 s of
                 // CPU for a kernel most sandboxes never use.
+                interrupt_mode: None,
                 start_lazily: true,
             },
         ),
@@ -196,6 +251,48 @@ pub fn kernels_json() -> String {
                 env: deno_env,
                 aliases: vec!["ts"],
                 warmup: Some(DENO_WARMUP),
+                interrupt_mode: None,
+                start_lazily: true,
+            },
+        ),
+        (
+            "r",
+            Kernel {
+                argv: [
+                    R,
+                    "--no-echo",
+                    "--no-save",
+                    "--no-restore",
+                    "-e",
+                    "IRkernel::main()",
+                    "--args",
+                    "{connection_file}",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+                env: BTreeMap::new(),
+                aliases: vec![],
+                warmup: None,
+                // R and Java kernels (~60 and ~100 MiB) start with a context's first use, never
+                // with the sandbox, so they cost nothing to the many sandboxes that never use
+                // them and are never in a pool's checkpoint.
+                interrupt_mode: None,
+                start_lazily: true,
+            },
+        ),
+        (
+            "java",
+            Kernel {
+                argv: std::iter::once(JAVA)
+                    .chain(JAVA_OPTIONS.iter().copied())
+                    .chain(["-jar", JJAVA_JAR, "{connection_file}"])
+                    .map(|s| s.to_string())
+                    .collect(),
+                env: BTreeMap::new(),
+                aliases: vec![],
+                warmup: None,
+                interrupt_mode: Some("message"),
                 start_lazily: true,
             },
         ),
@@ -209,6 +306,7 @@ pub fn kernels_json() -> String {
                 env: BTreeMap::new(),
                 aliases: vec!["sh"],
                 warmup: None,
+                interrupt_mode: None,
                 start_lazily: false,
             },
         ),
@@ -219,6 +317,7 @@ pub fn kernels_json() -> String {
                 env: BTreeMap::new(),
                 aliases: vec!["duckdb"],
                 warmup: None,
+                interrupt_mode: None,
                 start_lazily: false,
             },
         ),
@@ -254,6 +353,9 @@ pub fn asset_paths() -> Vec<&'static str> {
 pub(crate) fn layer_steps() -> Vec<BuildStep> {
     // (pip may install system-wide and npm is Node.js 20's: both come with `base`.)
     let mut steps = vec![
+        BuildStep::Run {
+            command: apt_install_script(),
+        },
         BuildStep::Pip {
             packages: PIP_PACKAGES.iter().map(|s| s.to_string()).collect(),
         },
@@ -285,11 +387,22 @@ mod tests {
             v["default_contexts"],
             serde_json::json!(["python", "javascript"])
         );
-        assert_eq!(langs_lazy(&v), ["javascript", "typescript"]);
+        assert_eq!(langs_lazy(&v), ["java", "javascript", "r", "typescript"]);
         let langs = v["languages"].as_object().unwrap();
         let mut names: Vec<&str> = langs.keys().map(String::as_str).collect();
         names.sort_unstable();
-        assert_eq!(names, ["bash", "javascript", "python", "sql", "typescript"]);
+        assert_eq!(
+            names,
+            [
+                "bash",
+                "java",
+                "javascript",
+                "python",
+                "r",
+                "sql",
+                "typescript"
+            ]
+        );
         for (name, k) in langs {
             let argv: Vec<&str> = k["argv"]
                 .as_array()
@@ -328,6 +441,8 @@ mod tests {
         assert_eq!(langs["typescript"]["aliases"], serde_json::json!(["ts"]));
         assert_eq!(langs["bash"]["aliases"], serde_json::json!(["sh"]));
         assert_eq!(langs["sql"]["aliases"], serde_json::json!(["duckdb"]));
+        assert_eq!(langs["java"]["interrupt_mode"], "message");
+        assert!(langs["r"].get("interrupt_mode").is_none());
     }
 
     fn langs_lazy(v: &serde_json::Value) -> Vec<&str> {

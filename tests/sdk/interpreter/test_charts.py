@@ -284,6 +284,42 @@ def test_box_and_whisker_chart(mpl):
     ]
 
 
+@pytest.mark.parametrize("kwarg", ["labels", "tick_labels"])
+def test_box_and_whisker_chart_with_labels_kwarg(mpl, kwarg):
+    """What LLM-written plotting code does: `labels=` (matplotlib < 3.9, removed in 3.11) or
+    `tick_labels=` (3.9+); both must run and give the chart's data, not only a PNG."""
+    ex = mpl.run_code(
+        "import numpy as np\n"
+        "fig, ax = plt.subplots()\n"
+        f"ax.boxplot([[1, 2, 3, 4, 5], [10, 20, 30, 40, 200]], {kwarg}=['small', 'big'])\n"
+        "ax.set_title('Spread')\n"
+        "plt.show()"
+    )
+    assert ex.error is None, ex.error
+    chart = only_chart(ex)
+    assert isinstance(chart, BoxAndWhiskerChart) and chart.type == ChartType.BOX_AND_WHISKER
+    assert ex.results[0].png
+    got = [(e.label, float(e.median), [float(o) for o in e.outliers]) for e in chart.elements]
+    assert got == [("small", 3.0, []), ("big", 30.0, [200.0])]
+
+
+def test_pandas_2_idioms(mpl):
+    """pandas idioms common in LLM-written code that pandas 3's copy-on-write turns into silent
+    no-ops: in-place fill on a column and chained assignment."""
+    ex = mpl.run_code(
+        "import pandas as pd, numpy as np\n"
+        "df = pd.DataFrame({'a': [1.0, np.nan, 3.0], 'b': ['x', 'y', 'z']})\n"
+        "import warnings\n"
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('ignore')\n"
+        "    df['a'].fillna(0, inplace=True)\n"
+        "    df['b'][0] = 'w'\n"
+        "(df['a'].tolist(), df['b'].tolist(), str(df['b'].dtype))"
+    )
+    assert ex.error is None, ex.error
+    assert ex.text == "([1.0, 0.0, 3.0], ['w', 'y', 'z'], 'object')"
+
+
 def test_superchart(mpl):
     ex = mpl.run_code(
         "fig, (a1, a2) = plt.subplots(1, 2, figsize=(8, 3))\n"

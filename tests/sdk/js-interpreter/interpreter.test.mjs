@@ -204,3 +204,41 @@ t('timeout rejects with TimeoutError, the context keeps its state', async () => 
   assert.equal(r.text, '42')
   assert.ok(Date.now() - t1 < 15_000, `next call took ${Date.now() - t1} ms: the old cell kept running`)
 })
+
+t('R (IRkernel) and Java (JJava): state, env vars, cwd, errors', async () => {
+  ok(await sbx.runCode('x <- 41', { language: 'r' }))
+  const r = ok(await sbx.runCode('x + 1', { language: 'r' }))
+  // IRkernel publishes values as display_data, as on E2B (same kernel).
+  assert.deepEqual(r.results.map((x) => x.text), ['[1] 42'])
+  const renv = ok(await sbx.runCode("Sys.getenv('BH_JS_R')", { language: 'r', envs: { BH_JS_R: 'v' } }))
+  assert.deepEqual(renv.results.map((x) => x.text), ['[1] "v"'])
+  const rerr = await sbx.runCode("stop('boom')", { language: 'r' })
+  assert.equal(rerr.error.name, 'ERROR')
+  assert.match(rerr.error.value, /boom/)
+
+  ok(await sbx.runCode('int j = 41;', { language: 'java' }))
+  assert.equal(ok(await sbx.runCode('j + 1', { language: 'java' })).text, '42')
+  const jenv = ok(await sbx.runCode('System.getenv("BH_JS_J")', { language: 'java', envs: { BH_JS_J: 'w' } }))
+  assert.equal(jenv.text, 'w')
+  const ctx = await sbx.createCodeContext({ cwd: '/tmp', language: 'java' })
+  assert.equal(ok(await sbx.runCode('System.getProperty("user.dir")', { context: ctx })).text, '/tmp')
+  const jerr = await sbx.runCode('int y = ;', { language: 'java' })
+  assert.equal(jerr.error.name, 'CompilationException')
+})
+
+t('a context in /root runs as root (as every E2B kernel does)', async () => {
+  const ctx = await sbx.createCodeContext({ cwd: '/root' })
+  assert.equal(ctx.cwd, '/root')
+  const r = ok(await sbx.runCode('import os\n(os.getcwd(), os.getuid())', { context: ctx }))
+  assert.equal(r.text, "('/root', 0)")
+})
+
+t('the interpreter API answers on localhost:49999 inside the sandbox', async () => {
+  ok(await sbx.runCode('from_sdk = 40'))
+  const out = await sbx.commands.run(
+    `curl -sS --fail-with-body -XPOST localhost:49999/execute -H 'content-type: application/json' -d '{"code": "from_sdk + 2"}'`,
+  )
+  const lines = out.stdout.trim().split('\n').map((l) => JSON.parse(l))
+  assert.ok(lines.some((l) => l.type === 'result' && l.text === '42'), out.stdout)
+  assert.deepEqual(lines.at(-1), { type: 'end_of_execution' })
+})

@@ -24,10 +24,22 @@ use crate::state::SharedState;
 struct Api {
     interpreter: Arc<Interpreter>,
     state: SharedState,
+    /// Whether `/execute` needs the access token (from the host: yes; from the sandbox's own
+    /// loopback: no, as on E2B, where code in the sandbox calls `localhost:49999` as is).
+    check_token: bool,
 }
 
-/// The port-49999 router.
+/// The port-49999 router for requests the host forwards.
 pub fn router(interpreter: Arc<Interpreter>) -> Router {
+    router_with(interpreter, true)
+}
+
+/// The port-49999 router for the sandbox's own loopback (see [`super::local`]).
+pub fn loopback_router(interpreter: Arc<Interpreter>) -> Router {
+    router_with(interpreter, false)
+}
+
+fn router_with(interpreter: Arc<Interpreter>, check_token: bool) -> Router {
     let state = Arc::clone(&interpreter.state);
     Router::new()
         .route("/health", get(health))
@@ -35,7 +47,11 @@ pub fn router(interpreter: Arc<Interpreter>) -> Router {
         .route("/contexts", post(create_context).get(list_contexts))
         .route("/contexts/{id}/restart", post(restart_context))
         .route("/contexts/{id}", axum::routing::delete(delete_context))
-        .with_state(Api { interpreter, state })
+        .with_state(Api {
+            interpreter,
+            state,
+            check_token,
+        })
 }
 
 fn text(status: StatusCode, message: impl Into<String>) -> Response {
@@ -116,7 +132,7 @@ fn target(context_id: Option<&str>, language: Option<&str>) -> Result<Target, &'
 
 async fn execute_code(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {
     // The SDKs send the envd access token on /execute only; check it like envd does.
-    if let Some(token) = api.state.access_token() {
+    if let Some(token) = api.state.access_token().filter(|_| api.check_token) {
         let sent = headers
             .get(HEADER_ACCESS_TOKEN)
             .and_then(|v| v.to_str().ok());

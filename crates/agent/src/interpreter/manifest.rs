@@ -76,6 +76,10 @@ pub enum Dialect {
     Typescript,
     /// `bash_kernel`.
     Bash,
+    /// IRkernel.
+    R,
+    /// A JShell-based Java kernel (JJava).
+    Java,
     /// The Python kernel with the `bulkhead_sql` startup module: user code is passed to
     /// `_bulkhead_sql_run`.
     Sql,
@@ -91,6 +95,8 @@ impl Dialect {
             "javascript" => Self::Javascript,
             "typescript" => Self::Typescript,
             "bash" => Self::Bash,
+            "r" => Self::R,
+            "java" => Self::Java,
             "sql" => Self::Sql,
             _ => Self::Other,
         }

@@ -27,9 +27,11 @@
 //!   `/init` (warm pool) before its next execution; per-request `env_vars` are set in a silent
 //!   cell before the user's code and restored afterwards.
 
+mod account;
 pub mod execute;
 pub mod http;
 pub mod kernel;
+pub mod local;
 pub mod manifest;
 pub mod output;
 pub mod snippets;
@@ -40,29 +42,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use self::account::KernelUser;
 use self::kernel::{Kernel, KernelError, KillHandle, StartSpec};
 use self::manifest::{Dialect, LanguageSpec, Manifest};
 use crate::state::SharedState;
-use crate::users::{Identity, User, UserDb};
+use crate::users::Identity;
 
 /// Kernel starts tried when the kernel could not bind its ports.
 const START_ATTEMPTS: u32 = 3;
 
 /// The sandbox port of the code-interpreter API.
 pub const INTERPRETER_PORT: u16 = 49999;
-
-/// Who kernels run as.
-#[derive(Debug, Clone)]
-pub enum KernelUser {
-    /// A sandbox account (the contract: `user`, uid/gid 1000, HOME=/home/user); uid/gid 1000 and
-    /// `/home/user` are assumed when the account is missing from `/etc/passwd`.
-    Sandbox(String),
-    /// The agent's own credentials with this HOME (tests on a host, where no `user` exists).
-    Current {
-        /// HOME of the kernels.
-        home: PathBuf,
-    },
-}
 
 /// Interpreter settings.
 #[derive(Debug, Clone)]
@@ -413,38 +403,11 @@ impl Interpreter {
         true
     }
 
-    fn kernel_user(&self) -> User {
-        match &self.config.kernel_user {
-            KernelUser::Sandbox(name) => UserDb::load()
-                .and_then(|db| db.user(name))
-                .unwrap_or_else(|_| User {
-                    name: name.clone(),
-                    uid: 1000,
-                    gid: 1000,
-                    home: PathBuf::from("/home/user"),
-                    shell: "/bin/bash".to_owned(),
-                    groups: vec![1000],
-                }),
-            KernelUser::Current { home } => {
-                let uid = nix::unistd::geteuid().as_raw();
-                let gid = nix::unistd::getegid().as_raw();
-                User {
-                    name: std::env::var("USER").unwrap_or_else(|_| uid.to_string()),
-                    uid,
-                    gid,
-                    home: home.clone(),
-                    shell: "/bin/bash".to_owned(),
-                    groups: vec![gid],
-                }
-            }
-        }
-    }
-
     /// Starts a kernel for `context` into `slot` (which must be empty).
     async fn start_kernel(&self, context: &Context, slot: &mut Slot) -> Result<(), KernelError> {
-        let user = self.kernel_user();
-        let globals = self.state.settings().env_vars;
         let cwd = PathBuf::from(&context.cwd);
+        let user = account::for_cwd(&self.config.kernel_user, &cwd);
+        let globals = self.state.settings().env_vars;
         // The manifest's variables win over the sandbox's (contract).
         let env = crate::process::build_env(&user, &cwd, &globals, &context.spec.env, false);
         let dialect = context.dialect();

@@ -4,10 +4,13 @@
 
 use super::manifest::Dialect;
 
-/// A string literal valid in Python and JavaScript with exactly `s` as its value.
+/// A string literal valid in Python, JavaScript, R and Java with exactly `s` as its value.
 ///
-/// JSON's string grammar is a subset of both: escapes are `\" \\ \b \f \n \r \t \uXXXX`, every
-/// other character is literal UTF-8 (serde_json never emits surrogate escapes for a Rust string).
+/// JSON's string grammar is a subset of all four: escapes are `\" \\ \b \f \n \r \t \uXXXX`,
+/// every other character is literal UTF-8 (serde_json never emits surrogate escapes for a Rust
+/// string). Java translates `\uXXXX` before lexing, which is harmless here: JSON uses it only for
+/// control characters other than `\n` and `\r` (legal inside a Java literal), and a `\\u` in
+/// the value comes out as an escaped backslash, which Java does not translate.
 pub fn string_literal(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
@@ -80,6 +83,12 @@ pub fn env_changes(dialect: Dialect, changes: &[(String, Option<String>)]) -> Op
                     format!("export {}", shell_quote(&format!("{key}={v}")))
                 }
                 (Dialect::Bash, None) => format!("unset {}", shell_quote(key)),
+                (Dialect::R, Some(v)) => format!("Sys.setenv({k} = {})", string_literal(v)),
+                (Dialect::R, None) => format!("Sys.unsetenv({k})"),
+                (Dialect::Java, Some(v)) => {
+                    format!("{JAVA_ENV_MAP}.put({k}, {});", string_literal(v))
+                }
+                (Dialect::Java, None) => format!("{JAVA_ENV_MAP}.remove({k});"),
                 (Dialect::Other, _) => String::new(),
             }
         })
@@ -88,6 +97,14 @@ pub fn env_changes(dialect: Dialect, changes: &[(String, Option<String>)]) -> Op
     (!lines.is_empty()).then(|| lines.join("\n"))
 }
 
+/// The map behind `System.getenv()` (and the environment of processes the kernel starts),
+/// which Java offers read-only: the unmodifiable wrapper's backing map, reached by reflection
+/// (the template's JVM opens `java.util` for it). A block expression so it can be used inline.
+const JAVA_ENV_MAP: &str = "((java.util.Map<String, String>) ((java.util.function.Supplier<Object>) () -> { \
+     try { var f = System.getenv().getClass().getDeclaredField(\"m\"); f.setAccessible(true); \
+     return f.get(System.getenv()); } catch (ReflectiveOperationException e) { \
+     throw new IllegalStateException(e); } }).get())";
+
 /// The default warm-up statement of a dialect (a no-op that goes through the kernel's whole
 /// execute path once).
 pub fn default_warmup(dialect: Dialect) -> &'static str {
@@ -95,6 +112,9 @@ pub fn default_warmup(dialect: Dialect) -> &'static str {
         Dialect::Python | Dialect::Sql => "None",
         Dialect::Javascript | Dialect::Typescript => "undefined",
         Dialect::Bash => "true",
+        Dialect::R => "invisible(NULL)",
+        // Compiles and runs one snippet, which loads most of JShell's compiler.
+        Dialect::Java => "Math.abs(0);",
         Dialect::Other => "",
     }
 }
@@ -166,6 +186,13 @@ mod tests {
             env_changes(Dialect::Bash, &changes).unwrap(),
             "export 'A=x'\\''y\"z'\nunset 'B'"
         );
+        assert_eq!(
+            env_changes(Dialect::R, &changes).unwrap(),
+            "Sys.setenv(\"A\" = \"x'y\\\"z\")\nSys.unsetenv(\"B\")"
+        );
+        let java = env_changes(Dialect::Java, &changes).unwrap();
+        assert!(java.contains(".put(\"A\", \"x'y\\\"z\");"), "{java}");
+        assert!(java.contains(".remove(\"B\");"), "{java}");
         assert_eq!(env_changes(Dialect::Other, &changes), None);
         assert_eq!(env_changes(Dialect::Python, &[]), None);
     }

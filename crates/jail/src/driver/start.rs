@@ -225,6 +225,9 @@ impl JailDriver {
             AGENT_PATH.to_string(),
             "--listen".to_string(),
             format!("unix:{SOCK_DIR}/{SOCK_NAME}"),
+            // The code-interpreter API for the sandbox's own processes (E2B's localhost:49999).
+            "--interpreter-listen".to_string(),
+            "127.0.0.1:49999,[::1]:49999".to_string(),
         ];
         argv.extend(cfg.agent_args.iter().cloned());
         Ok(StartSpec {
