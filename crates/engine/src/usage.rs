@@ -2,6 +2,7 @@
 //! sampled every [`crate::config::EngineConfig::metrics_interval`] into a bounded series per
 //! sandbox (E2B keeps one sample per 5 s and `get_metrics(start, end)` returns the range).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -13,6 +14,14 @@ use crate::lifecycle::{Operation, SandboxState};
 use crate::types::{Caller, Usage};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// Appends to a series, dropping the oldest sample past [`MAX_SAMPLES`].
+fn push_sample(samples: &mut VecDeque<Usage>, usage: Usage) {
+    if samples.len() >= MAX_SAMPLES {
+        samples.pop_front();
+    }
+    samples.push_back(usage);
+}
 
 /// Samples kept per sandbox: one hour at E2B's 5 s interval (about 50 KiB); older ones drop.
 pub(crate) const MAX_SAMPLES: usize = 720;
@@ -64,10 +73,7 @@ impl Engine {
         };
         if let Some(l) = l {
             l.last_cpu = (u.cpu_usage_ns, now);
-            if l.samples.len() >= MAX_SAMPLES {
-                l.samples.pop_front();
-            }
-            l.samples.push_back(usage.clone());
+            push_sample(&mut l.samples, usage.clone());
         }
         Ok(usage)
     }
@@ -150,5 +156,30 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_series_keeps_the_newest_samples() {
+        let mut samples = VecDeque::new();
+        for i in 0..MAX_SAMPLES + 10 {
+            let u = Usage {
+                timestamp: ms_to_dt(i as i64 * 5000),
+                cpu_count: 1,
+                cpu_used_pct: 0.0,
+                mem_used: 0,
+                mem_total: 0,
+                mem_cache: 0,
+                disk_used: 0,
+                disk_total: 0,
+            };
+            push_sample(&mut samples, u);
+        }
+        assert_eq!(samples.len(), MAX_SAMPLES);
+        assert_eq!(samples[0].timestamp, ms_to_dt(10 * 5000));
     }
 }

@@ -13,6 +13,7 @@ import pytest
 import requests
 from e2b import (
     FilesystemEventType,
+    SandboxException,
     Sandbox,
     SandboxNotRunningException,
     SandboxQuery,
@@ -71,6 +72,10 @@ def test_write_creates_missing_parents_in_root_owned_dirs_for_the_default_user(s
     with pytest.raises(Exception):
         sandbox.files.write("/etc/passwd", "x")
     assert sandbox.commands.run("stat -c %U /etc/passwd").stdout == "root\n"
+    # Not as on E2B: the sandbox's Landlock ruleset refuses new entries directly under / (to
+    # root too); the refusal says so and what to do.
+    with pytest.raises(SandboxException, match="directly under / are not allowed.*/home/user"):
+        sandbox.files.write("/0/x.txt", "x")
 
 
 def test_watch_reports_a_new_files_create_chmod_write(sandbox):
