@@ -222,7 +222,8 @@ js_suite() { # js_suite NAME TEST_FILES...
     port="$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
     key="e2b_$("$PY" -c 'import secrets; print(secrets.token_hex(20))')"
     BULKHEAD_API_KEY="$key" "$BULKHEAD_BIN" serve --listen "127.0.0.1:$port" --data-dir "$tmp/data" \
-        --image-cache "$BULKHEAD_IMAGE_CACHE" --log-level info >"$tmp/server.log" 2>&1 &
+        --image-cache "$BULKHEAD_IMAGE_CACHE" --log-level info --sandbox-domain sandboxes.bulkhead.test \
+        >"$tmp/server.log" 2>&1 &
     pid=$!
     local deadline=$((SECONDS + 1200)) code=""
     while [ $SECONDS -lt $deadline ]; do
@@ -239,7 +240,7 @@ js_suite() { # js_suite NAME TEST_FILES...
         return 1
     fi
     BULKHEAD_TEST_URL="http://127.0.0.1:$port" BULKHEAD_TEST_API_KEY="$key" BULKHEAD_TEST_DATA_DIR="$tmp/data" \
-        timeout --kill-after=30 1500 node --test --test-concurrency=1 \
+        BULKHEAD_TEST_SANDBOX_DOMAIN=sandboxes.bulkhead.test timeout --kill-after=30 1500 node --test --test-concurrency=1 \
         --test-reporter=spec --test-reporter-destination=stdout \
         --test-reporter=tap --test-reporter-destination="$tap" "$@" || rc=$?
     kill -TERM "$pid" 2>/dev/null || true

@@ -33,6 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # A sandbox id in E2B's format (and Bulkhead's): lowercase letters and digits.
 TEMPLATE = os.environ.get("BULKHEAD_TEST_TEMPLATE", "base")
+# The `--sandbox-domain` of the servers the tests start (`.test`: reserved, never resolves).
+TEST_SANDBOX_DOMAIN = "sandboxes.bulkhead.test"
 SLOT_UID_MIN = int(os.environ.get("BULKHEAD_SLOT_UID_MIN", "1000000"))
 CGROUP_PARENT = os.environ.get("BULKHEAD_CGROUP_PARENT", "bulkhead")
 AGENT_NAME = "bulkhead-agent"
@@ -132,6 +134,9 @@ class BulkheadServer:
         self._env = env
         self._log_file = None
         self.cgroups_before: set = set()
+        # The `--sandbox-domain` the server answers in create/connect (an external server's
+        # from BULKHEAD_TEST_SANDBOX_DOMAIN).
+        self.sandbox_domain: Optional[str] = os.environ.get("BULKHEAD_TEST_SANDBOX_DOMAIN")
 
     # ---- construction -------------------------------------------------------------------
 
@@ -190,6 +195,10 @@ class BulkheadServer:
             os.environ.get("BULKHEAD_TEST_LOG_LEVEL", "info"),
             *(extra_args or []),
         ]
+        if not any(a.startswith("--sandbox-domain") for a in (extra_args or [])):
+            # A name that never resolves: the SDKs reach sandboxes through E2B_SANDBOX_URL, and
+            # the host scheme is tested by sending the Host header to the server itself.
+            argv += ["--sandbox-domain", TEST_SANDBOX_DOMAIN]
         if not any(a.startswith("--pool") for a in (extra_args or [])):
             # A fixed warm pool: the leak test compares the host's sandbox resources before and
             # after 200 creates, which an adaptive pool grows (by design) for minutes.
@@ -211,6 +220,8 @@ class BulkheadServer:
         # Cgroups that existed before this server (a crashed earlier run, a colleague's server):
         # the leak test only blames the ones that appear after.
         srv.cgroups_before = set(cgroup_dirs())
+        domains = [a.split("=", 1)[1] if "=" in a else argv[i + 1] for i, a in enumerate(argv) if a.startswith("--sandbox-domain")]
+        srv.sandbox_domain = domains[-1]
         srv._spawn()
         srv.wait_ready(timeout=float(os.environ.get("BULKHEAD_STARTUP_TIMEOUT", "1200")))
         return srv

@@ -35,6 +35,7 @@ pub mod init;
 pub mod interpreter;
 pub mod metrics;
 pub mod paths;
+pub mod port_forward;
 pub mod process;
 pub mod reconfine;
 pub mod report;

@@ -110,6 +110,31 @@ pub fn create_dirs(path: &Path) -> io::Result<()> {
         .create(path)
 }
 
+/// Creates the missing directories of `path` one by one with mode 0755, each handed to
+/// `uid:gid`, as envd's `EnsureDirs` does: the agent's own (sandbox root) credentials create
+/// them, so a user can write `/0/x.txt` as on E2B, and the new directories belong to that user.
+/// Existing directories are left as they are; an existing non-directory is an error.
+pub fn ensure_dirs_owned(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut prefix = PathBuf::new();
+    for component in path.components() {
+        prefix.push(component);
+        match std::fs::metadata(&prefix) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            Err(_) => {}
+        }
+        match std::fs::DirBuilder::new().mode(0o755).create(&prefix) {
+            Ok(()) => std::os::unix::fs::chown(&prefix, Some(uid), Some(gid))?,
+            // Another writer created it meanwhile: theirs, so it keeps its owner.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 /// Lexically normalises an absolute path: drops `.`, applies `..` (stopping at `/`), and
 /// removes repeated and trailing separators. A relative input is treated as relative to `/`.
 pub fn clean(path: &Path) -> PathBuf {

@@ -9,17 +9,16 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use bulkhead_envd::protocol::{AGENT_INFO_PATH, CLONED_PATH, RESTORED_PATH, WARM_PATH};
-use bulkhead_envd::rest::{
-    ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, HEADER_SANDBOX_PORT, PortClosedBody,
-};
+use bulkhead_envd::rest::{ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_PORT};
 use bulkhead_envd::{ConnectError, filesystem, process};
 use tower::ServiceExt as _;
 
 use crate::connect;
 use crate::http::{constant_time_eq, error_json};
+use crate::port_forward;
 use crate::state::SharedState;
 
 /// Routes requests to a per-port router; requests without a port header go to envd.
@@ -64,27 +63,17 @@ impl PortRouter {
                 .ok()
                 .and_then(|v| v.trim().parse::<u16>().ok()),
         };
-        match port.and_then(|p| self.routes.get(&p)) {
-            Some(router) => match router.clone().oneshot(request).await {
+        match port.map(|p| (p, self.routes.get(&p))) {
+            Some((_, Some(router))) => match router.clone().oneshot(request).await {
                 Ok(response) => response,
                 Err(never) => match never {},
             },
-            None => port_closed(request.headers()),
+            // Any other port is the user's own server inside the sandbox (E2B's
+            // `{port}-{id}.{domain}` hosts).
+            Some((port, None)) => port_forward::forward(port, request).await,
+            None => port_forward::port_closed(request.headers()),
         }
     }
-}
-
-fn port_closed(headers: &HeaderMap) -> Response {
-    let body = PortClosedBody {
-        sandbox_id: headers
-            .get(HEADER_SANDBOX_ID)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned(),
-        message: "The sandbox is running but port is not open".to_owned(),
-        code: 502,
-    };
-    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
 }
 
 /// The whole app: port routing around the envd routes.

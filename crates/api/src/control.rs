@@ -221,13 +221,28 @@ async fn connect(
     Ok((status, Json(Sandbox::from(&info))).into_response())
 }
 
+/// `GET /sandboxes/{id}/metrics?start=&end=` (Unix seconds, inclusive): the sandbox's series.
 async fn metrics(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
+    req: Request,
 ) -> ApiResult<Json<Vec<SandboxMetric>>> {
-    let u = st.engine.usage(&caller, &id).await?;
-    Ok(Json(vec![SandboxMetric::from(&u)]))
+    let (mut start, mut end) = (None, None);
+    for (k, v) in query_pairs(req.uri().query()) {
+        let slot = match k.as_str() {
+            "start" => &mut start,
+            "end" => &mut end,
+            _ => continue,
+        };
+        *slot = Some(v.trim().parse::<i64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "{k} must be a Unix timestamp in seconds, got {v:?}"
+            ))
+        })?);
+    }
+    let series = st.engine.usage_series(&caller, &id, start, end).await?;
+    Ok(Json(series.iter().map(SandboxMetric::from).collect()))
 }
 
 async fn metrics_batch(

@@ -128,7 +128,11 @@ fn parse_host(host: &str) -> Option<Target> {
 /// The answer for traffic to a sandbox that cannot take it (E2B's proxy shapes).
 fn unavailable(id: &str, e: &EngineError) -> Response {
     match e {
+        // A sandbox whose processes are gone is answered as gone even before its death is
+        // recorded: the SDKs probe `/health` after a dropped stream and raise "killed or reached
+        // its end of life" only on this answer.
         EngineError::SandboxNotFound(_) => not_found_502(id, "The sandbox was not found"),
+        e if e.sandbox_exited() => not_found_502(id, "The sandbox was not found"),
         // E2B's proxy answers a paused sandbox (without auto-resume) as not running; the SDK
         // keys on "The sandbox was not found".
         EngineError::Refused {

@@ -332,7 +332,7 @@ impl From<&SandboxInfo> for Sandbox {
             envd_version: s.envd_version.clone(),
             envd_access_token: s.envd_access_token.clone(),
             traffic_access_token: None,
-            domain: None,
+            domain: s.domain.clone(),
             alias: s.alias.clone(),
         }
     }
@@ -393,7 +393,7 @@ impl SandboxDetail {
             } else {
                 None
             },
-            domain: None,
+            domain: s.domain.clone(),
             allow_internet_access: s.allow_internet_access,
             network: s.network.clone(),
             lifecycle: serde_json::json!({

@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// size; at least 16 MiB).
     #[arg(long, env = "BULKHEAD_VOLUME_MAX_BYTES", default_value_t = 1 << 30)]
     pub volume_max_bytes: u64,
+    /// Domain of the sandboxes' hosts: create and connect answer it as `domain`, so the SDKs'
+    /// `get_host(port)` gives `{port}-{id}.{domain}`. Point wildcard DNS `*.{domain}` at a TLS
+    /// proxy in front of this server (README: "Sandbox ports on your own domain").
+    #[arg(long, env = "BULKHEAD_SANDBOX_DOMAIN")]
+    pub sandbox_domain: Option<String>,
 }
 
 /// `NAME=MIN..MAX` or `NAME=N`.
@@ -173,6 +178,7 @@ impl ServeArgs {
             volume_max_bytes: self.volume_max_bytes,
             // Filled by `run` from `--registry-*`: reading the auth file can fail.
             registry: Default::default(),
+            sandbox_domain: self.sandbox_domain.clone(),
             network: NetworkConfig {
                 default: match net.network_default {
                     crate::netargs::NetworkDefault::Deny => NetworkDefault::Deny,

@@ -26,6 +26,11 @@ pub struct EngineConfig {
     pub dead_retention: Duration,
     /// How often the reaper looks for expired sandboxes.
     pub reap_interval: Duration,
+    /// Domain of the sandboxes' hosts, `{port}-{id}.{domain}` (E2B's `domain` in create and
+    /// connect responses; the SDK's `get_host`). `None`: responses carry no domain.
+    pub sandbox_domain: Option<String>,
+    /// How often each running sandbox's usage is sampled for its metrics series (E2B: 5 s).
+    pub metrics_interval: Duration,
     /// `allow_internet_access` when a create request does not say (operator setting; E2B's
     /// cloud defaults to true, Bulkhead to false).
     pub network_default_allow: bool,
@@ -91,6 +96,8 @@ impl Default for EngineConfig {
             max_sandboxes: 1000,
             dead_retention: Duration::from_secs(3600),
             reap_interval: Duration::from_millis(250),
+            metrics_interval: Duration::from_secs(5),
+            sandbox_domain: None,
             network_default_allow: false,
             sandbox_env: BTreeMap::new(),
             audit_retention: Duration::from_secs(7 * 24 * 3600),

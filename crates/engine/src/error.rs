@@ -156,6 +156,18 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// The sandbox's processes have exited (its death may not be recorded yet): to a client it
+    /// is gone, as a killed one.
+    pub fn sandbox_exited(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Driver {
+                source: DriverError::NotRunning,
+                ..
+            }
+        )
+    }
+
     /// The error for a refused operation: an ended sandbox is simply not found (the 404 every
     /// SDK expects); anything else names the operation, the sandbox and why.
     pub(crate) fn refused(id: &str, op: Operation, reason: Refusal) -> Self {

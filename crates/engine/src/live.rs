@@ -4,7 +4,7 @@
 //! through [`crate::engine::Engine`], and state changes go through [`lifecycle::transition`]
 //! only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::driver::DriverHandle;
 use crate::lifecycle::{self, Operation, Refusal, SandboxState, Step};
-use crate::types::LifecyclePolicy;
+use crate::types::{LifecyclePolicy, Usage};
 
 pub(crate) struct Live {
     /// Where it is in its life; only [`lifecycle::transition`] decides the next one.
@@ -29,6 +29,8 @@ pub(crate) struct Live {
     pub(crate) cpu_count: i64,
     /// Last CPU sample (ns of CPU time, wall ms) for the usage percentage.
     pub(crate) last_cpu: (u64, i64),
+    /// Its metrics series, oldest first, at most [`crate::usage::MAX_SAMPLES`].
+    pub(crate) samples: VecDeque<Usage>,
     /// The egress proxy serves a link for this sandbox.
     pub(crate) net_attached: bool,
     /// What its agent said about itself (at claim, or when adopted after a restart).

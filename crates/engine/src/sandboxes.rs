@@ -78,6 +78,7 @@ impl Engine {
             cancel: cancel.clone(),
             cpu_count: row.cpu_count,
             last_cpu: (0, row.started_at),
+            samples: Default::default(),
             net_attached,
             agent,
             extra,
@@ -146,6 +147,7 @@ impl Engine {
                 .and_then(|n| serde_json::from_str(n).ok()),
             lifecycle: extra.lifecycle,
             pause_memory: extra.paused.as_ref().map(|p| p.memory),
+            domain: self.cfg.sandbox_domain.clone(),
         }
     }
 

@@ -174,6 +174,9 @@ pub struct SandboxInfo {
     /// For a paused sandbox: whether its checkpoint kept memory (E2B `pauseMode` full /
     /// filesystem).
     pub pause_memory: Option<bool>,
+    /// The domain its ports are served under (`{port}-{id}.{domain}`), when the operator
+    /// configured one.
+    pub domain: Option<String>,
 }
 
 /// A secret as shown to clients: never the value.

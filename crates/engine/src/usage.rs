@@ -1,15 +1,38 @@
-//! Metrics: a sandbox's resource usage with the CPU share computed since the previous sample.
+//! Metrics: a sandbox's resource usage with the CPU share computed since the previous sample,
+//! sampled every [`crate::config::EngineConfig::metrics_interval`] into a bounded series per
+//! sandbox (E2B keeps one sample per 5 s and `get_metrics(start, end)` returns the range).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
 
 use crate::clock::{ms_to_dt, now_ms};
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::lifecycle::Operation;
+use crate::lifecycle::{Operation, SandboxState};
 use crate::types::{Caller, Usage};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// Appends to a series, dropping the oldest sample past [`MAX_SAMPLES`].
+fn push_sample(samples: &mut VecDeque<Usage>, usage: Usage) {
+    if samples.len() >= MAX_SAMPLES {
+        samples.pop_front();
+    }
+    samples.push_back(usage);
+}
+
+/// Samples kept per sandbox: one hour at E2B's 5 s interval (about 50 KiB); older ones drop.
+pub(crate) const MAX_SAMPLES: usize = 720;
+
 impl Engine {
+    /// A fresh sample of the sandbox's usage, also appended to its series.
     pub async fn usage(&self, _caller: &Caller, id: &str) -> Result<Usage> {
+        self.sample(id).await
+    }
+
+    async fn sample(&self, id: &str) -> Result<Usage> {
         let row = self.running_row(id, Operation::Metrics).await?;
         let handle = self.handle(&row.id)?;
         let u = self
@@ -18,8 +41,10 @@ impl Engine {
             .await
             .map_err(EngineError::driver(Operation::Metrics))?;
         let now = now_ms();
+        let mut live = self.live.lock();
+        let l = live.get_mut(&row.id);
         let mut pct = 0.0;
-        if let Some(l) = self.live.lock().get_mut(&row.id) {
+        if let Some(l) = &l {
             let (prev_ns, prev_ms) = l.last_cpu;
             let wall_ns = ((now - prev_ms).max(1) as f64) * 1e6;
             pct = (u.cpu_usage_ns.saturating_sub(prev_ns) as f64
@@ -27,9 +52,8 @@ impl Engine {
                 / l.cpu_count.max(1) as f64
                 * 100.0)
                 .clamp(0.0, 100.0);
-            l.last_cpu = (u.cpu_usage_ns, now);
         }
-        Ok(Usage {
+        let usage = Usage {
             timestamp: ms_to_dt(now),
             cpu_count: row.cpu_count,
             cpu_used_pct: (pct * 100.0).round() / 100.0,
@@ -46,7 +70,51 @@ impl Engine {
             } else {
                 row.disk_size_mb as u64 * 1024 * 1024
             },
-        })
+        };
+        if let Some(l) = l {
+            l.last_cpu = (u.cpu_usage_ns, now);
+            push_sample(&mut l.samples, usage.clone());
+        }
+        Ok(usage)
+    }
+
+    /// The sandbox's samples from `start` to `end` (Unix seconds, both inclusive; open when
+    /// absent), oldest first. A sandbox younger than one interval gets a fresh sample, so the
+    /// series is never empty for a running sandbox asked without bounds.
+    pub async fn usage_series(
+        &self,
+        caller: &Caller,
+        id: &str,
+        start: Option<i64>,
+        end: Option<i64>,
+    ) -> Result<Vec<Usage>> {
+        if let (Some(s), Some(e)) = (start, end)
+            && s > e
+        {
+            return Err(EngineError::BadRequest(format!(
+                "Invalid time range for metrics: start ({s}) is after end ({e})"
+            )));
+        }
+        let row = self.running_row(id, Operation::Metrics).await?;
+        let empty = self
+            .live
+            .lock()
+            .get(&row.id)
+            .is_none_or(|l| l.samples.is_empty());
+        if empty {
+            self.usage(caller, &row.id).await?;
+        }
+        let in_range = |t: &DateTime<Utc>| {
+            let secs = t.timestamp();
+            start.is_none_or(|s| secs >= s) && end.is_none_or(|e| secs <= e)
+        };
+        Ok(self.live.lock().get(&row.id).map_or_else(Vec::new, |l| {
+            l.samples
+                .iter()
+                .filter(|u| in_range(&u.timestamp))
+                .cloned()
+                .collect()
+        }))
     }
 
     /// Usage of several sandboxes (the batch metrics call): those not running are left out,
@@ -63,5 +131,55 @@ impl Engine {
             }
         }
         out
+    }
+
+    /// Samples every running sandbox each interval, for the metrics series.
+    pub(crate) async fn sampler(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(self.cfg.metrics_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.shutdown.cancelled() => return,
+            }
+            let running: Vec<String> = self
+                .live
+                .lock()
+                .iter()
+                .filter(|(_, l)| l.state == SandboxState::Running && l.handle.is_some())
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in running {
+                // A sandbox that stopped or paused meanwhile is simply skipped.
+                if let Err(e) = self.sample(&id).await {
+                    tracing::debug!(sandbox = %id, error = &e as &dyn std::error::Error, "metrics sample skipped");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_series_keeps_the_newest_samples() {
+        let mut samples = VecDeque::new();
+        for i in 0..MAX_SAMPLES + 10 {
+            let u = Usage {
+                timestamp: ms_to_dt(i as i64 * 5000),
+                cpu_count: 1,
+                cpu_used_pct: 0.0,
+                mem_used: 0,
+                mem_total: 0,
+                mem_cache: 0,
+                disk_used: 0,
+                disk_total: 0,
+            };
+            push_sample(&mut samples, u);
+        }
+        assert_eq!(samples.len(), MAX_SAMPLES);
+        assert_eq!(samples[0].timestamp, ms_to_dt(10 * 5000));
     }
 }

@@ -377,3 +377,51 @@ fn me() -> bulkhead_engine::Caller {
         team_id: None,
     }
 }
+
+#[tokio::test]
+async fn metrics_are_sampled_into_a_bounded_series_by_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(FakeDriver::default()),
+        EngineConfig {
+            pools: bulkhead_engine::PoolConfig::fixed(0),
+            metrics_interval: Duration::from_millis(300),
+            ..Default::default()
+        },
+    );
+    engine.register_template(template()).await.unwrap();
+    let owner = bulkhead_engine::testing::owner(&store).await;
+    engine.start_background();
+    let sb = engine.create(&owner, base()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let all = engine
+        .usage_series(&owner, &sb.id, None, None)
+        .await
+        .unwrap();
+    assert!((5..=9).contains(&all.len()), "{} samples", all.len());
+    assert!(all.windows(2).all(|w| w[0].timestamp < w[1].timestamp));
+    // Whole seconds, both ends inclusive.
+    let first = all[0].timestamp.timestamp();
+    let ranged = engine
+        .usage_series(&owner, &sb.id, Some(first), Some(first))
+        .await
+        .unwrap();
+    assert!(!ranged.is_empty());
+    assert!(ranged.iter().all(|u| u.timestamp.timestamp() == first));
+    let before = engine
+        .usage_series(&owner, &sb.id, Some(first - 100), Some(first - 1))
+        .await
+        .unwrap();
+    assert!(before.is_empty());
+    assert!(matches!(
+        engine.usage_series(&owner, &sb.id, Some(first), Some(first - 1)).await,
+        Err(EngineError::BadRequest(m)) if m.contains("time range")
+    ));
+    engine.kill(&owner, &sb.id).await.unwrap();
+    assert!(matches!(
+        engine.usage_series(&owner, &sb.id, None, None).await,
+        Err(EngineError::SandboxNotFound(_))
+    ));
+}

@@ -75,6 +75,10 @@ pub struct UploadedEntry {
     /// Always `file`.
     #[serde(rename = "type")]
     pub r#type: String,
+    /// The file's metadata as stored after the write (envd's `EntryInfo.metadata`); absent
+    /// when the file has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 /// Error body of the plain-HTTP routes: `{"code": <http status>, "message": "..."}`.

@@ -95,6 +95,8 @@ pub struct ServerConfig {
     /// OCI registries for templates built from images (`--registry-*`): allow list, mirrors,
     /// credentials, pull limits.
     pub registry: bulkhead_images::oci::RegistryConfig,
+    /// Domain whose `{port}-{id}.{domain}` hosts reach sandbox ports (`--sandbox-domain`).
+    pub sandbox_domain: Option<String>,
 }
 
 /// A configuration the server cannot start with.
@@ -113,6 +115,10 @@ pub enum ConfigError {
         #[source]
         source: std::net::AddrParseError,
     },
+    #[error(
+        "--sandbox-domain {0:?} is not a domain name: use dot-separated labels of letters, digits and hyphens, e.g. sandbox.example.com"
+    )]
+    SandboxDomain(String),
     #[error("--max-sandboxes must be at least 1")]
     NoSandboxes,
     #[error("--default-timeout must be at least 1 second")]
@@ -142,6 +148,11 @@ impl ServerConfig {
         parse_overrides(&self.network.resolve)?;
         if self.max_sandboxes == 0 {
             return Err(ConfigError::NoSandboxes);
+        }
+        if let Some(d) = &self.sandbox_domain
+            && !is_domain_name(d)
+        {
+            return Err(ConfigError::SandboxDomain(d.clone()));
         }
         if self.admission.max_concurrent == 0 {
             return Err(ConfigError::TooSmall {
@@ -285,6 +296,20 @@ pub(crate) fn parse_overrides(
     Ok(map)
 }
 
+/// A DNS name: dot-separated labels of 1 to 63 letters, digits and inner hyphens.
+fn is_domain_name(d: &str) -> bool {
+    d.len() <= 253
+        && d.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +341,7 @@ mod tests {
                 memory_mb: 1024,
             },
             templates: vec!["base".into(), "code-interpreter-v1".into()],
+            sandbox_domain: None,
             network: NetworkConfig {
                 default: NetworkDefault::Deny,
                 allow_private: false,
@@ -398,6 +424,29 @@ mod tests {
         );
         c.network.resolve = vec!["a=b".into()];
         assert!(err(c).contains("\"b\" is not an IP address"));
+    }
+
+    #[test]
+    fn sandbox_domain_must_be_a_domain_name() {
+        for good in ["bulkhead.test", "sbx.example.com", "localhost", "a-1.b2"] {
+            let mut c = config();
+            c.sandbox_domain = Some(good.into());
+            assert!(c.validate().is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".example.com",
+            "example.com.",
+            "a..b",
+            "-a.b",
+            "a b",
+            "a_b.c",
+            "x.com:443",
+        ] {
+            let mut c = config();
+            c.sandbox_domain = Some(bad.into());
+            assert!(err(c).contains("--sandbox-domain"), "{bad:?}");
+        }
     }
 
     #[test]

@@ -257,6 +257,7 @@ impl Prepared {
                 network_default_allow: net.default_allow,
                 sandbox_env: net.sandbox_env.clone(),
                 volume_max_bytes: config.volume_max_bytes,
+                sandbox_domain: config.sandbox_domain.clone(),
                 ..EngineConfig::default()
             },
         );

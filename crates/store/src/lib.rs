@@ -143,7 +143,7 @@ pub struct SandboxFilter {
     /// All of these key/value pairs must match.
     pub metadata: BTreeMap<String, String>,
     pub template_id: Option<String>,
-    /// Unix ms; only sandboxes started after this.
+    /// Unix ms; only sandboxes started at or after this.
     pub started_after: Option<i64>,
     pub owner_key_id: Option<String>,
 }

@@ -18,6 +18,9 @@ export const REPO = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 export const TEMPLATE = process.env.BULKHEAD_TEST_TEMPLATE ?? 'base'
 export const RUN_ID = randomBytes(4).toString('hex')
 export const SUITE_METADATA = { 'bulkhead-test': RUN_ID, sdk: 'js' }
+// The `--sandbox-domain` of the servers the tests start (`.test`: reserved, never resolves);
+// an external server's comes from BULKHEAD_TEST_SANDBOX_DOMAIN.
+export const TEST_SANDBOX_DOMAIN = 'sandboxes.bulkhead.test'
 
 export { sleep }
 
@@ -106,7 +109,7 @@ export async function startServer(extraArgs = []) {
   delete env.BULKHEAD_LISTEN
   const proc = spawn(
     bin,
-    ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--image-cache', imageCache, '--log-level', process.env.BULKHEAD_TEST_LOG_LEVEL ?? 'info', ...extraArgs],
+    ['serve', '--listen', `127.0.0.1:${port}`, '--data-dir', dataDir, '--image-cache', imageCache, '--log-level', process.env.BULKHEAD_TEST_LOG_LEVEL ?? 'info', ...(extraArgs.some((a) => a.startsWith('--sandbox-domain')) ? [] : ['--sandbox-domain', TEST_SANDBOX_DOMAIN]), ...extraArgs],
     { env, stdio: ['ignore', logFd, logFd], cwd: '/' },
   )
   const srv = {
@@ -117,6 +120,7 @@ export async function startServer(extraArgs = []) {
     tmpRoot,
     logPath,
     proc,
+    sandboxDomain: TEST_SANDBOX_DOMAIN,
     owned: true,
     logTail(n = 200) {
       try {
@@ -153,6 +157,7 @@ export async function setup() {
       url: process.env.BULKHEAD_TEST_URL.replace(/\/$/, ''),
       apiKey,
       dataDir: process.env.BULKHEAD_TEST_DATA_DIR,
+      sandboxDomain: process.env.BULKHEAD_TEST_SANDBOX_DOMAIN,
       owned: false,
       logTail: () => '',
       stop: async () => {},

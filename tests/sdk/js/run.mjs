@@ -18,7 +18,12 @@ let srv
 const env = { ...process.env }
 if (!env.BULKHEAD_TEST_URL) {
   srv = await startServer()
-  Object.assign(env, { BULKHEAD_TEST_URL: srv.url, BULKHEAD_TEST_API_KEY: srv.apiKey, BULKHEAD_TEST_DATA_DIR: srv.dataDir })
+  Object.assign(env, {
+    BULKHEAD_TEST_URL: srv.url,
+    BULKHEAD_TEST_API_KEY: srv.apiKey,
+    BULKHEAD_TEST_DATA_DIR: srv.dataDir,
+    BULKHEAD_TEST_SANDBOX_DOMAIN: srv.sandboxDomain,
+  })
 }
 const r = spawnSync(process.execPath, ['--test', '--test-concurrency=1', ...files], { stdio: 'inherit', env })
 if (srv) {

@@ -54,8 +54,9 @@ pub fn authorize(
     if let Some(exp) = expiration
         && exp < now_unix
     {
+        // envd's exact message: clients match on it.
         return Err(FilesError::Unauthorized(
-            "signature is already expired: create a new signed URL".into(),
+            "signature is already expired".into(),
         ));
     }
     Ok(())

@@ -60,6 +60,13 @@ pub enum FilesError {
         /// Path.
         path: PathBuf,
     },
+    /// A new directory directly under `/`, which the sandbox's Landlock ruleset refuses to
+    /// everyone in it (only beneath the existing top-level directories can be written).
+    #[error(
+        "cannot create '{}': new entries directly under / are not allowed in this sandbox; use a directory under an existing one such as /home/user, /opt or /tmp",
+        .0.display()
+    )]
+    TopLevel(PathBuf),
     /// Disk full.
     #[error("not enough disk space available to write '{}'", .0.display())]
     NoSpace(PathBuf),
@@ -98,7 +105,7 @@ impl FilesError {
             | FilesError::Path(_) => StatusCode::BAD_REQUEST,
             FilesError::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
             FilesError::NotFound(_) => StatusCode::NOT_FOUND,
-            FilesError::Forbidden { .. } => StatusCode::FORBIDDEN,
+            FilesError::Forbidden { .. } | FilesError::TopLevel(_) => StatusCode::FORBIDDEN,
             FilesError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
             FilesError::Creds(_) | FilesError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -1,6 +1,7 @@
 //! `POST /files`: multipart or `application/octet-stream` uploads, written to disk as the body
 //! arrives (decompressed on a blocking thread when gzip-encoded), with missing parent
-//! directories created and `X-Metadata-*` headers stored as extended attributes.
+//! directories created (owned by the user) and `X-Metadata-*` headers stored as extended
+//! attributes, replacing any earlier ones.
 
 use std::collections::HashSet;
 use std::io;
@@ -24,6 +25,7 @@ use super::error::FilesError;
 use super::gzip::gunzip_stream;
 use super::metadata::{parse_metadata_headers, set_metadata};
 use super::request::{FilesQuery, as_user, resolve_path, resolve_user};
+use crate::filesystem::entry::read_metadata;
 use crate::paths;
 use crate::state::SharedState;
 use crate::users::User;
@@ -90,13 +92,20 @@ pub async fn upload(
     }
 }
 
-fn entry_for(path: &Path) -> UploadedEntry {
+/// The response entry of a written file, with its metadata read back from disk as envd does
+/// (so it never claims metadata that was not stored).
+async fn entry_for(path: &Path) -> UploadedEntry {
+    let owned = path.to_owned();
+    let metadata = tokio::task::spawn_blocking(move || read_metadata(&owned))
+        .await
+        .unwrap_or_default();
     UploadedEntry {
         path: path.to_string_lossy().into_owned(),
         name: path
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
         r#type: "file".to_owned(),
+        metadata: (!metadata.is_empty()).then_some(metadata),
     }
 }
 
@@ -155,7 +164,7 @@ async fn upload_inner(
             })?;
         let path = resolve_path(state, &user, path)?;
         write_file(&user, path.clone(), data, metadata).await?;
-        return Ok(vec![entry_for(&path)]);
+        return Ok(vec![entry_for(&path).await]);
     }
     if !media.starts_with("multipart/") {
         return Err(FilesError::BadRequest(format!(
@@ -196,45 +205,61 @@ async fn upload_inner(
             )));
         }
         write_file(&user, path.clone(), field, metadata.clone()).await?;
-        written.push(entry_for(&path));
+        written.push(entry_for(&path).await);
     }
     Ok(written)
 }
 
-/// Creates missing parents, then opens `path` for writing (created or truncated) and stores the
-/// metadata. Runs with the user's credentials.
-fn open_for_write(
-    user: &str,
-    path: &Path,
-    metadata: Option<&[(String, String)]>,
-) -> Result<std::fs::File, FilesError> {
-    if let Some(parent) = path.parent() {
-        paths::create_dirs(parent)
-            .map_err(|e| FilesError::from_io(user, "create directories for", path, e))?;
-    }
+/// Opens `path` for writing as the user: created, or kept and then emptied. Like envd it hands
+/// the file to the user before writing (a `CHMOD` watch event between `CREATE` and `WRITE`, the
+/// sequence E2B's SDK users see); an existing file of someone else keeps its owner.
+fn open_for_write(user: &User, path: &Path) -> Result<std::fs::File, FilesError> {
+    use std::os::fd::AsRawFd;
+    let name = &user.name;
     if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
         return Err(FilesError::IsDirectory(path.to_owned()));
     }
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
         .mode(0o666)
         .open(path)
-        .map_err(|e| FilesError::from_io(user, "write", path, e))?;
-    if let Some(metadata) = metadata {
-        set_metadata(&file, metadata).map_err(|e| match e.raw_os_error() {
-            Some(libc::ENOTSUP) => FilesError::BadRequest(format!(
-                "the filesystem of '{}' does not support file metadata (extended attributes)",
-                path.display()
-            )),
-            _ => FilesError::from_io(user, "set metadata on", path, e),
-        })?;
+        .map_err(|e| FilesError::from_io(name, "write", path, e))?;
+    // SAFETY: fd is open. Failure (a file owned by another user) is expected and harmless.
+    unsafe { libc::fchown(file.as_raw_fd(), user.uid, user.gid) };
+    let len = file
+        .metadata()
+        .map_err(|e| FilesError::from_io(name, "write", path, e))?
+        .len();
+    if len > 0 {
+        file.set_len(0)
+            .map_err(|e| FilesError::from_io(name, "write", path, e))?;
     }
     Ok(file)
 }
 
-/// Streams `data` into `path` as `user`.
+/// Replaces the file's metadata after its content, as envd does: an overwrite without metadata
+/// clears the old one (truncating keeps extended attributes).
+fn store_metadata(
+    user: &str,
+    path: &Path,
+    file: &std::fs::File,
+    metadata: Option<&[(String, String)]>,
+) -> Result<(), FilesError> {
+    match set_metadata(file, metadata.unwrap_or_default()) {
+        Ok(()) => Ok(()),
+        // Nothing to store and nothing can have been stored (e.g. /proc, /sys).
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) && metadata.is_none() => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => Err(FilesError::BadRequest(format!(
+            "the filesystem of '{}' does not support file metadata (extended attributes)",
+            path.display()
+        ))),
+        Err(e) => Err(FilesError::from_io(user, "set metadata on", path, e)),
+    }
+}
+
+/// Streams `data` into `path` as `user`, then stores `metadata`.
 async fn write_file<S, E>(
     user: &User,
     path: PathBuf,
@@ -245,12 +270,34 @@ where
     S: futures::Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let name = user.name.clone();
+    // Missing parents are created with the agent's (sandbox root) credentials and handed to
+    // the user, as envd does; the file itself is opened as the user, so existing files and
+    // directories keep their permissions.
+    if let Some(parent) = path.parent().map(Path::to_owned) {
+        let (uid, gid, name) = (user.uid, user.gid, user.name.clone());
+        let file_path = path.clone();
+        tokio::task::spawn_blocking(move || {
+            paths::ensure_dirs_owned(&parent, uid, gid).map_err(|e| {
+                let top = file_path
+                    .ancestors()
+                    .find(|a| a.parent() == Some(Path::new("/")));
+                match top {
+                    Some(top)
+                        if e.kind() == io::ErrorKind::PermissionDenied
+                            && std::fs::symlink_metadata(top).is_err() =>
+                    {
+                        FilesError::TopLevel(top.to_owned())
+                    }
+                    _ => FilesError::from_io(&name, "create directories for", &file_path, e),
+                }
+            })
+        })
+        .await
+        .map_err(|_| FilesError::from(crate::creds::CredsError::Panicked))??;
+    }
+    let open_user = user.clone();
     let open_path = path.clone();
-    let file = as_user(user, move || {
-        open_for_write(&name, &open_path, metadata.as_deref())
-    })
-    .await?;
+    let file = as_user(user, move || open_for_write(&open_user, &open_path)).await?;
     let mut file = tokio::fs::File::from_std(file);
     let mut data = data;
     while let Some(chunk) = data.next().await {
@@ -263,5 +310,9 @@ where
     file.flush()
         .await
         .map_err(|e| FilesError::from_io(&user.name, "write", &path, e))?;
-    Ok(())
+    let file = file.into_std().await;
+    let name = user.name.clone();
+    tokio::task::spawn_blocking(move || store_metadata(&name, &path, &file, metadata.as_deref()))
+        .await
+        .map_err(|_| FilesError::from(crate::creds::CredsError::Panicked))?
 }

@@ -108,12 +108,14 @@ async fn multipart_upload_of_several_files_keeps_directories() {
             UploadedEntry {
                 path: a.display().to_string(),
                 name: "a.txt".into(),
-                r#type: "file".into()
+                r#type: "file".into(),
+                metadata: None,
             },
             UploadedEntry {
                 path: b.display().to_string(),
                 name: "b.bin".into(),
-                r#type: "file".into()
+                r#type: "file".into(),
+                metadata: None,
             },
         ]
     );

@@ -252,7 +252,8 @@ fn sandbox_where(filter: &SandboxFilter) -> Where {
     }
     if let Some(ts) = filter.started_after {
         let p = w.placeholder(Bind::Int(ts));
-        w.push(format!("started_at > {p}"));
+        // Inclusive, as E2B's API: a sandbox started exactly at the bound is listed.
+        w.push(format!("started_at >= {p}"));
     }
     if let Some(owner) = &filter.owner_key_id {
         let p = w.placeholder(Bind::Text(owner.clone()));

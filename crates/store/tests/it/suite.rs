@@ -278,8 +278,17 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
     };
     assert_eq!(s.count_sandboxes(&by_owner).await.unwrap(), 2);
 
-    let recent = SandboxFilter {
+    // The bound is inclusive (E2B's `started_after`).
+    let at_a = SandboxFilter {
         started_after: Some(10),
+        ..Default::default()
+    };
+    assert_eq!(
+        ids(&s.list_sandboxes(&at_a, None, false, None).await.unwrap()),
+        ["a", "b", "c"]
+    );
+    let recent = SandboxFilter {
+        started_after: Some(11),
         ..Default::default()
     };
     assert_eq!(

@@ -1,0 +1,81 @@
+// Issue 9 part 2 through the npm `e2b` SDK, where it maps answers differently from Python: write
+// results with metadata, a killed sandbox under a streaming command (JS raises a TimeoutError
+// after its health probe), getHost with the server's sandbox domain, the metrics series.
+import { before, after } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, TimeoutError } from 'e2b'
+import { setup, teardown, tester, track, poll, TEMPLATE, SUITE_METADATA } from './helpers.mjs'
+
+let srv
+before(async () => {
+  srv = await setup()
+})
+after(async () => {
+  await teardown()
+})
+
+const t = tester()
+
+const create = (opts = {}) =>
+  Sandbox.create(TEMPLATE, { timeoutMs: 180_000, ...opts, metadata: { ...SUITE_METADATA, ...(opts.metadata ?? {}) } }).then(track)
+
+t('write returns the metadata and an overwrite without it clears it', async () => {
+  const sbx = await create()
+  const info = await sbx.files.write('/home/user/m.txt', 'one', { metadata: { owner: 'alice' } })
+  assert.deepEqual(info.metadata, { owner: 'alice' })
+  assert.deepEqual((await sbx.files.getInfo('/home/user/m.txt')).metadata, { owner: 'alice' })
+  const again = await sbx.files.write('/home/user/m.txt', 'two')
+  assert.equal(again.metadata, undefined)
+  assert.equal((await sbx.files.getInfo('/home/user/m.txt')).metadata, undefined)
+})
+
+t('a command streaming when its sandbox is killed raises end of life', async () => {
+  const sbx = await create()
+  const killer = setTimeout(() => Sandbox.kill(sbx.sandboxId).catch(() => {}), 2000)
+  try {
+    await assert.rejects(
+      sbx.commands.run('for i in $(seq 1 60); do echo tick $i; sleep 1; done', { timeoutMs: 120_000 }),
+      (e) => e instanceof TimeoutError && /killed or reached its end of life/.test(e.message),
+    )
+  } finally {
+    clearTimeout(killer)
+  }
+})
+
+t('getHost names {port}-{id}.{domain} and the server routes that Host to the port', async () => {
+  const sbx = await create()
+  assert.equal(sbx.sandboxDomain, srv.sandboxDomain)
+  const host = sbx.getHost(8124)
+  assert.equal(host, `8124-${sbx.sandboxId}.${srv.sandboxDomain}`)
+  await sbx.files.write('/home/user/site/index.html', 'js site')
+  await sbx.commands.run('cd /home/user/site && python3 -m http.server 8124 --bind 127.0.0.1', { background: true })
+  // Node's fetch refuses to set Host; plain http does.
+  const { request } = await import('node:http')
+  const port = new URL(srv.url).port
+  const get = () =>
+    new Promise((resolve) => {
+      const req = request({ host: '127.0.0.1', port, path: '/index.html', headers: { Host: host } }, (res) => {
+        let body = ''
+        res.on('data', (c) => (body += c))
+        res.on('end', () => resolve(res.statusCode === 200 ? body : undefined))
+      })
+      req.on('error', () => resolve(undefined))
+      req.end()
+    })
+  assert.equal(await poll(get, 20_000, 300), 'js site')
+})
+
+t('getMetrics returns the 5 s series and honours start/end', async () => {
+  const sbx = await create()
+  const series = await poll(async () => {
+    const m = await sbx.getMetrics()
+    return m.length >= 3 ? m : undefined
+  }, 30_000, 1000)
+  assert.ok(series, 'fewer than 3 samples after 30 s')
+  const stamps = series.map((m) => m.timestamp.getTime())
+  assert.deepEqual(stamps, [...stamps].sort((a, b) => a - b))
+  const early = new Date(stamps[0] - 3600_000)
+  assert.deepEqual(await sbx.getMetrics({ start: early, end: new Date(early.getTime() + 60_000) }), [])
+  const last = await sbx.getMetrics({ start: new Date(stamps.at(-1) + 1000) })
+  assert.ok(last.every((m) => m.timestamp.getTime() >= stamps.at(-1)))
+}, 60_000)
