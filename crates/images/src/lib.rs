@@ -23,7 +23,8 @@
 //! `interpreter` + `catalog` (the built-in recipes); `fsutil`, `exec` (processes, chroots in a
 //! private mount namespace), `mirror`, `finalize`; the image sources `bootstrap` (Debian) and
 //! `layer` (build steps on a parent's tree) behind `source::ImageSource`; and `cache`, which
-//! runs a source into a content-addressed entry.
+//! runs a source into a content-addressed entry; `stack` keeps the layers of template builds
+//! (a sandbox's exported changes on its parent's tree) in the same cache.
 
 mod bootstrap;
 mod cache;
@@ -39,6 +40,7 @@ mod nodejs;
 mod progress;
 mod recipe;
 mod source;
+mod stack;
 
 pub use bootstrap::BootstrapTool;
 pub use cache::{CachedImage, DEFAULT_CACHE_ROOT, ImageCache, ImageInfo};
@@ -53,3 +55,4 @@ pub use progress::{
     Activity, IndicatifProgress, LogProgress, PackageStep, Progress, auto_progress, parse_activity,
 };
 pub use recipe::{BuildStep, FileAsset, TemplateRecipe};
+pub use stack::{LayerInfo, LayerStore};
