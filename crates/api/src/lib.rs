@@ -11,6 +11,7 @@ mod http;
 mod persist;
 mod proxy;
 mod state;
+mod templates;
 mod volumes;
 pub mod wire;
 
@@ -26,9 +27,12 @@ pub use state::AppState;
 /// The full application: sandbox routing in front of the control plane.
 pub fn router(engine: Arc<Engine>) -> Router {
     let state = AppState { engine };
-    let keyed = volumes::rest_routes().merge(changes::routes());
+    let keyed = volumes::rest_routes()
+        .merge(changes::routes())
+        .merge(templates::routes());
     control::routes(state.clone(), keyed)
         .merge(volumes::content_routes())
+        .merge(templates::upload_routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,
