@@ -37,7 +37,6 @@ pub fn routes() -> Router<AppState> {
         .route("/templates/aliases/{alias}", get(alias))
         .route("/templates/tags", post(assign_tags).delete(remove_tags))
         .route("/templates/{id}/tags", get(list_tags))
-        .route("/templates/{id}", axum::routing::delete(delete_template))
 }
 
 /// The upload route (its own body limit, no API key).
@@ -308,12 +307,4 @@ async fn list_tags(State(st): State<AppState>, Path(id): Path<String>) -> ApiRes
             })
             .collect(),
     )))
-}
-
-async fn delete_template(
-    State(st): State<AppState>,
-    Path(id): Path<String>,
-) -> ApiResult<StatusCode> {
-    st.engine.delete_template(&id).await?;
-    Ok(StatusCode::NO_CONTENT)
 }

@@ -157,7 +157,7 @@ impl Engine {
         };
         let (handle, agent) = match &source {
             // Pool members have no volumes: a sandbox that mounts some starts cold.
-            Source::Template(t) if !volumes.is_empty() => {
+            Source::Template(t) if !volumes.is_empty() || !self.is_pooled_tree(t) => {
                 let mut spec = t.spec();
                 spec.volumes = volumes.clone();
                 self.start_cold_and_init(&spec, &init).await?
@@ -199,7 +199,7 @@ impl Engine {
         // out only once the ready check passes (a memory restore already runs it).
         if let (Some(rt), false) = (&runtime, matches!(&source, Source::Checkpoint(c) if c.memory))
             && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
-            && let Err(e) = self.start_and_wait_ready(&handle, rt).await
+            && let Err(e) = self.start_and_wait_ready(&handle, rt, token.as_deref()).await
         {
             self.detach_link(&id);
             let _ = self.driver.stop(&handle).await;

@@ -312,6 +312,7 @@ impl Engine {
             cwd: cwd.as_deref(),
             envs: &state.envs,
             timeout: self.cfg.build_limits.step_timeout,
+            access_token: None,
         };
         let code = template_exec::run(stream, &cmd, &mut on_line)
             .await
@@ -353,7 +354,7 @@ impl Engine {
             .build_sandbox(record, tree, false, "finalize")
             .await
             .map_err(fin)?;
-        let r = self.start_and_wait_ready(&handle, rt).await;
+        let r = self.start_and_wait_ready(&handle, rt, None).await;
         self.detach_link(&id);
         let _ = self.driver.stop(&handle).await;
         r.map_err(fin)?;
@@ -367,6 +368,7 @@ impl Engine {
         &self,
         handle: &DriverHandle,
         rt: &TemplateRuntime,
+        access_token: Option<&str>,
     ) -> Result<(), String> {
         let limit = self.cfg.build_limits.ready_timeout;
         if let Some(start) = &rt.start_cmd {
@@ -381,6 +383,7 @@ impl Engine {
                 cwd: rt.workdir.as_deref(),
                 envs: &rt.envs,
                 timeout: Duration::from_secs(30),
+                access_token,
             };
             let code = template_exec::run(stream, &cmd, &mut |_| {})
                 .await
@@ -401,6 +404,7 @@ impl Engine {
                 cwd: rt.workdir.as_deref(),
                 envs: &rt.envs,
                 timeout: Duration::from_secs(30),
+                access_token,
             };
             let mut out = Vec::new();
             let code = template_exec::run(stream, &cmd, &mut |l| out.push(l)).await;

@@ -582,13 +582,26 @@ impl Engine {
     /// others as `name:tag` and `id:tag`.
     async fn register_custom(&self, t: &CustomTemplate) -> Result<()> {
         self.unregister_custom(&t.id, &t.name);
+        // The bare name starts the `default` tag, or the most recently tagged build when a
+        // template was only ever built with explicit tags.
+        let main = t
+            .tags
+            .get(DEFAULT_TAG)
+            .or_else(|| t.tags.values().max_by_key(|(_, at)| *at))
+            .map(|(b, _)| b.clone());
+        if let Some(info) = main.as_deref().and_then(|b| self.info_for(t, b)) {
+            self.register_template(info).await?;
+            // Members started from the previous build's tree must not be handed out.
+            self.drain_pool(&t.id).await;
+        }
         for (tag, (build_id, _)) in &t.tags {
             let Some(info) = self.info_for(t, build_id) else {
                 continue;
             };
             if tag == DEFAULT_TAG {
-                self.register_template(info).await?;
-            } else {
+                continue;
+            }
+            {
                 let info = Arc::new(info);
                 let mut map = self.templates.write().expect("templates lock");
                 map.insert(format!("{}:{tag}", t.name), info.clone());
@@ -656,6 +669,11 @@ impl Engine {
             .get(id_or_name)
             .or_else(|| custom.values().find(|c| c.name == id_or_name))
             .cloned()
+    }
+
+    /// Is `id_or_name` a template built through the Template API?
+    pub fn is_custom_template(&self, id_or_name: &str) -> bool {
+        self.custom_by_name(id_or_name).is_some()
     }
 
     /// `GET /templates/aliases/{alias}`: the template id a name starts.
@@ -750,6 +768,7 @@ impl Engine {
         }
         self.builds.custom.lock().expect("custom").remove(&t.id);
         self.unregister_custom(&t.id, &t.name);
+        self.drain_pool(&t.id).await;
         self.store.delete_template(&t.id).await?;
         Ok(())
     }

@@ -41,6 +41,8 @@ pub struct Command<'a> {
     pub cwd: Option<&'a str>,
     pub envs: &'a BTreeMap<String, String>,
     pub timeout: Duration,
+    /// The sandbox's envd access token, when it has one.
+    pub access_token: Option<&'a str>,
 }
 
 fn basic_auth(user: &str) -> String {
@@ -81,7 +83,11 @@ pub async fn run(
         ..Default::default()
     };
     let json = serde_json::to_vec(&start).map_err(|e| ExecError::Stream(e.to_string()))?;
-    let req = http::Request::builder()
+    let mut req = http::Request::builder();
+    if let Some(t) = cmd.access_token {
+        req = req.header("X-Access-Token", t);
+    }
+    let req = req
         .method(http::Method::POST)
         .uri("/process.Process/Start")
         .header(http::header::HOST, "agent")
