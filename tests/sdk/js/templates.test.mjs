@@ -27,9 +27,9 @@ t('Template.build, then Sandbox.create of it', async () => {
   const name = `js-tpl-${randomBytes(4).toString('hex')}`
   const template = Template({ fileContextPath: ctx })
     .fromBaseImage()
+    .setWorkdir('/opt/js')
     .copy('config.txt', '/opt/js/config.txt', { mode: 0o600 })
     .setEnvs({ FROM_JS: 'yes' })
-    .setWorkdir('/opt/js')
     .runCmd('echo "$FROM_JS" > env.txt')
     .setStartCmd('python3 -m http.server 8124', waitForPort(8124))
   const logs = []
