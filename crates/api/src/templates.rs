@@ -8,9 +8,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use bulkhead_engine::template_builds::{
-    BuildLogEntry, BuildRequest, BuildStart, MAX_UPLOAD_BYTES,
-};
+use bulkhead_engine::template_builds::{BuildLogEntry, BuildRequest, BuildStart, MAX_UPLOAD_BYTES};
 use bulkhead_engine::template_spec::{BuildStep, StepKind};
 use bytes::Bytes;
 use futures::TryStreamExt;

@@ -166,7 +166,14 @@ pub trait Driver: Send + Sync + 'static {
     /// deletions, opaque directories marked with `user.overlay.opaque` or
     /// `trusted.overlay.opaque` — with owners as seen inside the sandbox (root is uid 0). Template
     /// builds stack this on the template's tree to make the next layer.
-    async fn export_changes(&self, _handle: &DriverHandle, _dest: &Path) -> Result<(), DriverError> {
-        Err(DriverError::unsupported(self.name(), Operation::ExportChanges))
+    async fn export_changes(
+        &self,
+        _handle: &DriverHandle,
+        _dest: &Path,
+    ) -> Result<(), DriverError> {
+        Err(DriverError::unsupported(
+            self.name(),
+            Operation::ExportChanges,
+        ))
     }
 }

@@ -197,9 +197,13 @@ impl Engine {
         }
         // A built template's start command runs in every new sandbox of it, which is handed
         // out only once the ready check passes (a memory restore already runs it).
-        if let (Some(rt), false) = (&runtime, matches!(&source, Source::Checkpoint(c) if c.memory))
-            && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
-            && let Err(e) = self.start_and_wait_ready(&handle, rt, token.as_deref()).await
+        if let (Some(rt), false) = (
+            &runtime,
+            matches!(&source, Source::Checkpoint(c) if c.memory),
+        ) && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
+            && let Err(e) = self
+                .start_and_wait_ready(&handle, rt, token.as_deref())
+                .await
         {
             self.detach_link(&id);
             let _ = self.driver.stop(&handle).await;

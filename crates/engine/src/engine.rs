@@ -54,7 +54,7 @@ pub struct Engine {
     /// Volumes that creates in flight are mounting (id → count): not deletable meanwhile.
     pub(crate) volumes_mounting: Mutex<HashMap<String, usize>>,
     /// Template builds through the Template API (`template_builds`).
-    pub(crate) builds: crate::template_builds::TemplateBuilds,
+    pub(crate) builds: crate::template_types::TemplateBuilds,
 }
 
 impl Engine {

@@ -57,6 +57,7 @@ mod template_builder;
 pub mod template_builds;
 mod template_exec;
 pub mod template_spec;
+mod template_types;
 mod templates;
 mod timeout;
 mod usage;

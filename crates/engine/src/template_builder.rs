@@ -14,9 +14,9 @@ use bulkhead_images::LayerStore;
 use crate::driver::{DriverHandle, SandboxSpec};
 use crate::engine::Engine;
 use crate::lifecycle::Operation;
-use crate::template_builds::{BuildFailure, BuildRecord, BuildStart, BuiltTemplate};
 use crate::template_exec::{self, Command};
 use crate::template_spec::{self, BuildStep, RunState, StepKind};
+use crate::template_types::{BuildFailure, BuildRecord, BuildStart, BuiltTemplate};
 use crate::types::{TemplateInfo, TemplateRuntime};
 
 /// A failed build: the message and the step it names (`base`, `1`…, `finalize`).
@@ -26,21 +26,25 @@ struct Failed(String, String);
 fn image_template(image: &str) -> Option<&'static str> {
     match image.trim_start_matches("docker.io/") {
         "e2bdev/base" | "e2bdev/base:latest" => Some("base"),
-        "e2bdev/code-interpreter" | "e2bdev/code-interpreter:latest" => {
-            Some("code-interpreter-v1")
-        }
+        "e2bdev/code-interpreter" | "e2bdev/code-interpreter:latest" => Some("code-interpreter-v1"),
         _ => None,
     }
 }
 
 impl Engine {
-    pub(crate) async fn run_template_build(self: Arc<Self>, record: Arc<BuildRecord>, spec: BuildStart) {
+    pub(crate) async fn run_template_build(
+        self: Arc<Self>,
+        record: Arc<BuildRecord>,
+        spec: BuildStart,
+    ) {
         let t0 = Instant::now();
         let limit = self.cfg.build_limits.build_timeout;
         let result = match tokio::time::timeout(limit, self.build_steps(&record, &spec)).await {
             Ok(r) => r,
             Err(_) => Err(Failed(
-                format!("the build did not finish within {limit:?} (the server's build time limit)"),
+                format!(
+                    "the build did not finish within {limit:?} (the server's build time limit)"
+                ),
                 "finalize".into(),
             )),
         };
@@ -109,7 +113,10 @@ impl Engine {
         record.log(
             "info",
             Some("base"),
-            format!("[base] FROM template {}", parent.aliases.first().unwrap_or(&parent.id)),
+            format!(
+                "[base] FROM template {}",
+                parent.aliases.first().unwrap_or(&parent.id)
+            ),
         );
         let total = spec.steps.len();
         let mut forced = spec.force;
@@ -141,13 +148,19 @@ impl Engine {
             let committed = layers.commit(&key, &tree, &changes, &what).await;
             let _ = tokio::fs::remove_dir_all(&changes).await;
             tree = committed.map_err(|e| {
-                Failed(format!("saving the layer of step {n} failed: {e}"), n.clone())
+                Failed(
+                    format!("saving the layer of step {n} failed: {e}"),
+                    n.clone(),
+                )
             })?;
             state.apply(step);
             record.log(
                 "info",
                 Some(&n),
-                format!("[{n}/{total}] done in {:.1}s", started.elapsed().as_secs_f64()),
+                format!(
+                    "[{n}/{total}] done in {:.1}s",
+                    started.elapsed().as_secs_f64()
+                ),
             );
         }
         let workdir = match &state.workdir {
@@ -282,7 +295,11 @@ impl Engine {
             let data = tokio::fs::read(&path).await.map_err(|_| {
                 format!("the files of step {n} ({}) were not uploaded", step.args[0])
             })?;
-            let stream = self.driver.connect(handle).await.map_err(|e| e.to_string())?;
+            let stream = self
+                .driver
+                .connect(handle)
+                .await
+                .map_err(|e| e.to_string())?;
             template_exec::put_file(
                 stream,
                 &template_spec::archive_path(hash),
@@ -297,7 +314,11 @@ impl Engine {
             (Some(w), StepKind::Run) => Some(expand_home(tree, w)?),
             _ => None,
         };
-        let stream = self.driver.connect(handle).await.map_err(|e| e.to_string())?;
+        let stream = self
+            .driver
+            .connect(handle)
+            .await
+            .map_err(|e| e.to_string())?;
         let mut output: Vec<String> = Vec::new();
         let mut on_line = |line: String| {
             record.log("info", Some(n), line.clone());
@@ -376,7 +397,11 @@ impl Engine {
                 "setsid -f /bin/bash -l -c {} >/dev/null 2>&1 </dev/null",
                 template_spec::shell_quote(start)
             );
-            let stream = self.driver.connect(handle).await.map_err(|e| e.to_string())?;
+            let stream = self
+                .driver
+                .connect(handle)
+                .await
+                .map_err(|e| e.to_string())?;
             let cmd = Command {
                 script: &script,
                 user: &rt.user,
@@ -389,7 +414,9 @@ impl Engine {
                 .await
                 .map_err(|e| format!("the start command could not be started: {e}"))?;
             if code != 0 {
-                return Err(format!("the start command could not be started (exit code {code})"));
+                return Err(format!(
+                    "the start command could not be started (exit code {code})"
+                ));
             }
         }
         let Some(ready) = &rt.ready_cmd else {
@@ -397,7 +424,11 @@ impl Engine {
         };
         let deadline = Instant::now() + limit;
         loop {
-            let stream = self.driver.connect(handle).await.map_err(|e| e.to_string())?;
+            let stream = self
+                .driver
+                .connect(handle)
+                .await
+                .map_err(|e| e.to_string())?;
             let cmd = Command {
                 script: ready,
                 user: &rt.user,

@@ -6,217 +6,32 @@
 //! tag names) next to its store row; its trees are build layers in the image cache, so both
 //! survive a restart (`load_custom_templates`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-
-use serde::{Deserialize, Serialize};
 
 use crate::clock::now_ms;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
-use crate::template_spec::{BuildStep, valid_files_hash};
-use crate::types::{TemplateInfo, TemplateRuntime};
+use crate::template_spec::valid_files_hash;
+pub use crate::template_types::{
+    BuildCreated, BuildFailure, BuildLogEntry, BuildReport, BuildRequest, BuildStart, BuildStatus,
+    MAX_UPLOAD_BYTES, TemplateBuildError, TemplateBuilds,
+};
+use crate::template_types::{
+    BuildRecord, BuildState, BuiltTemplate, CustomTemplate, DEFAULT_TAG, UPLOAD_LINK_TTL, io_err,
+};
+use crate::types::TemplateInfo;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
-
-/// Largest build-context archive accepted for one COPY step.
-pub const MAX_UPLOAD_BYTES: u64 = 1 << 30;
-/// Log entries kept per build (older ones are dropped first).
-const MAX_LOG_ENTRIES: usize = 20_000;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TemplateBuildError {
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    Invalid(String),
-    #[error("the upload is larger than the limit of {limit} bytes; copy fewer files per step")]
-    TooLarge { limit: u64 },
-    #[error("the template's start command did not become ready: {0}")]
-    StartFailed(String),
-    #[error("template builds are not configured on this server (no template directory)")]
-    NotConfigured,
-    #[error("{what} failed")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
-}
 
 impl From<TemplateBuildError> for EngineError {
     fn from(e: TemplateBuildError) -> Self {
         EngineError::TemplateBuild(e)
     }
 }
-
-fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TemplateBuildError {
-    let what = what.into();
-    move |source| TemplateBuildError::Io { what, source }
-}
-
-/// `POST /v3/templates`.
-#[derive(Debug, Clone, Default)]
-pub struct BuildRequest {
-    /// `name` or `name:tag`.
-    pub name: String,
-    pub tags: Vec<String>,
-    pub cpu_count: Option<u32>,
-    pub memory_mb: Option<u64>,
-}
-
-#[derive(Debug, Clone)]
-pub struct BuildCreated {
-    pub template_id: String,
-    pub build_id: String,
-    pub name: String,
-    pub tags: Vec<String>,
-}
-
-/// `POST /v2/templates/{id}/builds/{build}`: what to build.
-#[derive(Debug, Clone, Default)]
-pub struct BuildStart {
-    pub from_image: Option<String>,
-    pub from_template: Option<String>,
-    pub force: bool,
-    pub steps: Vec<BuildStep>,
-    pub start_cmd: Option<String>,
-    pub ready_cmd: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BuildStatus {
-    Waiting,
-    Building,
-    Ready,
-    Error,
-}
-
-impl BuildStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BuildStatus::Waiting => "waiting",
-            BuildStatus::Building => "building",
-            BuildStatus::Ready => "ready",
-            BuildStatus::Error => "error",
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildLogEntry {
-    pub timestamp_ms: i64,
-    /// `info`, `warn`, `error`, `debug`.
-    pub level: &'static str,
-    pub message: String,
-    /// `base`, a 1-based step number, or `finalize`.
-    pub step: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct BuildFailure {
-    pub message: String,
-    pub step: Option<String>,
-}
-
-/// A build's status with the log entries from an offset on.
-#[derive(Debug, Clone)]
-pub struct BuildReport {
-    pub template_id: String,
-    pub build_id: String,
-    pub status: BuildStatus,
-    pub entries: Vec<BuildLogEntry>,
-    pub failure: Option<BuildFailure>,
-    /// The last log entries, for the failure's context.
-    pub failure_entries: Vec<BuildLogEntry>,
-}
-
-/// One build in flight or finished (kept in memory for this server's life).
-pub(crate) struct BuildRecord {
-    pub(crate) template_id: String,
-    pub(crate) build_id: String,
-    pub(crate) name: String,
-    pub(crate) tags: Vec<String>,
-    pub(crate) cpu_count: u32,
-    pub(crate) memory_mb: u64,
-    pub(crate) state: Mutex<BuildState>,
-}
-
-pub(crate) struct BuildState {
-    pub(crate) status: BuildStatus,
-    pub(crate) started: bool,
-    pub(crate) logs: Vec<BuildLogEntry>,
-    /// Entries dropped from the front (so offsets stay stable).
-    pub(crate) dropped: usize,
-    pub(crate) failure: Option<BuildFailure>,
-}
-
-impl BuildRecord {
-    pub(crate) fn log(&self, level: &'static str, step: Option<&str>, message: impl Into<String>) {
-        let mut s = self.state.lock().expect("build state");
-        s.logs.push(BuildLogEntry {
-            timestamp_ms: now_ms(),
-            level,
-            message: message.into(),
-            step: step.map(str::to_owned),
-        });
-        if s.logs.len() > MAX_LOG_ENTRIES {
-            s.logs.remove(0);
-            s.dropped += 1;
-        }
-    }
-
-    pub(crate) fn finish(&self, failure: Option<BuildFailure>) {
-        let mut s = self.state.lock().expect("build state");
-        s.status = if failure.is_some() {
-            BuildStatus::Error
-        } else {
-            BuildStatus::Ready
-        };
-        s.failure = failure;
-    }
-}
-
-/// One finished build of a custom template.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct BuiltTemplate {
-    pub(crate) rootfs: PathBuf,
-    pub(crate) content_hash: String,
-    pub(crate) runtime: TemplateRuntime,
-    pub(crate) created_at_ms: i64,
-}
-
-/// A custom template as saved in `<template dir>/<id>.json`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct CustomTemplate {
-    pub(crate) id: String,
-    pub(crate) name: String,
-    pub(crate) cpu_count: u32,
-    pub(crate) memory_mb: u64,
-    pub(crate) created_at_ms: i64,
-    pub(crate) builds: BTreeMap<String, BuiltTemplate>,
-    /// Tag → build id; `default` is what the bare name starts.
-    pub(crate) tags: BTreeMap<String, (String, i64)>,
-}
-
-/// The engine's template-build state.
-#[derive(Default)]
-pub struct TemplateBuilds {
-    pub(crate) builds: Mutex<HashMap<String, Arc<BuildRecord>>>,
-    pub(crate) custom: Mutex<BTreeMap<String, CustomTemplate>>,
-    /// Serialises changes to custom templates (saving, registering, deleting).
-    pub(crate) change: tokio::sync::Mutex<()>,
-    /// Upload tokens handed out in upload links: token → (files hash, expiry).
-    pub(crate) uploads: Mutex<HashMap<String, (String, std::time::Instant)>>,
-}
-
-/// How long an upload link stays valid (the SDK uploads right after asking).
-const UPLOAD_LINK_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
-
-pub const DEFAULT_TAG: &str = "default";
 
 /// E2B names: lowercase letters, digits, `-`, `_`, `.`, optionally `namespace/`.
 pub fn validate_name(name: &str) -> Result<(), TemplateBuildError> {
@@ -246,7 +61,10 @@ pub fn validate_name(name: &str) -> Result<(), TemplateBuildError> {
 pub fn validate_tag(tag: &str) -> Result<(), TemplateBuildError> {
     let valid = !tag.is_empty()
         && tag.len() <= 128
-        && tag.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && tag
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
         && tag
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
@@ -303,7 +121,13 @@ impl Engine {
             }
         }
         if let Some(t) = self.template(name)
-            && self.builds.custom.lock().expect("custom").get(&t.id).is_none()
+            && self
+                .builds
+                .custom
+                .lock()
+                .expect("custom")
+                .get(&t.id)
+                .is_none()
         {
             return Err(TemplateBuildError::Invalid(format!(
                 "{name:?} is a built-in template of this server; choose another name"
@@ -314,7 +138,9 @@ impl Engine {
             let custom = self.builds.custom.lock().expect("custom");
             custom.values().find(|c| c.name == name).cloned()
         };
-        let template_id = existing.as_ref().map_or_else(ids::template_id, |c| c.id.clone());
+        let template_id = existing
+            .as_ref()
+            .map_or_else(ids::template_id, |c| c.id.clone());
         let build_id = ids::uuid();
         let record = Arc::new(BuildRecord {
             template_id: template_id.clone(),
@@ -345,7 +171,13 @@ impl Engine {
     }
 
     fn build_record(&self, template_id: &str, build_id: &str) -> Result<Arc<BuildRecord>> {
-        let b = self.builds.builds.lock().expect("builds").get(build_id).cloned();
+        let b = self
+            .builds
+            .builds
+            .lock()
+            .expect("builds")
+            .get(build_id)
+            .cloned();
         match b {
             Some(b) if b.template_id == template_id => Ok(b),
             _ => Err(TemplateBuildError::NotFound(format!(
@@ -357,7 +189,12 @@ impl Engine {
 
     /// `GET /templates/{id}/files/{hash}`: is this archive already uploaded?
     pub fn template_file_present(&self, template_id: &str, files_hash: &str) -> Result<bool> {
-        let known = self.builds.custom.lock().expect("custom").contains_key(template_id)
+        let known = self
+            .builds
+            .custom
+            .lock()
+            .expect("custom")
+            .contains_key(template_id)
             || self
                 .builds
                 .builds
@@ -404,8 +241,7 @@ impl Engine {
     pub async fn store_template_file(
         &self,
         files_hash: &str,
-        mut body: impl futures::Stream<Item = std::result::Result<bytes::Bytes, io::Error>>
-        + Unpin,
+        mut body: impl futures::Stream<Item = std::result::Result<bytes::Bytes, io::Error>> + Unpin,
     ) -> Result<u64> {
         use futures::StreamExt;
         use tokio::io::AsyncWriteExt;

@@ -95,7 +95,10 @@ pub async fn run(
         .header("Connect-Protocol-Version", "1")
         .header(
             "Connect-Timeout-Ms",
-            cmd.timeout.as_millis().min(u128::from(u32::MAX)).to_string(),
+            cmd.timeout
+                .as_millis()
+                .min(u128::from(u32::MAX))
+                .to_string(),
         )
         .header(http::header::AUTHORIZATION, basic_auth(cmd.user))
         .body(Full::new(encode_envelope(0, &json)))
@@ -214,7 +217,9 @@ impl LineSplitter {
     fn push(&mut self, data: &[u8], out: &mut (dyn FnMut(String) + Send)) {
         for &b in data {
             if b == b'\n' || self.buf.len() >= Self::MAX {
-                out(String::from_utf8_lossy(&self.buf).trim_end_matches('\r').to_owned());
+                out(String::from_utf8_lossy(&self.buf)
+                    .trim_end_matches('\r')
+                    .to_owned());
                 self.buf.clear();
                 if b == b'\n' {
                     continue;

@@ -62,7 +62,9 @@ impl BuildStep {
                     .collect();
                 format!("ENV {}", pairs.join(" "))
             }
-            _ => format!("{} {}", self.kind.as_str(), self.args.join(" ")).trim_end().to_owned(),
+            _ => format!("{} {}", self.kind.as_str(), self.args.join(" "))
+                .trim_end()
+                .to_owned(),
         }
     }
 
@@ -107,7 +109,7 @@ impl BuildStep {
             }
             StepKind::Run | StepKind::Workdir | StepKind::User => need(1),
             StepKind::Env => {
-                if self.args.len() % 2 != 0 {
+                if !self.args.len().is_multiple_of(2) {
                     return Err(format!("step {n} (ENV) needs key/value pairs"));
                 }
                 Ok(())
@@ -340,7 +342,10 @@ mod tests {
         let (ka, kb) = (keys(&steps_a), keys(&steps_b));
         assert_eq!(ka[0], kb[0], "the unchanged first step is reused");
         assert_ne!(ka[1], kb[1]);
-        assert_ne!(ka[2], kb[2], "a later identical step sits on a different tree");
+        assert_ne!(
+            ka[2], kb[2],
+            "a later identical step sits on a different tree"
+        );
         // Same input, same key; another parent, other keys.
         assert_eq!(ka, keys(&steps_a));
         assert_ne!(step_key(&base_key("other"), &steps_a[0], None), ka[0]);

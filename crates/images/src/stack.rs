@@ -304,7 +304,10 @@ mod tests {
 
         stack(&parent, &upper, &target).unwrap();
         assert_eq!(fs::read_to_string(target.join("etc/keep")).unwrap(), "keep");
-        assert_eq!(fs::read_to_string(target.join("etc/changed")).unwrap(), "v2");
+        assert_eq!(
+            fs::read_to_string(target.join("etc/changed")).unwrap(),
+            "v2"
+        );
         assert_eq!(fs::read_to_string(target.join("new/file")).unwrap(), "n");
         assert_eq!(
             fs::read_link(target.join("new/link")).unwrap(),
@@ -317,7 +320,10 @@ mod tests {
             assert!(fs::symlink_metadata(target.join("old/sub")).is_err());
         }
         // The parent is untouched, and unchanged files are shared, not copied.
-        assert_eq!(fs::read_to_string(parent.join("etc/changed")).unwrap(), "v1");
+        assert_eq!(
+            fs::read_to_string(parent.join("etc/changed")).unwrap(),
+            "v1"
+        );
         assert_eq!(fs::read_to_string(parent.join("etc/gone")).unwrap(), "gone");
         assert_eq!(
             fs::metadata(parent.join("etc/keep")).unwrap().ino(),
