@@ -103,6 +103,19 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
             ChangesError::SnapshotNotFound(_) => (StatusCode::NOT_FOUND, None),
         },
         EngineError::VolumeFs(f) => volume_fs_status(f),
+        EngineError::TemplateBuild(t) => {
+            use bulkhead_engine::template_builds::TemplateBuildError as T;
+            match t {
+                T::NotFound(_) => (StatusCode::NOT_FOUND, None),
+                T::Invalid(_) => (StatusCode::BAD_REQUEST, None),
+                T::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, None),
+                T::NotConfigured => (StatusCode::NOT_IMPLEMENTED, None),
+                T::StartFailed(_) | T::Io { .. } => (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    Some("internal_server_error"),
+                ),
+            }
+        }
         EngineError::Driver { .. }
         | EngineError::Agent { .. }
         | EngineError::Network { .. }

@@ -12,6 +12,7 @@ mod metrics;
 mod persist;
 mod proxy;
 mod state;
+mod templates;
 mod volumes;
 pub mod wire;
 
@@ -30,9 +31,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
     metrics::install();
     let keyed = volumes::rest_routes()
         .merge(changes::routes())
-        .merge(metrics::routes());
+        .merge(metrics::routes())
+        .merge(templates::routes());
     control::routes(state.clone(), keyed)
         .merge(volumes::content_routes())
+        .merge(templates::upload_routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,

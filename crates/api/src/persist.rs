@@ -120,6 +120,11 @@ async fn delete_template(
     let id = urlencoding::decode(&id)
         .map(|c| c.into_owned())
         .unwrap_or(id);
+    // E2B deletes snapshots and built templates through this one route.
+    if st.engine.is_custom_template(&id) {
+        st.engine.delete_template(&id).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
     if st.engine.template(&id).is_some() {
         return Err(ApiError::bad_request(format!(
             "Template '{id}' is built by the server operator and cannot be deleted through the API"

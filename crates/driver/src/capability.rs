@@ -56,6 +56,7 @@ pub enum Operation {
     Snapshot,
     Restore,
     Changes,
+    ExportChanges,
 }
 
 impl std::fmt::Display for Operation {
@@ -68,6 +69,7 @@ impl std::fmt::Display for Operation {
             Operation::Snapshot => "snapshot a running sandbox",
             Operation::Restore => "restore a sandbox from a checkpoint",
             Operation::Changes => "list a sandbox's file changes",
+            Operation::ExportChanges => "export a sandbox's file changes",
         })
     }
 }

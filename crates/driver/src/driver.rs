@@ -160,4 +160,20 @@ pub trait Driver: Send + Sync + 'static {
     ) -> Result<Vec<FileChange>, DriverError> {
         Err(DriverError::unsupported(self.name(), Operation::Changes))
     }
+
+    /// End the sandbox and move its filesystem changes against its template to `dest` (which
+    /// must not exist) as an overlay upper directory — whiteouts (character devices 0/0) for
+    /// deletions, opaque directories marked with `user.overlay.opaque` or
+    /// `trusted.overlay.opaque` — with owners as seen inside the sandbox (root is uid 0). Template
+    /// builds stack this on the template's tree to make the next layer.
+    async fn export_changes(
+        &self,
+        _handle: &DriverHandle,
+        _dest: &Path,
+    ) -> Result<(), DriverError> {
+        Err(DriverError::unsupported(
+            self.name(),
+            Operation::ExportChanges,
+        ))
+    }
 }

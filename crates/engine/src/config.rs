@@ -50,6 +50,55 @@ pub struct EngineConfig {
     /// Which templates' warm pools are refilled by restoring a checkpoint of a warmed sandbox
     /// instead of cold starts (`--pool-checkpoint`; see `pool_source`).
     pub checkpoint_pools: CheckpointPools,
+    /// Template API builds: where custom templates and uploaded build contexts are kept
+    /// (`<data-dir>/templates`); None turns the Template API off.
+    pub template_dir: Option<PathBuf>,
+    /// The image cache that build layers are kept in (next to the built-in templates).
+    pub image_cache: PathBuf,
+    /// Limits of one template build.
+    pub build_limits: BuildLimits,
+}
+
+/// Limits of a template build: each step's build sandbox gets the template's CPU and memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildLimits {
+    /// Wall-clock time of one step (its command is killed after it).
+    pub step_timeout: Duration,
+    /// Wall-clock time of the whole build.
+    pub build_timeout: Duration,
+    /// How long a start command's ready check may take.
+    pub ready_timeout: Duration,
+    /// Bytes one step may add to the tree.
+    pub max_step_bytes: u64,
+    /// Destinations build sandboxes may reach (package registries and code hosts).
+    pub allow_out: Vec<String>,
+}
+
+impl Default for BuildLimits {
+    fn default() -> Self {
+        BuildLimits {
+            step_timeout: Duration::from_secs(20 * 60),
+            build_timeout: Duration::from_secs(60 * 60),
+            ready_timeout: Duration::from_secs(120),
+            max_step_bytes: 10 << 30,
+            allow_out: [
+                "pypi.org",
+                "files.pythonhosted.org",
+                "registry.npmjs.org",
+                "registry.yarnpkg.com",
+                "deb.debian.org",
+                "security.debian.org",
+                "*.debian.org",
+                "github.com",
+                "codeload.github.com",
+                "*.githubusercontent.com",
+                "gitlab.com",
+                "bitbucket.org",
+            ]
+            .map(String::from)
+            .to_vec(),
+        }
+    }
 }
 
 /// Which templates' pools are refilled from a warm checkpoint.
@@ -105,6 +154,9 @@ impl Default for EngineConfig {
             checkpoint_dir: std::env::temp_dir().join("bulkhead-checkpoints"),
             paused_retention: Duration::from_secs(30 * 24 * 3600),
             checkpoint_pools: CheckpointPools::Auto,
+            template_dir: None,
+            image_cache: PathBuf::from("/var/cache/bulkhead/images"),
+            build_limits: BuildLimits::default(),
         }
     }
 }

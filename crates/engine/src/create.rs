@@ -160,6 +160,11 @@ impl Engine {
         let id = ids::sandbox_id();
         let token = req.is_secure().then(|| ids::random_hex(20));
         let mut env = self.cfg.sandbox_env.clone();
+        // A built template's ENV steps, its last USER and WORKDIR (E2B: they persist).
+        let runtime = template.runtime.clone();
+        if let Some(rt) = &runtime {
+            env.extend(rt.envs.clone());
+        }
         if let Source::Checkpoint(c) = &source {
             env.extend(c.env_vars.clone());
         }
@@ -167,12 +172,13 @@ impl Engine {
         let init = InitRequest {
             env_vars: Some(env),
             access_token: token.clone(),
-            default_user: Some("user".into()),
+            default_user: Some(runtime.as_ref().map_or("user", |r| r.user.as_str()).into()),
+            default_workdir: runtime.as_ref().and_then(|r| r.workdir.clone()),
             ..Default::default()
         };
         let (handle, agent) = match &source {
             // Pool members have no volumes: a sandbox that mounts some starts cold.
-            Source::Template(t) if !volumes.is_empty() => {
+            Source::Template(t) if !volumes.is_empty() || !self.is_pooled_tree(t) => {
                 let mut spec = t.spec();
                 spec.volumes = volumes.clone();
                 self.start_cold_and_init(&spec, &init).await?
@@ -209,6 +215,20 @@ impl Engine {
         {
             let _ = self.driver.stop(&handle).await;
             return Err(e);
+        }
+        // A built template's start command runs in every new sandbox of it, which is handed
+        // out only once the ready check passes (a memory restore already runs it).
+        if let (Some(rt), false) = (
+            &runtime,
+            matches!(&source, Source::Checkpoint(c) if c.memory),
+        ) && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
+            && let Err(e) = self
+                .start_and_wait_ready(&handle, rt, token.as_deref())
+                .await
+        {
+            self.detach_link(&id);
+            let _ = self.driver.stop(&handle).await;
+            return Err(crate::template_builds::TemplateBuildError::StartFailed(e).into());
         }
 
         // What a fresh boot of this sandbox (a filesystem-only resume) is given again.

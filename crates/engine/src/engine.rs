@@ -53,6 +53,8 @@ pub struct Engine {
     pub(crate) volume_storage: OnceLock<Arc<dyn VolumeStorage>>,
     /// Volumes that creates in flight are mounting (id → count): not deletable meanwhile.
     pub(crate) volumes_mounting: Mutex<HashMap<String, usize>>,
+    /// Template builds through the Template API (`template_builds`).
+    pub(crate) builds: crate::template_types::TemplateBuilds,
 }
 
 impl Engine {
@@ -76,6 +78,7 @@ impl Engine {
             net_lock: tokio::sync::Mutex::new(()),
             volume_storage: OnceLock::new(),
             volumes_mounting: Mutex::new(HashMap::new()),
+            builds: Default::default(),
         })
     }
 

@@ -83,6 +83,8 @@ pub enum EngineError {
     SecretNotFound(String),
     #[error("{0} already exists")]
     Conflict(String),
+    #[error(transparent)]
+    TemplateBuild(crate::template_types::TemplateBuildError),
     /// The network link or policy of a sandbox could not be set while running `op`.
     #[error(
         "Could not {op} the sandbox: its network link could not be set up; try again, and if it keeps failing ask the operator to check the egress proxy"

@@ -91,6 +91,11 @@ impl Engine {
             self.new_pool_member(t).await
         };
         match member {
+            Ok(h) if !self.is_pooled_tree(t) => {
+                // The template was rebuilt while this member started from its old tree.
+                let _ = self.driver.stop(&h).await;
+                Step::Worked
+            }
             Ok(h) if self.shutdown.is_cancelled() => {
                 // Started while shutting down: nobody will claim it.
                 let _ = self.driver.stop(&h).await;

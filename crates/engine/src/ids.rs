@@ -12,6 +12,16 @@ pub fn sandbox_id() -> String {
         .collect()
 }
 
+/// A template id: E2B's shape (20 chars of `[a-z0-9]`), like sandbox ids.
+pub fn template_id() -> String {
+    sandbox_id()
+}
+
+/// A build id: E2B's SDKs parse it as a UUID.
+pub fn uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
 /// Random lowercase hex string of `bytes` random bytes.
 pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];

@@ -54,6 +54,11 @@ mod secrets;
 mod signed_urls;
 mod snapshots;
 pub mod telemetry;
+mod template_builder;
+pub mod template_builds;
+mod template_exec;
+pub mod template_spec;
+mod template_types;
 mod templates;
 mod timeout;
 mod usage;
@@ -63,7 +68,7 @@ mod volumes;
 pub use admission::AdmissionLimits;
 pub use bulkhead_store::VolumeRow;
 pub use checkpoints::CheckpointError;
-pub use config::{CheckpointPools, EngineConfig};
+pub use config::{BuildLimits, CheckpointPools, EngineConfig};
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
@@ -74,7 +79,7 @@ pub use pool_source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,
-    SnapshotPage, TemplateInfo, TemplateStatus, Usage,
+    SnapshotPage, TemplateInfo, TemplateRuntime, TemplateStatus, Usage,
 };
 pub use volume_content::ContentAuth;
 pub use volume_types::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};

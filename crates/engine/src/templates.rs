@@ -52,9 +52,37 @@ impl Engine {
             .cloned()
     }
 
+    /// Is `t` what its id starts (so its warm pool holds sandboxes of this tree)? A tag of a
+    /// built template naming an older build is not.
+    pub(crate) fn is_pooled_tree(&self, t: &TemplateInfo) -> bool {
+        self.templates
+            .read()
+            .expect("templates lock")
+            .get(&t.id)
+            .is_some_and(|c| c.content_hash == t.content_hash && c.rootfs == t.rootfs)
+    }
+
+    /// Stops the warm pool members of template `id` (its tree changed).
+    pub(crate) async fn drain_pool(&self, id: &str) {
+        let members = self
+            .pools
+            .lock()
+            .expect("pool lock")
+            .remove(id)
+            .unwrap_or_default();
+        for h in members {
+            let _ = self.driver.stop(&h).await;
+        }
+    }
+
     pub fn templates(&self) -> Vec<Arc<TemplateInfo>> {
         let map = self.templates.read().expect("templates lock");
-        let mut v: Vec<_> = map.values().cloned().collect();
+        // The entry under its own id (a built template's tags are other entries of that id).
+        let mut v: Vec<_> = map
+            .iter()
+            .filter(|(k, t)| **k == t.id)
+            .map(|(_, t)| t.clone())
+            .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v.dedup_by(|a, b| a.id == b.id);
         v

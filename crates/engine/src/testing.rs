@@ -65,6 +65,7 @@ impl crate::network::EgressControl for RecordingEgress {
 /// A `base` template (alias `debian`) for engine tests; the [`FakeDriver`] never reads its rootfs.
 pub fn base_template() -> crate::TemplateInfo {
     crate::TemplateInfo {
+        runtime: None,
         id: "base".into(),
         aliases: vec!["debian".into()],
         rootfs: std::path::PathBuf::from("/nonexistent"),

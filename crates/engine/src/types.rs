@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bulkhead_store::SecretRow;
 use chrono::{DateTime, Utc};
@@ -24,6 +25,21 @@ pub struct TemplateInfo {
     pub memory_mb: u64,
     pub disk_size_mb: u64,
     pub pids_max: u64,
+    /// For templates built through the Template API: the user, workdir, env vars and start
+    /// command their sandboxes run with. None: E2B's defaults (`user`, no start command).
+    pub runtime: Option<Arc<TemplateRuntime>>,
+}
+
+/// How sandboxes of a built template start (the last USER/WORKDIR/ENV of its build, and its
+/// start and ready commands).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct TemplateRuntime {
+    pub user: String,
+    /// Absolute; None: the user's home.
+    pub workdir: Option<String>,
+    pub envs: BTreeMap<String, String>,
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
 }
 
 impl TemplateInfo {

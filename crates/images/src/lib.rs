@@ -23,8 +23,9 @@
 //! `interpreter` + `catalog` (the built-in recipes); `fsutil`, `exec` (processes, chroots in a
 //! private mount namespace), `mirror`, `finalize`; the image sources `bootstrap` (Debian) and
 //! `layer` (build steps on a parent's tree) behind `source::ImageSource`; `cache`, which
-//! runs a source into a content-addressed entry; and `oci`, which pulls from OCI registries into
-//! cache entries of their own (keyed by manifest digest).
+//! runs a source into a content-addressed entry; `oci`, which pulls from OCI registries into
+//! cache entries of their own (keyed by manifest digest); and `stack`, which keeps the layers of
+//! template builds (a sandbox's exported changes on its parent's tree) in the same cache.
 
 mod bootstrap;
 mod cache;
@@ -41,6 +42,7 @@ pub mod oci;
 mod progress;
 mod recipe;
 mod source;
+mod stack;
 
 pub use bootstrap::BootstrapTool;
 pub use cache::{CachedImage, DEFAULT_CACHE_ROOT, ImageCache, ImageInfo};
@@ -55,3 +57,4 @@ pub use progress::{
     Activity, IndicatifProgress, LogProgress, PackageStep, Progress, auto_progress, parse_activity,
 };
 pub use recipe::{BuildStep, FileAsset, TemplateRecipe};
+pub use stack::{LayerInfo, LayerStore};

@@ -253,6 +253,8 @@ impl Prepared {
                 checkpoint_pools: config.pool_checkpoint.clone(),
                 max_sandboxes: config.max_sandboxes,
                 checkpoint_dir: config.data_dir.join("checkpoints"),
+                template_dir: Some(config.data_dir.join("templates")),
+                image_cache: config.image_cache_dir(),
                 paused_retention: config.paused_retention,
                 network_default_allow: net.default_allow,
                 sandbox_env: net.sandbox_env.clone(),
@@ -277,11 +279,18 @@ impl Prepared {
                 memory_mb: size.memory_mb,
                 disk_size_mb: 4096,
                 pids_max: 1024,
+                runtime: None,
             };
             engine
                 .register_template(info)
                 .await
                 .map_err(StartError::Template)?;
+        }
+        // Templates built through the Template API by earlier runs (their trees are cached).
+        match engine.load_custom_templates().await {
+            Ok(n) if n > 0 => tracing::info!(templates = n, "custom templates loaded"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "loading custom templates failed"),
         }
         let readopted = engine.recover().await.map_err(StartError::Recover)?;
         engine.start_background();

@@ -58,6 +58,10 @@ impl Driver for JailDriver {
         self.list_changes(of, since).await
     }
 
+    async fn export_changes(&self, handle: &DriverHandle, dest: &Path) -> Result<(), DriverError> {
+        self.export_sandbox_changes(handle, dest).await
+    }
+
     async fn stop(&self, handle: &DriverHandle) -> Result<(), DriverError> {
         let data: Option<HandleData> = serde_json::from_value(handle.data.clone()).ok();
         let cgroup = match (&data, self.lookup(handle)) {

@@ -14,13 +14,15 @@
 //! - [`freeze`]: freeze and thaw through the cgroup freezer;
 //! - [`manifest`]: a checkpoint directory's layout; [`seed`]: a slot's upper dir from one;
 //! - [`start`]: a slot's start as one pipeline;
-//! - [`checkpoint`], [`restore`]: pause/snapshot and restore with CRIU;
+//! - [`checkpoint`], [`restore`]: pause/snapshot and restore with CRIU; [`export`]: a
+//!   sandbox's changes for template builds;
 //! - [`imp`]: the `Driver` trait over all of the above.
 
 mod agent_sock;
 mod ca;
 mod changes;
 mod checkpoint;
+mod export;
 mod freeze;
 mod fsutil;
 mod imp;

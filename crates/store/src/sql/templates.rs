@@ -64,4 +64,13 @@ impl Store {
             .await?;
         rows.iter().map(template_from_row).collect()
     }
+
+    /// Removes the template with this id (no error when it is absent).
+    pub async fn delete_template(&self, id: &str) -> Result<()> {
+        sqlx::query("DELETE FROM templates WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
 }
