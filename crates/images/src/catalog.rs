@@ -145,12 +145,12 @@ mod tests {
         if debian_arch() == "amd64" {
             assert_eq!(
                 TemplateRecipe::base().content_hash(),
-                "7fada7e9475a555d5692259418e15d1f1ea4122b2642a54bcb0f6940802d1011",
+                "f811236fd8588fc072b7c5342042bbc5bcd5d8317ea570a990cbad9e11777033",
                 "base recipe hash changed"
             );
             assert_eq!(
                 TemplateRecipe::code_interpreter().content_hash(),
-                "6d51d1a0703df58173f907580b412b058c80566060cce920f3c193cce5fd1d79",
+                "389941103ca8d1d497907d9a1e9dc1e39b2ebf92e390f83e2d1bb23dfe0abb0f",
                 "code-interpreter-v1 recipe hash changed"
             );
         }
