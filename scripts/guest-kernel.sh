@@ -60,9 +60,20 @@ while IFS= read -r line; do
     esac
 done <"$FRAGMENT"
 log "building vmlinux and bzImage with $JOBS jobs (about 2.5 minutes on 2 cores)"
-# One line per compiled object as progress, without make's full command lines.
-nice -n 10 make -C "$SRC" -j"$JOBS" vmlinux bzImage 2>&1 | awk '/^  (CC|LD|AR|AS) /{n++; if (n % 100 == 0) {print "guest-kernel: " n " objects built..."; fflush()}} /error|Error/{print}' >&2
-[ "${PIPESTATUS[0]}" -eq 0 ] || { log "the kernel build failed (see the errors above)"; exit 1; }
+# The full log goes to a file; stderr gets a line per 100 objects as progress.
+nice -n 10 make -C "$SRC" -j"$JOBS" vmlinux bzImage >"$WORK/build.log" 2>&1 &
+pid=$!
+n=0
+while kill -0 "$pid" 2>/dev/null; do
+    sleep 5
+    m=$(grep -c '^  \(CC\|LD\|AR\|AS\) ' "$WORK/build.log" || true)
+    if [ "$m" -ge $((n + 100)) ]; then n=$m; log "$n objects built..."; fi
+done
+if ! wait "$pid"; then
+    tail -n 40 "$WORK/build.log" >&2
+    log "the kernel build failed (the end of its log is above)"
+    exit 1
+fi
 
 mkdir -p "$CACHE"
 TMP_OUT=$(mktemp -d "$CACHE/.guest-kernel-$KEY.XXXXXX")

@@ -72,6 +72,12 @@ pub struct Args {
     )]
     pub interpreter_manifest: std::path::PathBuf,
 
+    /// Guest mode (the agent is pid 1 of a microVM): build the root file system from the
+    /// VM's disks, then serve the host's streams arriving on the virtio-serial port of this
+    /// name (see `guest`). Needs `--listen unix:...`, which the streams are connected to.
+    #[arg(long, env = "BULKHEAD_AGENT_GUEST_PORT")]
+    pub guest_port: Option<String>,
+
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive list).
     #[arg(long, default_value = "info", env = "BULKHEAD_AGENT_LOG")]
     pub log_level: String,
