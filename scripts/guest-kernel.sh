@@ -3,8 +3,9 @@
 # vmlinux, config). The kernel is Debian's linux-source-6.1 configured as `make tinyconfig` plus
 # crates/microvm/guest/kernel.fragment: everything built in, no modules, no initramfs.
 #
-# The result is cached outside the clone, keyed by a content hash of the source package version,
-# the fragment and this script:
+# The result is cached outside the clone, keyed by a content hash of the source package version
+# and the fragment (a change to how this script builds needs a change of the fragment, e.g. a
+# comment, to force a rebuild):
 #   $BULKHEAD_CACHE_DIR/guest-kernel-<hash>/{bzImage,vmlinux,config}   (default /var/cache/bulkhead)
 # A complete cached build is reused; otherwise it is rebuilt (~2.5 min on 2 cores, under nice).
 #
@@ -31,7 +32,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 VERSION=$(dpkg-query -W -f='${Version}' "$SOURCE_PKG")
-KEY=$({ echo "$SOURCE_PKG $VERSION"; cat "$FRAGMENT" "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
+KEY=$({ echo "$SOURCE_PKG $VERSION"; cat "$FRAGMENT"; } | sha256sum | cut -c1-16)
 OUT="$CACHE/guest-kernel-$KEY"
 if [ -s "$OUT/bzImage" ] && [ -s "$OUT/vmlinux" ] && [ -s "$OUT/config" ]; then
     echo "$OUT"
@@ -77,6 +78,8 @@ fi
 
 mkdir -p "$CACHE"
 TMP_OUT=$(mktemp -d "$CACHE/.guest-kernel-$KEY.XXXXXX")
+# QEMU runs as an unprivileged uid and reads the kernel.
+chmod 755 "$TMP_OUT"
 cp "$SRC/arch/x86/boot/bzImage" "$TMP_OUT/bzImage"
 cp "$SRC/vmlinux" "$TMP_OUT/vmlinux"
 strip --strip-debug "$TMP_OUT/vmlinux" 2>/dev/null || true
