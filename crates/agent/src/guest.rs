@@ -74,7 +74,13 @@ pub fn prepare_root() -> Result<(), GuestError> {
     let none = MsFlags::empty();
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     // The boot disk is read-only: everything below goes onto a tmpfs.
-    mnt(Some("tmpfs"), "/run", Some("tmpfs"), nosuid, Some("mode=0755"))?;
+    mnt(
+        Some("tmpfs"),
+        "/run",
+        Some("tmpfs"),
+        nosuid,
+        Some("mode=0755"),
+    )?;
     mnt(Some("sysfs"), "/run/sys", Some("sysfs"), nosuid, None)?;
     let sysfs = Path::new("/run/sys");
     let (root_dev, rw_dev) = (disk(sysfs, "bulkhead-root")?, disk(sysfs, "bulkhead-rw")?);
@@ -144,13 +150,10 @@ pub fn prepare_root() -> Result<(), GuestError> {
 /// The guest has no RTC: start from the host's clock at VM start, passed on the kernel command
 /// line as `BULKHEAD_GUEST_CLOCK=<secs>.<nanos>` (behind by the boot time).
 fn set_clock() {
-    let Some((secs, nanos)) = std::env::var("BULKHEAD_GUEST_CLOCK")
-        .ok()
-        .and_then(|v| {
-            let (s, n) = v.split_once('.')?;
-            Some((s.parse::<i64>().ok()?, n.parse::<i64>().ok()?))
-        })
-    else {
+    let Some((secs, nanos)) = std::env::var("BULKHEAD_GUEST_CLOCK").ok().and_then(|v| {
+        let (s, n) = v.split_once('.')?;
+        Some((s.parse::<i64>().ok()?, n.parse::<i64>().ok()?))
+    }) else {
         return;
     };
     let ts = libc::timespec {
@@ -197,9 +200,7 @@ fn loopback_up() -> Result<(), GuestError> {
 fn port_device(name: &str) -> Option<PathBuf> {
     let dir = std::fs::read_dir("/sys/class/virtio-ports").ok()?;
     dir.flatten()
-        .find(|e| {
-            std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == name)
-        })
+        .find(|e| std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == name))
         .map(|e| Path::new("/dev").join(e.file_name()))
 }
 
@@ -218,7 +219,11 @@ pub async fn bridge(name: String, agent: PathBuf) {
         tracing::error!(port = %name, "no virtio-serial port of that name; the host cannot reach the agent");
         return;
     };
-    let file = match std::fs::OpenOptions::new().read(true).write(true).open(&dev) {
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dev)
+    {
         Ok(f) => f,
         Err(e) => {
             tracing::error!(device = %dev.display(), "cannot open the agent port: {e}");

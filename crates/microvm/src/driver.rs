@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentExit, Capabilities, AgentStream, Driver, DriverError, DriverHandle, ResourceUsage, SandboxSpec,
-    StartError,
+    AgentExit, AgentStream, Capabilities, Driver, DriverError, DriverHandle, ResourceUsage,
+    SandboxSpec, StartError,
 };
 use bulkhead_vmchan::HostSession;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -152,7 +152,12 @@ impl MicrovmDriver {
         }
     }
 
-    async fn boot(&self, spec: &SandboxSpec, slot: u32, dir: PathBuf) -> Result<VmRecord, DriverError> {
+    async fn boot(
+        &self,
+        spec: &SandboxSpec,
+        slot: u32,
+        dir: PathBuf,
+    ) -> Result<VmRecord, DriverError> {
         if !spec.rootfs.is_dir() {
             return Err(StartError::RootfsMissing.into());
         }
@@ -252,16 +257,19 @@ impl MicrovmDriver {
     /// Pauses (`stop`) or resumes (`cont`) every vCPU; both are idempotent in QEMU.
     async fn qmp(&self, h: &DriverHandle, command: &str) -> Result<(), DriverError> {
         let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
-        qmp::execute(&rec.dir.join(vm::QMP_SOCKET), &[(command, serde_json::Value::Null)])
-            .await
-            .map(|_| ())
-            .map_err(|e| {
-                if vm::alive(rec.pid, rec.pid_start_time) {
-                    DriverError::io(format!("QEMU's `{command}` failed"), e)
-                } else {
-                    DriverError::NotRunning
-                }
-            })
+        qmp::execute(
+            &rec.dir.join(vm::QMP_SOCKET),
+            &[(command, serde_json::Value::Null)],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            if vm::alive(rec.pid, rec.pid_start_time) {
+                DriverError::io(format!("QEMU's `{command}` failed"), e)
+            } else {
+                DriverError::NotRunning
+            }
+        })
     }
 
     fn output(&self, rec: &VmRecord) -> String {

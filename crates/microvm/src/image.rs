@@ -168,7 +168,15 @@ impl ImageStore {
             }
             let size_mb = bytes / (1 << 20) + 16;
             let r = run(Command::new("mkfs.ext4")
-                .args(["-q", "-F", "-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
+                .args([
+                    "-q",
+                    "-F",
+                    "-O",
+                    "^has_journal",
+                    "-E",
+                    "root_owner=0:0",
+                    "-d",
+                ])
                 .arg(&staging)
                 .arg(tmp)
                 .arg(format!("{size_mb}M")));
@@ -195,9 +203,18 @@ impl ImageStore {
         tokio::task::spawn_blocking(move || -> io::Result<()> {
             fs::create_dir_all(&dir)?;
             fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;
-            let tmp = target.with_extension("tmp");
-            let _ = fs::remove_file(&tmp);
-            build(&tmp)?;
+            // Unique per builder: another process (a second server, parallel tests) may build
+            // the same image at once; the last rename wins with identical content.
+            static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut name = target.file_name().unwrap_or_default().to_os_string();
+            name.push(format!(".{}-{n}.tmp", std::process::id()));
+            let tmp = target.with_file_name(name);
+            let r = build(&tmp);
+            if r.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            r?;
             // QEMU runs as an unprivileged uid and opens the image read-only.
             fs::set_permissions(&tmp, fs::Permissions::from_mode(0o644))?;
             fs::rename(&tmp, &target)

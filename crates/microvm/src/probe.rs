@@ -33,7 +33,10 @@ fn decide(kvm_opens: bool, cpuinfo: &str, pvm: bool) -> AccelReport {
         .filter(|l| l.starts_with("flags"))
         .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"));
     let (accel, reason) = match (kvm_opens, hw, pvm) {
-        (true, true, _) => (Accel::Kvm, "hardware KVM (/dev/kvm with VT-x/AMD-V)".to_owned()),
+        (true, true, _) => (
+            Accel::Kvm,
+            "hardware KVM (/dev/kvm with VT-x/AMD-V)".to_owned(),
+        ),
         (true, false, true) => (
             Accel::Tcg,
             "/dev/kvm is PVM (no VT-x/AMD-V; stock guest kernels do not run on it): using QEMU \

@@ -157,7 +157,10 @@ mod tests {
         assert!(a.contains("-accel tcg -cpu max"), "{a}");
         assert!(a.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny"));
         let boot = a.find("file=/c/boot.ext4").unwrap();
-        assert!(boot < a.find("file=/c/root.erofs").unwrap(), "boot disk first: {a}");
+        assert!(
+            boot < a.find("file=/c/root.erofs").unwrap(),
+            "boot disk first: {a}"
+        );
         assert!(a.contains("readonly=on,file=/c/root.erofs"));
         assert!(!a.contains("readonly=on,file=/s/3/rw.img"));
         assert!(a.contains("serial=bulkhead-rw"));
@@ -166,7 +169,10 @@ mod tests {
         assert!(a.contains("BULKHEAD_AGENT_GUEST_PORT=bulkhead.agent"));
         assert!(!a.contains(" -- "), "QEMU appends to the command line: {a}");
         assert!(a.contains("init=/agent"));
-        assert!(a.contains("BULKHEAD_GUEST_CLOCK=1700000000.250000000"), "{a}");
+        assert!(
+            a.contains("BULKHEAD_GUEST_CLOCK=1700000000.250000000"),
+            "{a}"
+        );
     }
 
     #[test]

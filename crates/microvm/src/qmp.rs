@@ -26,11 +26,8 @@ async fn run(socket: &Path, commands: &[(&str, Value)]) -> io::Result<Value> {
     // The greeting, then capabilities negotiation, then the commands.
     next_message(&mut lines).await?;
     let mut last = Value::Null;
-    let all = std::iter::once(("qmp_capabilities", Value::Null)).chain(
-        commands
-            .iter()
-            .map(|(name, args)| (*name, args.clone())),
-    );
+    let all = std::iter::once(("qmp_capabilities", Value::Null))
+        .chain(commands.iter().map(|(name, args)| (*name, args.clone())));
     for (name, args) in all {
         let mut req = json!({ "execute": name });
         if !args.is_null() {

@@ -33,11 +33,22 @@ async fn base_sandbox_runs_commands_and_files_and_leaves_nothing() {
     let d = env.driver();
     eprintln!("acceleration: {:?}", d.accel());
     let started = Instant::now();
-    let h = d.start(&env.spec_for(&base, 512, 256)).await.expect("start from base");
-    eprintln!("start (boot to agent ready): {:.2} s", started.elapsed().as_secs_f64());
+    let h = d
+        .start(&env.spec_for(&base, 512, 256))
+        .await
+        .expect("start from base");
+    eprintln!(
+        "start (boot to agent ready): {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
 
     // A command from the template, as the default user, in a VM with its own kernel.
-    let (code, out, err) = run(&d, &h, "id -un; uname -r; cat /etc/debian_version; python3 -c 'print(6*7)'").await;
+    let (code, out, err) = run(
+        &d,
+        &h,
+        "id -un; uname -r; cat /etc/debian_version; python3 -c 'print(6*7)'",
+    )
+    .await;
     assert_eq!(code, 0, "stderr: {err}");
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines[0], "user", "{out}");
@@ -57,7 +68,12 @@ async fn base_sandbox_runs_commands_and_files_and_leaves_nothing() {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
-    let (code, out, _) = run(&d, &h, "cat /home/user/hello.txt; echo made in the guest > /tmp/g.txt").await;
+    let (code, out, _) = run(
+        &d,
+        &h,
+        "cat /home/user/hello.txt; echo made in the guest > /tmp/g.txt",
+    )
+    .await;
     assert_eq!((code, out.as_str()), (0, "hello from the host\n"));
     let (status, body) = call(
         &d,
@@ -68,14 +84,23 @@ async fn base_sandbox_runs_commands_and_files_and_leaves_nothing() {
             .unwrap(),
     )
     .await;
-    assert_eq!((status, &body[..]), (StatusCode::OK, &b"made in the guest\n"[..]));
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::OK, &b"made in the guest\n"[..])
+    );
 
     // The template image is shared and read-only: a second sandbox does not see the first's
     // writes.
-    let h2 = d.start(&env.spec_for(&base, 256, 256)).await.expect("second sandbox");
+    let h2 = d
+        .start(&env.spec_for(&base, 256, 256))
+        .await
+        .expect("second sandbox");
     let (code, out, _) = run(&d, &h2, "cat /home/user/hello.txt 2>&1; echo $?").await;
     assert_eq!(code, 0);
-    assert!(out.trim_end().ends_with('1'), "the second sandbox saw the first's file: {out}");
+    assert!(
+        out.trim_end().ends_with('1'),
+        "the second sandbox saw the first's file: {out}"
+    );
 
     let u = d.usage(&h).await.expect("usage");
     eprintln!(
@@ -87,12 +112,17 @@ async fn base_sandbox_runs_commands_and_files_and_leaves_nothing() {
     // Kill: the VM is gone and nothing of it is left on the host.
     d.stop(&h).await.expect("stop");
     d.stop(&h2).await.expect("stop");
-    tokio::time::timeout(Duration::from_secs(10), d.wait(&h)).await.expect("dead");
+    tokio::time::timeout(Duration::from_secs(10), d.wait(&h))
+        .await
+        .expect("dead");
     env.assert_clean();
 }
 
 fn uname_r() -> String {
-    let out = std::process::Command::new("uname").arg("-r").output().unwrap();
+    let out = std::process::Command::new("uname")
+        .arg("-r")
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 

@@ -145,7 +145,10 @@ impl Capability {
             Capability::Qemu => runs("qemu-system-x86_64", &["--version"]),
             Capability::GuestKernel => match guest_kernel() {
                 Some(path) if path.is_file() => Ok(()),
-                Some(path) => Err(format!("{GUEST_KERNEL_ENV}={} is not a file", path.display())),
+                Some(path) => Err(format!(
+                    "{GUEST_KERNEL_ENV}={} is not a file",
+                    path.display()
+                )),
                 None => Err(format!("{GUEST_KERNEL_ENV} is not set")),
             },
         }

@@ -97,9 +97,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_refusing_guest_fails_the_open_and_a_closed_transport_too() {
-        let refuse: Acceptor = Arc::new(|| {
-            Box::pin(async { Err(std::io::Error::other("agent not listening yet")) })
-        });
+        let refuse: Acceptor =
+            Arc::new(|| Box::pin(async { Err(std::io::Error::other("agent not listening yet")) }));
         let s = pair(refuse, 7);
         match s.open().await {
             Err(ChanError::Refused(why)) => assert!(why.contains("agent not listening"), "{why}"),

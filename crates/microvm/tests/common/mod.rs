@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bulkhead_driver::{Driver, DriverHandle, SandboxSpec};
-use bulkhead_envd::connect::{CONTENT_TYPE_CONNECT_JSON, EnvelopeDecoder, StreamFrame, encode_message};
+use bulkhead_envd::connect::{
+    CONTENT_TYPE_CONNECT_JSON, EnvelopeDecoder, StreamFrame, encode_message,
+};
 use bulkhead_envd::process::process_event::Event;
 use bulkhead_envd::process::process_event::data_event::Output;
 use bulkhead_envd::process::{ProcessConfig, StartRequest, StartResponse};
@@ -69,7 +71,17 @@ fn libs(bin: &Path) -> Vec<PathBuf> {
 
 /// A minimal template tree: a few host tools, their libraries, users `root` and `user`.
 pub fn build_rootfs(root: &Path) {
-    for d in ["bin", "etc", "home/user", "root", "tmp", "proc", "dev", "sys", "run"] {
+    for d in [
+        "bin",
+        "etc",
+        "home/user",
+        "root",
+        "tmp",
+        "proc",
+        "dev",
+        "sys",
+        "run",
+    ] {
         fs::create_dir_all(root.join(d)).unwrap();
     }
     fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
@@ -90,8 +102,20 @@ pub fn build_rootfs(root: &Path) {
         "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
     )
     .unwrap();
-    fs::write(root.join("etc/group"), "root:x:0:\ntty:x:5:\nuser:x:1000:\n").unwrap();
+    fs::write(
+        root.join("etc/group"),
+        "root:x:0:\ntty:x:5:\nuser:x:1000:\n",
+    )
+    .unwrap();
     fs::write(root.join("etc/template-marker"), "from the template\n").unwrap();
+    // Fixed times make the tree's fingerprint the same in every test and run, so the shared
+    // image cache holds one test image, not one per test.
+    let status = Command::new("find")
+        .arg(root)
+        .args(["-exec", "touch", "-h", "-d", "@1700000000", "{}", "+"])
+        .status()
+        .expect("run find");
+    assert!(status.success());
 }
 
 /// One test's private world.
@@ -187,7 +211,11 @@ impl Drop for Env {
 }
 
 /// One HTTP request to the agent over `Driver::connect`; (status, body).
-pub async fn call<D: Driver>(d: &D, h: &DriverHandle, req: Request<Full<Bytes>>) -> (StatusCode, Bytes) {
+pub async fn call<D: Driver>(
+    d: &D,
+    h: &DriverHandle,
+    req: Request<Full<Bytes>>,
+) -> (StatusCode, Bytes) {
     let stream = d.connect(h).await.expect("connect to the agent");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -200,7 +228,12 @@ pub async fn call<D: Driver>(d: &D, h: &DriverHandle, req: Request<Full<Bytes>>)
         .expect("an answer in time")
         .expect("an answer");
     let status = resp.status();
-    let body = resp.into_body().collect().await.expect("the body").to_bytes();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("the body")
+        .to_bytes();
     (status, body)
 }
 
