@@ -265,7 +265,8 @@ impl HostSession {
             let shared = shared.clone();
             tokio::spawn(async move {
                 if let Err(e) = read_loop(&shared, r, None).await {
-                    tracing::warn!("agent channel closed: {e}");
+                    // Expected when the VM stops; the next connect opens a new session.
+                    tracing::debug!("agent channel closed: {e}");
                 }
                 shared.dead.store(true, Ordering::SeqCst);
                 shared.reset();
