@@ -82,7 +82,8 @@ fi
 
 # ---- host packages --------------------------------------------------------------------------
 section "Host packages"
-want=(debootstrap mmdebstrap ca-certificates curl procps util-linux hostname python3 python3-venv iproute2 openssl docker-registry)
+want=(debootstrap mmdebstrap ca-certificates curl procps util-linux hostname python3 python3-venv iproute2 openssl docker-registry
+    qemu-system-x86 erofs-utils e2fsprogs)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -170,6 +171,16 @@ if criu_bin="$(scripts/criu.sh)"; then
     echo "BULKHEAD_CRIU=$BULKHEAD_CRIU ($("$BULKHEAD_CRIU" --version | head -1))"
 else
     record "CRIU build (scripts/criu.sh)" 1
+fi
+
+# The microvm driver's guest kernel (Debian's linux-source + our config fragment, cached by
+# content hash; `#[requires(GuestKernel)]` reads BULKHEAD_GUEST_KERNEL).
+section "Guest kernel"
+if kernel_dir="$(scripts/guest-kernel.sh)"; then
+    export BULKHEAD_GUEST_KERNEL="$kernel_dir/bzImage"
+    echo "BULKHEAD_GUEST_KERNEL=$BULKHEAD_GUEST_KERNEL ($(cat "$kernel_dir/source"))"
+else
+    record "guest kernel build (scripts/guest-kernel.sh)" 1
 fi
 
 # ---- Rust -----------------------------------------------------------------------------------

@@ -78,6 +78,11 @@ pub struct Args {
     /// `127.0.0.1:49999,[::1]:49999`.
     #[arg(long, value_delimiter = ',', env = "BULKHEAD_AGENT_INTERPRETER_LISTEN")]
     pub interpreter_listen: Vec<SocketAddr>,
+    /// Guest mode (the agent is pid 1 of a microVM): build the root file system from the
+    /// VM's disks, then serve the host's streams arriving on the virtio-serial port of this
+    /// name (see `guest`). Needs `--listen unix:...`, which the streams are connected to.
+    #[arg(long, env = "BULKHEAD_AGENT_GUEST_PORT")]
+    pub guest_port: Option<String>,
 
     /// Log filter (`error`, `warn`, `info`, `debug`, `trace`, or a tracing directive list).
     #[arg(long, default_value = "info", env = "BULKHEAD_AGENT_LOG")]

@@ -6,6 +6,7 @@
 //! SDK's HTTP/1.1 requests unchanged. Module map:
 //!
 //! - [`init`]: pid-1 duties (session, reaping orphans) before the runtime starts;
+//! - [`guest`]: guest mode in a microVM (root file system set-up, the virtio-serial bridge);
 //! - [`server`]: routing by sandbox port, envd routes, access-token check;
 //! - [`connect`]: Connect protocol server glue (unary, server and client streams);
 //! - [`process`]: processes, PTYs, output streaming, exit history;
@@ -30,6 +31,7 @@ pub mod control;
 pub mod creds;
 pub mod files;
 pub mod filesystem;
+pub mod guest;
 pub mod http;
 pub mod init;
 pub mod interpreter;
@@ -147,6 +149,9 @@ pub async fn run(args: &Args) -> Result<(), ServeError> {
                 .map_err(bind_err)?;
             tracing::info!(listen = %args.listen, "agent listening");
             start_kernels();
+            if let Some(port) = &args.guest_port {
+                tokio::spawn(guest::bridge(port.clone(), path.clone()));
+            }
             // Streams (process output, watches) never end by themselves, so shutdown does not wait
             // for connections to finish: the sandbox is going away.
             tokio::select! {

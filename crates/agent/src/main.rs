@@ -6,6 +6,14 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = bulkhead_agent::Args::parse();
+    // A microVM's pid 1 first builds the root file system the launcher builds for the jail.
+    if args.guest_port.is_some()
+        && nix::unistd::getpid().as_raw() == 1
+        && let Err(e) = bulkhead_agent::guest::prepare_root()
+    {
+        eprintln!("bulkhead-agent: {}", bulkhead_agent::error_chain(&e));
+        return ExitCode::FAILURE;
+    }
     // Before any thread exists: as pid 1, fork the server and stay behind as the reaper.
     bulkhead_agent::init::become_init_if_pid1();
 

@@ -8,11 +8,18 @@ use std::time::Duration;
 
 use bulkhead_engine::{AdmissionLimits, PoolConfig, PoolLimits};
 use bulkhead_server::{
-    BuiltTemplate, KeyBootstrap, NetworkConfig, NetworkDefault, Server, ServerConfig, TemplateSize,
-    default_pools,
+    BuiltTemplate, DriverKind, KeyBootstrap, NetworkConfig, NetworkDefault, Server, ServerConfig,
+    TemplateSize, default_pools,
 };
 
 use crate::args::DataArgs;
+
+/// `--driver`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DriverArg {
+    Jail,
+    Microvm,
+}
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
@@ -75,6 +82,13 @@ pub struct ServeArgs {
     /// CPUs of `base` sandboxes.
     #[arg(long, default_value_t = 2)]
     pub cpu_count: u32,
+    /// What runs the sandboxes: `jail` (Linux namespaces on this kernel) or `microvm` (a QEMU
+    /// microVM each, with its own kernel; needs --guest-kernel; see docs/microvm.md).
+    #[arg(long, env = "BULKHEAD_DRIVER", value_enum, default_value_t = DriverArg::Jail)]
+    pub driver: DriverArg,
+    /// The microvm driver's guest kernel: `$(scripts/guest-kernel.sh)/bzImage`.
+    #[arg(long, env = "BULKHEAD_GUEST_KERNEL")]
+    pub guest_kernel: Option<std::path::PathBuf>,
     /// CRIU 4.2+ binary for pause, resume, snapshots and fork (`scripts/criu.sh` builds one
     /// and prints its path). Without it those answer with how to enable them.
     #[arg(long, env = "BULKHEAD_CRIU")]
@@ -179,6 +193,11 @@ impl ServeArgs {
             // Filled by `run` from `--registry-*`: reading the auth file can fail.
             registry: Default::default(),
             sandbox_domain: self.sandbox_domain.clone(),
+            driver: match self.driver {
+                DriverArg::Jail => DriverKind::Jail,
+                DriverArg::Microvm => DriverKind::Microvm,
+            },
+            guest_kernel: self.guest_kernel.clone(),
             network: NetworkConfig {
                 default: match net.network_default {
                     crate::netargs::NetworkDefault::Deny => NetworkDefault::Deny,

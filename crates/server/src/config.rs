@@ -97,11 +97,29 @@ pub struct ServerConfig {
     pub registry: bulkhead_images::oci::RegistryConfig,
     /// Domain whose `{port}-{id}.{domain}` hosts reach sandbox ports (`--sandbox-domain`).
     pub sandbox_domain: Option<String>,
+    /// Which driver runs the sandboxes (`--driver`).
+    pub driver: DriverKind,
+    /// The microvm driver's guest kernel (`--guest-kernel`; `scripts/guest-kernel.sh`).
+    pub guest_kernel: Option<PathBuf>,
+}
+
+/// The isolation driver of a server's sandboxes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DriverKind {
+    /// Linux namespaces on the host kernel (`bulkhead-jail`).
+    #[default]
+    Jail,
+    /// A QEMU microVM per sandbox (`bulkhead-microvm`, docs/microvm.md).
+    Microvm,
 }
 
 /// A configuration the server cannot start with.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    #[error(
+        "--driver microvm needs a guest kernel: pass --guest-kernel $(scripts/guest-kernel.sh)/bzImage"
+    )]
+    NoGuestKernel,
     #[error("unknown template {name:?}: the built-in templates are: {builtin}")]
     UnknownTemplate { name: String, builtin: String },
     #[error("no template selected: pass --templates with some of: {0}")]
@@ -145,6 +163,9 @@ impl ServerConfig {
     /// Checks everything that can be checked without touching the host.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.recipes()?;
+        if self.driver == DriverKind::Microvm && self.guest_kernel.is_none() {
+            return Err(ConfigError::NoGuestKernel);
+        }
         parse_overrides(&self.network.resolve)?;
         if self.max_sandboxes == 0 {
             return Err(ConfigError::NoSandboxes);
@@ -351,6 +372,8 @@ mod tests {
             },
             volume_max_bytes: 1 << 30,
             registry: Default::default(),
+            driver: DriverKind::Jail,
+            guest_kernel: None,
         }
     }
 
@@ -393,6 +416,15 @@ mod tests {
                 .iter()
                 .all(|r| r.extra_ca_bundle == c.extra_ca_bundle)
         );
+    }
+
+    #[test]
+    fn the_microvm_driver_needs_a_guest_kernel() {
+        let mut c = config();
+        c.driver = DriverKind::Microvm;
+        assert!(matches!(c.validate(), Err(ConfigError::NoGuestKernel)));
+        c.guest_kernel = Some("/k/bzImage".into());
+        c.validate().unwrap();
     }
 
     #[test]

@@ -12,7 +12,8 @@ mod network;
 mod server;
 
 pub use config::{
-    ConfigError, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize, default_pools,
+    ConfigError, DriverKind, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize,
+    default_pools,
 };
 pub use network::NetworkSetupError;
 pub use server::{BuiltTemplate, KeyBootstrap, Prepared, Server, StartError};

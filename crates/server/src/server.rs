@@ -9,13 +9,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bulkhead_driver::Driver;
 use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
 use bulkhead_images::{ImageCache, TemplateRecipe};
 use bulkhead_jail::{JailConfig, JailDriver};
 use bulkhead_store::Store;
 use tokio::task::JoinHandle;
 
-use crate::config::{ConfigError, ServerConfig};
+use crate::config::{ConfigError, DriverKind, ServerConfig};
 use crate::network::{self, NetworkSetupError};
 
 /// How often idmapped template views no sandbox uses are dropped.
@@ -53,6 +54,8 @@ pub enum StartError {
     Network(#[from] NetworkSetupError),
     #[error("cannot initialise the jail driver")]
     Driver(#[source] bulkhead_jail::JailError),
+    #[error("cannot initialise the microvm driver")]
+    Microvm(#[source] bulkhead_microvm::MicrovmError),
     /// Registering a template failed (the engine's error says why).
     #[error(transparent)]
     Template(bulkhead_engine::EngineError),
@@ -98,7 +101,8 @@ pub struct Prepared {
 /// A running server: the engine, its driver and the background timers.
 pub struct Server {
     engine: Arc<Engine>,
-    driver: Arc<JailDriver>,
+    /// The jail driver, when it runs the sandboxes (its views and cgroups are tidied).
+    jail: Option<Arc<JailDriver>>,
     pruner: JoinHandle<()>,
     listen: SocketAddr,
     /// Sandboxes of the previous run that were re-adopted.
@@ -190,10 +194,12 @@ impl Server {
     pub async fn shutdown(self) {
         self.pruner.abort();
         self.engine.shutdown().await;
-        if let Err(e) = self.driver.prune_lowers() {
-            tracing::warn!(error = %e, "pruning idmapped template views failed");
+        if let Some(jail) = &self.jail {
+            if let Err(e) = jail.prune_lowers() {
+                tracing::warn!(error = %e, "pruning idmapped template views failed");
+            }
+            jail.release_cgroup_parent();
         }
-        self.driver.release_cgroup_parent();
     }
 }
 
@@ -224,24 +230,54 @@ impl Prepared {
             return Err(StartError::AgentMissing(agent));
         }
         let net = network::setup(&config.network, &config.data_dir, &store)?;
-        let driver = JailDriver::new(JailConfig {
-            state_dir: config.data_dir.join("jail"),
-            agent_binary: agent,
-            launcher: vec![exe.into_os_string(), "__jail-launch".into()],
-            agent_args: vec![
-                "--max-background-processes".into(),
-                config.max_background_processes.to_string(),
-            ],
-            uid_base: config.uid_base,
-            max_slots: config.slots(),
-            cgroup_parent: cgroup_parent(&config.data_dir),
-            start_timeout: Duration::from_secs(10),
-            sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
-            nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
-            criu: usable_criu(config.criu.as_deref()),
-        })
-        .map_err(StartError::Driver)?;
-        let driver = Arc::new(driver);
+        let (driver, jail): (Arc<dyn Driver>, _) = match config.driver {
+            DriverKind::Jail => {
+                let jail = Arc::new(
+                    JailDriver::new(JailConfig {
+                        state_dir: config.data_dir.join("jail"),
+                        agent_binary: agent,
+                        launcher: vec![exe.into_os_string(), "__jail-launch".into()],
+                        agent_args: vec![
+                            "--max-background-processes".into(),
+                            config.max_background_processes.to_string(),
+                        ],
+                        uid_base: config.uid_base,
+                        max_slots: config.slots(),
+                        cgroup_parent: cgroup_parent(&config.data_dir),
+                        start_timeout: Duration::from_secs(10),
+                        sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
+                        nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
+                        criu: usable_criu(config.criu.as_deref()),
+                    })
+                    .map_err(StartError::Driver)?,
+                );
+                (jail.clone(), Some(jail))
+            }
+            DriverKind::Microvm => {
+                let kernel = config
+                    .guest_kernel
+                    .clone()
+                    .ok_or(ConfigError::NoGuestKernel)?;
+                // VM images sit next to the template cache, not in it (it lists its own).
+                let images = config.image_cache_dir();
+                let cache = images.parent().unwrap_or(&images).to_path_buf();
+                let mut cfg = bulkhead_microvm::MicrovmConfig::new(
+                    config.data_dir.join("microvm"),
+                    cache,
+                    kernel,
+                    agent,
+                );
+                cfg.max_slots = config.slots();
+                let vm = bulkhead_microvm::MicrovmDriver::new(cfg).map_err(StartError::Microvm)?;
+                let accel = vm.accel();
+                if accel.accel == bulkhead_microvm::Accel::Tcg {
+                    tracing::warn!(reason = %accel.reason, "microvm driver without KVM");
+                } else {
+                    tracing::info!(reason = %accel.reason, "microvm driver");
+                }
+                (Arc::new(vm), None)
+            }
+        };
         let engine = Engine::new(
             store,
             driver.clone(),
@@ -296,20 +332,21 @@ impl Prepared {
         engine.start_background();
         // Idmapped template views are kept per slot for fast starts; drop the unused ones now
         // and then so replaced templates do not stay mounted.
-        let pruner = driver.clone();
+        let pruned = jail.clone();
         let pruner = tokio::spawn(async move {
+            let Some(pruned) = pruned else { return };
             let mut tick = tokio::time::interval(PRUNE_INTERVAL);
             tick.tick().await;
             loop {
                 tick.tick().await;
-                if let Err(e) = pruner.prune_lowers() {
+                if let Err(e) = pruned.prune_lowers() {
                     tracing::warn!(error = %e, "pruning idmapped template views failed");
                 }
             }
         });
         Ok(Server {
             engine,
-            driver,
+            jail,
             pruner,
             listen: config.listen,
             readopted,

@@ -17,5 +17,12 @@ const CAPABILITIES: &[(&str, &str)] = &[
         "a PEM bundle to trust (BULKHEAD_TEST_EXTRA_CA)",
     ),
     ("Criu", "CRIU 4.2+ (`$BULKHEAD_CRIU` or `criu`)"),
-    ("Qemu", "QEMU with KVM (`qemu-system-x86_64`, /dev/kvm)"),
+    (
+        "Qemu",
+        "QEMU (`qemu-system-x86_64`; KVM when the host has it, TCG otherwise)",
+    ),
+    (
+        "GuestKernel",
+        "the microvm guest kernel (BULKHEAD_GUEST_KERNEL, from scripts/guest-kernel.sh)",
+    ),
 ];

@@ -48,8 +48,10 @@ pub enum Capability {
     ExtraCaBundle,
     /// The `criu` binary runs.
     Criu,
-    /// `qemu-system-x86_64` runs and `/dev/kvm` opens.
+    /// `qemu-system-x86_64` runs (the microvm driver falls back to TCG without KVM).
     Qemu,
+    /// `BULKHEAD_GUEST_KERNEL` names the guest kernel's `bzImage` ([`guest_kernel`]).
+    GuestKernel,
 }
 
 /// Where the Jupyter kernel venv is when `BULKHEAD_TEST_KERNEL_VENV` is not set.
@@ -60,6 +62,14 @@ pub const EXTRA_CA_ENV: &str = "BULKHEAD_TEST_EXTRA_CA";
 /// The CRIU binary the tests use (scripts/criu.sh prints its path); `criu` on PATH otherwise.
 pub const CRIU_ENV: &str = "BULKHEAD_CRIU";
 
+/// The microvm driver's guest kernel (`<dir printed by scripts/guest-kernel.sh>/bzImage`).
+pub const GUEST_KERNEL_ENV: &str = "BULKHEAD_GUEST_KERNEL";
+
+/// The guest kernel for microvm tests: `$BULKHEAD_GUEST_KERNEL`.
+pub fn guest_kernel() -> Option<std::path::PathBuf> {
+    std::env::var_os(GUEST_KERNEL_ENV).map(std::path::PathBuf::from)
+}
+
 /// The CRIU binary for tests that checkpoint: `$BULKHEAD_CRIU`, else `criu` from PATH.
 pub fn criu_binary() -> std::path::PathBuf {
     std::env::var_os(CRIU_ENV)
@@ -68,7 +78,7 @@ pub fn criu_binary() -> std::path::PathBuf {
 }
 
 impl Capability {
-    pub const ALL: [Capability; 7] = [
+    pub const ALL: [Capability; 8] = [
         Capability::Root,
         Capability::Tun,
         Capability::KernelVenv,
@@ -76,6 +86,7 @@ impl Capability {
         Capability::ExtraCaBundle,
         Capability::Criu,
         Capability::Qemu,
+        Capability::GuestKernel,
     ];
 
     /// What the test needs, as its `#[ignore]` reason says it.
@@ -131,9 +142,15 @@ impl Capability {
                 let bin = criu_binary();
                 runs(&bin.to_string_lossy(), &["--version"])
             }
-            Capability::Qemu => {
-                runs("qemu-system-x86_64", &["--version"]).and_then(|()| open_rw("/dev/kvm"))
-            }
+            Capability::Qemu => runs("qemu-system-x86_64", &["--version"]),
+            Capability::GuestKernel => match guest_kernel() {
+                Some(path) if path.is_file() => Ok(()),
+                Some(path) => Err(format!(
+                    "{GUEST_KERNEL_ENV}={} is not a file",
+                    path.display()
+                )),
+                None => Err(format!("{GUEST_KERNEL_ENV} is not set")),
+            },
         }
     }
 
@@ -164,9 +181,11 @@ impl Capability {
                 "build CRIU 4.2+ with `scripts/criu.sh` and point {CRIU_ENV} at the path it \
                  prints (Debian 12's criu 3.17 does not work on kernels >= 6.x)"
             ),
-            Capability::Qemu => {
-                "`apt-get install qemu-system-x86` on a host with KVM (/dev/kvm)".to_owned()
-            }
+            Capability::Qemu => "`apt-get install qemu-system-x86`".to_owned(),
+            Capability::GuestKernel => format!(
+                "`export {GUEST_KERNEL_ENV}=$(scripts/guest-kernel.sh)/bzImage` (scripts/test.sh \
+                 does)"
+            ),
         }
     }
 }

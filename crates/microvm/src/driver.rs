@@ -1,0 +1,442 @@
+//! [`MicrovmDriver`]: the [`Driver`] trait over QEMU microVMs.
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bulkhead_driver::{
+    AgentExit, AgentStream, Capabilities, Driver, DriverError, DriverHandle, ResourceUsage,
+    SandboxSpec, StartError,
+};
+use bulkhead_vmchan::HostSession;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::image::{self, ImageStore};
+use crate::probe::{self, AccelReport};
+use crate::qemu::VmSpec;
+use crate::qmp;
+use crate::vm::{self, VmRecord};
+use crate::{MicrovmConfig, MicrovmError};
+
+const NAME: &str = "microvm";
+
+/// The host side of one running VM this driver instance knows.
+struct Vm {
+    record: VmRecord,
+    /// The agent channel, (re)connected on demand.
+    session: tokio::sync::Mutex<Option<Arc<HostSession>>>,
+}
+
+pub struct MicrovmDriver {
+    cfg: MicrovmConfig,
+    accel: AccelReport,
+    images: ImageStore,
+    vms: Mutex<HashMap<u32, Arc<Vm>>>,
+}
+
+impl MicrovmDriver {
+    pub fn new(cfg: MicrovmConfig) -> Result<MicrovmDriver, MicrovmError> {
+        if !cfg.kernel.is_file() {
+            return Err(MicrovmError::Config(format!(
+                "the guest kernel {} does not exist: build it with scripts/guest-kernel.sh",
+                cfg.kernel.display()
+            )));
+        }
+        if !cfg.agent_binary.is_file() {
+            return Err(MicrovmError::Config(format!(
+                "the agent binary {} does not exist: build bulkhead-agent",
+                cfg.agent_binary.display()
+            )));
+        }
+        let slots = cfg.state_dir.join("s");
+        fs::create_dir_all(&slots).map_err(|e| MicrovmError::io("create the state dir", e))?;
+        for d in [&cfg.state_dir, &slots] {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o711))
+                .map_err(|e| MicrovmError::io("set the state dir's mode", e))?;
+        }
+        let accel = match cfg.accel {
+            Some(a) => AccelReport {
+                accel: a,
+                reason: "chosen by configuration".into(),
+            },
+            None => probe::detect(),
+        };
+        let images = ImageStore::new(&cfg.cache_dir);
+        Ok(MicrovmDriver {
+            cfg,
+            accel,
+            images,
+            vms: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The acceleration in use and why (for start-up logs and `doctor`).
+    pub fn accel(&self) -> &AccelReport {
+        &self.accel
+    }
+
+    fn slot_dir(&self, slot: u32) -> PathBuf {
+        self.cfg.state_dir.join("s").join(slot.to_string())
+    }
+
+    fn vms(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Vm>>> {
+        self.vms.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claims a free slot by creating its directory.
+    fn claim_slot(&self) -> Result<(u32, PathBuf), DriverError> {
+        for slot in 0..self.cfg.max_slots {
+            let dir = self.slot_dir(slot);
+            match fs::create_dir(&dir) {
+                Ok(()) => return Ok((slot, dir)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(DriverError::io("create a slot directory", e)),
+            }
+        }
+        Err(StartError::NoFreeSlot {
+            max: self.cfg.max_slots,
+        }
+        .into())
+    }
+
+    /// The record of a handle of this driver whose VM is still running.
+    fn live_record(&self, h: &DriverHandle) -> Option<VmRecord> {
+        if h.driver != NAME || !h.is_readable() {
+            return None;
+        }
+        let rec: VmRecord = serde_json::from_value(h.data.clone()).ok()?;
+        let on_disk = VmRecord::load(&rec.dir)?;
+        (on_disk == rec
+            && rec.pid == h.pid
+            && rec.pid_start_time == h.pid_start_time
+            && vm::alive(rec.pid, rec.pid_start_time))
+        .then_some(rec)
+    }
+
+    fn vm_for(&self, rec: VmRecord) -> Arc<Vm> {
+        self.vms()
+            .entry(rec.slot)
+            .and_modify(|v| {
+                if v.record != rec {
+                    *v = new_vm(rec.clone());
+                }
+            })
+            .or_insert_with(|| new_vm(rec.clone()))
+            .clone()
+    }
+
+    async fn open_stream(&self, vm: &Vm) -> Result<AgentStream, DriverError> {
+        let mut guard = vm.session.lock().await;
+        let session = match guard.as_ref().filter(|s| s.is_alive()) {
+            Some(s) => s.clone(),
+            None => {
+                let path = vm.record.dir.join(vm::AGENT_SOCKET);
+                let s = tokio::net::UnixStream::connect(&path)
+                    .await
+                    .map_err(DriverError::Connect)?;
+                let (r, w) = s.into_split();
+                let id = session_id();
+                let s = Arc::new(HostSession::start(r, w, id));
+                *guard = Some(s.clone());
+                s
+            }
+        };
+        drop(guard);
+        match session.open().await {
+            Ok(s) => Ok(Box::new(s)),
+            Err(e) => Err(DriverError::Connect(std::io::Error::other(e))),
+        }
+    }
+
+    async fn boot(
+        &self,
+        spec: &SandboxSpec,
+        slot: u32,
+        dir: PathBuf,
+    ) -> Result<VmRecord, DriverError> {
+        if !spec.rootfs.is_dir() {
+            return Err(StartError::RootfsMissing.into());
+        }
+        let root_disk = self.images.template_image(&spec.rootfs).await?;
+        let boot_disk = self.images.boot_image(&self.cfg.agent_binary).await?;
+        let uid = self.cfg.uid_base + slot;
+        let (agent_socket, qmp_socket, console_log, rw_disk) = vm::spec_paths(&dir);
+        let setup = |e| DriverError::io("prepare the sandbox's slot directory", e);
+        image::writable_disk(&rw_disk, self.cfg.disk_mb).map_err(setup)?;
+        std::os::unix::fs::chown(&rw_disk, Some(uid), Some(uid)).map_err(setup)?;
+        std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).map_err(setup)?;
+        fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(setup)?;
+        let vm_spec = VmSpec {
+            kernel: self.cfg.kernel.clone(),
+            boot_disk,
+            root_disk,
+            rw_disk,
+            agent_socket,
+            qmp_socket,
+            console_log,
+            cpus: spec.cpu_count.max(1),
+            memory_mb: spec.memory_mb,
+            accel: self.accel.accel,
+            agent_log: self.cfg.agent_log.clone(),
+            clock: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default(),
+        };
+        let mut child = vm::spawn(&self.cfg.qemu, &vm_spec, &dir, uid, uid).map_err(|e| {
+            DriverError::io(
+                format!(
+                    "start {} (install qemu-system-x86)",
+                    self.cfg.qemu.display()
+                ),
+                e,
+            )
+        })?;
+        let pid = child.id().map(|p| p as i32).unwrap_or(0);
+        let pid_start_time = bulkhead_jail::sys::proc_start_time(pid)
+            .map_err(|e| DriverError::io("read QEMU's start time", e))?;
+        // Reap QEMU whenever it ends; liveness is judged from /proc and pidfds.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        let record = VmRecord {
+            dir: dir.clone(),
+            pid,
+            pid_start_time,
+            slot,
+            memory_mb: spec.memory_mb,
+            cpus: spec.cpu_count.max(1),
+            disk_mb: self.cfg.disk_mb,
+            accel: format!("{:?}", self.accel.accel).to_lowercase(),
+        };
+        record
+            .store()
+            .map_err(|e| DriverError::io("write the VM record", e))?;
+        Ok(record)
+    }
+
+    /// Waits until the agent answers `GET /health` through the channel.
+    async fn wait_ready(&self, vm: &Vm) -> Result<(), DriverError> {
+        let deadline = Instant::now() + self.cfg.start_timeout;
+        let rec = &vm.record;
+        loop {
+            if !vm::alive(rec.pid, rec.pid_start_time) {
+                return Err(StartError::AgentExited {
+                    exit: AgentExit::Unknown,
+                    output: self.output(rec),
+                }
+                .into());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(StartError::AgentTimeout {
+                    timeout: self.cfg.start_timeout,
+                    output: self.output(rec),
+                }
+                .into());
+            }
+            let attempt = async {
+                let mut s = self.open_stream(vm).await.ok()?;
+                s.write_all(b"GET /health HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n")
+                    .await
+                    .ok()?;
+                let mut buf = Vec::new();
+                s.read_to_end(&mut buf).await.ok()?;
+                buf.starts_with(b"HTTP/1.1 2").then_some(())
+            };
+            match tokio::time::timeout(left.min(Duration::from_secs(5)), attempt).await {
+                Ok(Some(())) => return Ok(()),
+                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+
+    /// Pauses (`stop`) or resumes (`cont`) every vCPU; both are idempotent in QEMU.
+    async fn qmp(&self, h: &DriverHandle, command: &str) -> Result<(), DriverError> {
+        let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
+        qmp::execute(
+            &rec.dir.join(vm::QMP_SOCKET),
+            &[(command, serde_json::Value::Null)],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            if vm::alive(rec.pid, rec.pid_start_time) {
+                DriverError::io(format!("QEMU's `{command}` failed"), e)
+            } else {
+                DriverError::NotRunning
+            }
+        })
+    }
+
+    fn output(&self, rec: &VmRecord) -> String {
+        let qemu = vm::tail(&rec.dir.join(vm::QEMU_LOG), 1000);
+        let console = vm::tail(&rec.dir.join(vm::CONSOLE_LOG), 2000);
+        format!("qemu: {qemu}; console: {console}")
+    }
+
+    /// Kills the VM (if it still runs) and removes its slot directory.
+    async fn teardown(&self, rec: &VmRecord) {
+        vm::kill(rec.pid, rec.pid_start_time).await;
+        {
+            let mut vms = self.vms();
+            if vms.get(&rec.slot).is_some_and(|v| v.record == *rec) {
+                vms.remove(&rec.slot);
+            }
+        }
+        let _ = fs::remove_dir_all(&rec.dir);
+    }
+}
+
+fn new_vm(record: VmRecord) -> Arc<Vm> {
+    Arc::new(Vm {
+        record,
+        session: tokio::sync::Mutex::new(None),
+    })
+}
+
+/// A session id unlikely to repeat across server runs (stream ids derive from it).
+fn session_id() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+#[async_trait]
+impl Driver for MicrovmDriver {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            freeze: true,
+            ..Capabilities::default()
+        }
+    }
+
+    async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        let (slot, dir) = self.claim_slot()?;
+        let rec = match self.boot(spec, slot, dir.clone()).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let vm = self.vm_for(rec.clone());
+        if let Err(e) = self.wait_ready(&vm).await {
+            self.teardown(&rec).await;
+            return Err(e);
+        }
+        let data = serde_json::to_value(&rec)
+            .map_err(|e| DriverError::io("encode the handle", std::io::Error::other(e)))?;
+        Ok(DriverHandle::new(
+            NAME,
+            rec.pid,
+            rec.pid_start_time,
+            slot,
+            data,
+        ))
+    }
+
+    async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        let Ok(rec) = serde_json::from_value::<VmRecord>(h.data.clone()) else {
+            return Ok(());
+        };
+        // Only a slot that still records this VM is ours to clean; a reused slot is not.
+        if VmRecord::load(&rec.dir).is_some_and(|r| r != rec) {
+            return Ok(());
+        }
+        self.teardown(&rec).await;
+        Ok(())
+    }
+
+    async fn wait(&self, h: &DriverHandle) {
+        let Some(fd) = vm::pidfd(h.pid, h.pid_start_time) else {
+            return;
+        };
+        vm::exited(fd).await;
+    }
+
+    async fn adopt(&self, h: &DriverHandle) -> bool {
+        match self.live_record(h) {
+            Some(rec) => {
+                self.vm_for(rec);
+                true
+            }
+            None => false,
+        }
+    }
+
+    async fn connect(&self, h: &DriverHandle) -> Result<AgentStream, DriverError> {
+        let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
+        let vm = self.vm_for(rec);
+        self.open_stream(&vm).await
+    }
+
+    async fn freeze(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        self.qmp(h, "stop").await
+    }
+
+    async fn thaw(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        self.qmp(h, "cont").await
+    }
+
+    async fn usage(&self, h: &DriverHandle) -> Result<ResourceUsage, DriverError> {
+        let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
+        let (cpu_ns, rss, threads) =
+            vm::proc_usage(rec.pid).map_err(|_| DriverError::NotRunning)?;
+        let disk = fs::metadata(rec.dir.join(vm::RW_DISK))
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+            .unwrap_or(0);
+        Ok(ResourceUsage {
+            cpu_usage_ns: cpu_ns,
+            // The VMM's resident memory: what the host pays for the sandbox.
+            mem_used_bytes: rss,
+            mem_cache_bytes: 0,
+            mem_limit_bytes: rec.memory_mb << 20,
+            disk_used_bytes: disk,
+            disk_total_bytes: rec.disk_mb << 20,
+            // Host tasks of the VM (QEMU's threads); the guest's own processes are not counted.
+            pids_current: threads,
+        })
+    }
+
+    async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
+        let slots = self.cfg.state_dir.join("s");
+        let entries = fs::read_dir(&slots).map_err(|e| DriverError::io("list the slots", e))?;
+        let mut reclaimed = 0;
+        for e in entries.flatten() {
+            let dir = e.path();
+            let Some(rec) = VmRecord::load(&dir) else {
+                // A start that died before writing its record; nothing runs there.
+                if e.metadata().is_ok_and(|m| {
+                    m.modified()
+                        .ok()
+                        .and_then(|t| t.elapsed().ok())
+                        .is_some_and(|age| age > self.cfg.start_timeout)
+                }) {
+                    let _ = fs::remove_dir_all(&dir);
+                }
+                continue;
+            };
+            let kept = keep.iter().any(|h| {
+                h.driver == NAME && h.pid == rec.pid && h.pid_start_time == rec.pid_start_time
+            });
+            if kept {
+                continue;
+            }
+            if vm::alive(rec.pid, rec.pid_start_time) {
+                reclaimed += 1;
+            }
+            self.teardown(&rec).await;
+        }
+        Ok(reclaimed)
+    }
+}

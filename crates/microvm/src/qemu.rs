@@ -1,0 +1,185 @@
+//! The QEMU command line of one sandbox VM: the `microvm` machine with direct kernel boot and
+//! no firmware, PCI or ACPI; three virtio-blk disks (boot, template, writable), the agent's
+//! virtio-serial port on a host Unix socket, virtio-rng, QMP; QEMU's own seccomp filter.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+/// Name of the virtio-serial port the agent serves its streams on.
+pub const AGENT_PORT: &str = "bulkhead.agent";
+/// Path of the agent's Unix socket inside the guest.
+pub const GUEST_AGENT_SOCKET: &str = "/run/bulkhead/agent.sock";
+
+/// How QEMU executes guest code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualization through `/dev/kvm` (VT-x / AMD-V).
+    Kvm,
+    /// QEMU's software emulation: works everywhere, slowly. For testing.
+    Tcg,
+}
+
+/// Everything the command line depends on.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    pub kernel: PathBuf,
+    pub boot_disk: PathBuf,
+    pub root_disk: PathBuf,
+    pub rw_disk: PathBuf,
+    /// Host end of the agent's virtio-serial port (QEMU listens).
+    pub agent_socket: PathBuf,
+    pub qmp_socket: PathBuf,
+    pub console_log: PathBuf,
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub accel: Accel,
+    pub agent_log: String,
+    /// The host's wall clock when QEMU starts (the guest has no RTC; see the agent's guest
+    /// mode).
+    pub clock: std::time::Duration,
+}
+
+fn drive(args: &mut Vec<OsString>, id: &str, file: &Path, readonly: bool) {
+    let mut d = OsString::from(format!("id={id},format=raw,if=none,"));
+    if readonly {
+        d.push("readonly=on,");
+    }
+    d.push("file=");
+    d.push(file);
+    args.extend([
+        "-drive".into(),
+        d,
+        "-device".into(),
+        format!("virtio-blk-device,drive={id},serial=bulkhead-{id}").into(),
+    ]);
+}
+
+/// The arguments after the `qemu-system-x86_64` program name.
+pub fn args(s: &VmSpec) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |xs: &[&str]| a.extend(xs.iter().map(OsString::from));
+    // acpi=off makes QEMU list the virtio-mmio devices on the kernel command line (the kernel
+    // has no ACPI); the PIT must stay on under TCG or the TSC calibration hangs.
+    push(&[
+        "-M",
+        "microvm,x-option-roms=off,rtc=off,acpi=off",
+        "-nodefaults",
+        "-no-user-config",
+        "-nographic",
+        "-no-reboot",
+    ]);
+    match s.accel {
+        Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host,-arch-capabilities"]),
+        Accel::Tcg => push(&["-accel", "tcg", "-cpu", "max"]),
+    }
+    let (mem, cpus) = (format!("{}M", s.memory_mb), s.cpus.max(1).to_string());
+    push(&["-m", &mem, "-smp", &cpus]);
+    // QEMU's own seccomp filter: no exec, no privilege changes, no obsolete syscalls.
+    push(&[
+        "-sandbox",
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+    ]);
+    let mut serial = OsString::from("file:");
+    serial.push(&s.console_log);
+    a.extend(["-serial".into(), serial]);
+    a.extend(["-kernel".into(), s.kernel.clone().into_os_string()]);
+    // The agent's settings go as `NAME=value` parameters, which the kernel hands to init as
+    // environment variables: not as arguments after `--`, because QEMU appends its
+    // `virtio_mmio.device=` entries to the end of the command line. The agent clears its
+    // children's environment, so these do not leak into sandbox processes. panic=-1 plus
+    // -no-reboot: when the agent (pid 1) exits, the kernel panics and QEMU exits.
+    let cmdline = format!(
+        "console=ttyS0 quiet panic=-1 root=/dev/vda ro rootfstype=ext4 init=/agent \
+         BULKHEAD_AGENT_LOG={} BULKHEAD_AGENT_LISTEN=unix:{GUEST_AGENT_SOCKET} \
+         BULKHEAD_AGENT_GUEST_PORT={AGENT_PORT} BULKHEAD_GUEST_CLOCK={}.{:09}",
+        s.agent_log,
+        s.clock.as_secs(),
+        s.clock.subsec_nanos()
+    );
+    a.extend(["-append".into(), cmdline.into()]);
+    // The boot disk first: the kernel names it /dev/vda (root=). The agent finds the others by
+    // their serial.
+    drive(&mut a, "boot", &s.boot_disk, true);
+    drive(&mut a, "root", &s.root_disk, true);
+    drive(&mut a, "rw", &s.rw_disk, false);
+    let mut chardev = OsString::from("socket,id=agent,server=on,wait=off,path=");
+    chardev.push(&s.agent_socket);
+    a.extend([
+        "-device".into(),
+        "virtio-serial-device".into(),
+        "-chardev".into(),
+        chardev,
+        "-device".into(),
+        format!("virtserialport,chardev=agent,name={AGENT_PORT}").into(),
+        "-device".into(),
+        "virtio-rng-device".into(),
+    ]);
+    let mut qmp = OsString::from("unix:");
+    qmp.push(&s.qmp_socket);
+    qmp.push(",server=on,wait=off");
+    a.extend(["-qmp".into(), qmp]);
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> VmSpec {
+        VmSpec {
+            kernel: "/k/bzImage".into(),
+            boot_disk: "/c/boot.ext4".into(),
+            root_disk: "/c/root.erofs".into(),
+            rw_disk: "/s/3/rw.img".into(),
+            agent_socket: "/s/3/agent.sock".into(),
+            qmp_socket: "/s/3/qmp.sock".into(),
+            console_log: "/s/3/console.log".into(),
+            cpus: 2,
+            memory_mb: 256,
+            accel: Accel::Tcg,
+            agent_log: "warn".into(),
+            clock: std::time::Duration::from_millis(1_700_000_000_250),
+        }
+    }
+
+    fn joined(s: &VmSpec) -> String {
+        args(s)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    #[test]
+    fn limits_disks_and_channels_are_on_the_command_line() {
+        let a = joined(&spec());
+        assert!(a.contains("-m 256M -smp 2"), "{a}");
+        assert!(a.contains("-accel tcg -cpu max"), "{a}");
+        assert!(a.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny"));
+        let boot = a.find("file=/c/boot.ext4").unwrap();
+        assert!(
+            boot < a.find("file=/c/root.erofs").unwrap(),
+            "boot disk first: {a}"
+        );
+        assert!(a.contains("readonly=on,file=/c/root.erofs"));
+        assert!(!a.contains("readonly=on,file=/s/3/rw.img"));
+        assert!(a.contains("serial=bulkhead-rw"));
+        assert!(a.contains("socket,id=agent,server=on,wait=off,path=/s/3/agent.sock"));
+        assert!(a.contains("virtserialport,chardev=agent,name=bulkhead.agent"));
+        assert!(a.contains("BULKHEAD_AGENT_GUEST_PORT=bulkhead.agent"));
+        assert!(!a.contains(" -- "), "QEMU appends to the command line: {a}");
+        assert!(a.contains("init=/agent"));
+        assert!(
+            a.contains("BULKHEAD_GUEST_CLOCK=1700000000.250000000"),
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn kvm_uses_the_host_cpu() {
+        let mut s = spec();
+        s.accel = Accel::Kvm;
+        // -cpu host alone aborts on PVM hosts (MSR 0x10a); harmless elsewhere.
+        assert!(joined(&s).contains("-accel kvm -cpu host,-arch-capabilities"));
+    }
+}

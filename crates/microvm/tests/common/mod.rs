@@ -1,0 +1,277 @@
+//! Shared harness for the microvm integration tests: a small template tree made of host tools,
+//! a private state dir and uid range per test, the real `bulkhead-agent` in the guest, an HTTP
+//! client over `Driver::connect`, and leak checks. The tests are gated with
+//! `#[requires(Root, Qemu, GuestKernel)]`; they run under TCG where the host has no usable KVM.
+
+#![allow(dead_code)]
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bulkhead_driver::{Driver, DriverHandle, SandboxSpec};
+use bulkhead_envd::connect::{
+    CONTENT_TYPE_CONNECT_JSON, EnvelopeDecoder, StreamFrame, encode_message,
+};
+use bulkhead_envd::process::process_event::Event;
+use bulkhead_envd::process::process_event::data_event::Output;
+use bulkhead_envd::process::{ProcessConfig, StartRequest, StartResponse};
+use bulkhead_microvm::{MicrovmConfig, MicrovmDriver};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+pub const MAX_SLOTS: u32 = 8;
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+const TOOLS: [&str; 8] = ["sh", "cat", "ls", "id", "sleep", "echo", "mkdir", "head"];
+
+/// `target/debug/bulkhead-agent` next to this test binary (`cargo build -p bulkhead-agent`).
+pub fn agent_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let agent = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("bulkhead-agent"))
+        .unwrap();
+    assert!(
+        agent.is_file(),
+        "{} is missing: run `cargo build -p bulkhead-agent` first",
+        agent.display()
+    );
+    agent
+}
+
+fn which(tool: &str) -> PathBuf {
+    ["/usr/bin", "/bin"]
+        .iter()
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| panic!("host tool {tool} not found"))
+}
+
+fn libs(bin: &Path) -> Vec<PathBuf> {
+    let out = Command::new("ldd").arg(bin).output().expect("run ldd");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let p = match l.split_once("=>") {
+                Some((_, r)) => r.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
+            };
+            p.starts_with('/').then(|| PathBuf::from(p))
+        })
+        .collect()
+}
+
+/// A minimal template tree: a few host tools, their libraries, users `root` and `user`.
+pub fn build_rootfs(root: &Path) {
+    for d in [
+        "bin",
+        "etc",
+        "home/user",
+        "root",
+        "tmp",
+        "proc",
+        "dev",
+        "sys",
+        "run",
+    ] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+    std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000)).unwrap();
+    let mut need = Vec::new();
+    for t in TOOLS {
+        let src = which(t);
+        fs::copy(&src, root.join("bin").join(t)).unwrap();
+        need.extend(libs(&src));
+    }
+    for lib in need {
+        let dst = root.join(lib.strip_prefix("/").unwrap());
+        fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        fs::copy(&lib, &dst).unwrap();
+    }
+    fs::write(
+        root.join("etc/passwd"),
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/sh\n",
+    )
+    .unwrap();
+    fs::write(
+        root.join("etc/group"),
+        "root:x:0:\ntty:x:5:\nuser:x:1000:\n",
+    )
+    .unwrap();
+    fs::write(root.join("etc/template-marker"), "from the template\n").unwrap();
+    // Fixed times make the tree's fingerprint the same in every test and run, so the shared
+    // image cache holds one test image, not one per test.
+    let status = Command::new("find")
+        .arg(root)
+        .args(["-exec", "touch", "-h", "-d", "@1700000000", "{}", "+"])
+        .status()
+        .expect("run find");
+    assert!(status.success());
+}
+
+/// One test's private world.
+pub struct Env {
+    tmp: tempfile::TempDir,
+    pub rootfs: PathBuf,
+    pub cfg: MicrovmConfig,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let tmp = tempfile::Builder::new().prefix("bhvm").tempdir().unwrap();
+        // QEMU runs as an unprivileged uid and must traverse to its slot.
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let rootfs = tmp.path().join("rootfs");
+        build_rootfs(&rootfs);
+        let kernel = bulkhead_testkit::guest_kernel().expect("BULKHEAD_GUEST_KERNEL");
+        let mut cfg = MicrovmConfig::new(
+            tmp.path().join("vm"),
+            // Shared images are cached across tests and runs, like the server's.
+            std::env::var_os("BULKHEAD_CACHE_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| "/var/cache/bulkhead".into()),
+            kernel,
+            agent_binary(),
+        );
+        // Disjoint uid ranges keep concurrently running tests apart.
+        cfg.uid_base = 1_500_000_000 + (std::process::id() % 4096) * 4096 + n * MAX_SLOTS;
+        cfg.max_slots = MAX_SLOTS;
+        cfg.disk_mb = 256;
+        cfg.start_timeout = Duration::from_secs(120);
+        Env { tmp, rootfs, cfg }
+    }
+
+    pub fn driver(&self) -> MicrovmDriver {
+        MicrovmDriver::new(self.cfg.clone()).expect("create the microvm driver")
+    }
+
+    pub fn spec(&self, memory_mb: u64, pids_max: u64) -> SandboxSpec {
+        self.spec_for(&self.rootfs, memory_mb, pids_max)
+    }
+
+    pub fn spec_for(&self, rootfs: &Path, memory_mb: u64, pids_max: u64) -> SandboxSpec {
+        SandboxSpec {
+            template_id: "test".into(),
+            rootfs: rootfs.to_path_buf(),
+            cpu_count: 1,
+            memory_mb,
+            pids_max,
+            volumes: Vec::new(),
+        }
+    }
+
+    /// Host processes whose real uid is in this test's range (QEMUs).
+    pub fn processes(&self) -> Vec<i32> {
+        let range = self.cfg.uid_base..self.cfg.uid_base + MAX_SLOTS;
+        fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| {
+                let pid = e.file_name().to_string_lossy().parse::<i32>().ok()?;
+                let status = fs::read_to_string(e.path().join("status")).ok()?;
+                let uid: u32 = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()?;
+                range.contains(&uid).then_some(pid)
+            })
+            .collect()
+    }
+
+    pub fn assert_clean(&self) {
+        let procs = self.processes();
+        assert!(procs.is_empty(), "QEMU processes left: {procs:?}");
+        let slots: Vec<_> = fs::read_dir(self.cfg.state_dir.join("s"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        assert!(slots.is_empty(), "slot directories left: {slots:?}");
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for pid in self.processes() {
+            // SAFETY: killing a leftover QEMU of this test's uid range.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// One HTTP request to the agent over `Driver::connect`; (status, body).
+pub async fn call<D: Driver>(
+    d: &D,
+    h: &DriverHandle,
+    req: Request<Full<Bytes>>,
+) -> (StatusCode, Bytes) {
+    let stream = d.connect(h).await.expect("connect to the agent");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("HTTP handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let resp = tokio::time::timeout(Duration::from_secs(60), sender.send_request(req))
+        .await
+        .expect("an answer in time")
+        .expect("an answer");
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("the body")
+        .to_bytes();
+    (status, body)
+}
+
+/// Runs `script` with `/bin/sh -c` through the agent's process API; (exit code, stdout, stderr).
+pub async fn run<D: Driver>(d: &D, h: &DriverHandle, script: &str) -> (i32, String, String) {
+    let request = StartRequest {
+        process: Some(ProcessConfig {
+            cmd: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..ProcessConfig::default()
+        }),
+        stdin: Some(false),
+        ..StartRequest::default()
+    };
+    let req = Request::post("/process.Process/Start")
+        .header("content-type", CONTENT_TYPE_CONNECT_JSON)
+        .header("connect-protocol-version", "1")
+        .header("host", "sandbox")
+        .body(Full::new(encode_message(&request).unwrap()))
+        .unwrap();
+    let (status, body) = call(d, h, req).await;
+    assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    let mut dec = EnvelopeDecoder::new();
+    dec.push(&body);
+    let (mut code, mut out, mut err) = (None, String::new(), String::new());
+    while let Some(frame) = dec.next_frame::<StartResponse>().expect("valid envelopes") {
+        match frame {
+            StreamFrame::Message(m) => match m.event.and_then(|e| e.event) {
+                Some(Event::Data(d)) => match d.output {
+                    Some(Output::Stdout(b)) => out.push_str(&String::from_utf8_lossy(&b)),
+                    Some(Output::Stderr(b)) => err.push_str(&String::from_utf8_lossy(&b)),
+                    _ => {}
+                },
+                Some(Event::End(e)) => code = Some(e.exit_code),
+                _ => {}
+            },
+            StreamFrame::End(_) => break,
+        }
+    }
+    (code.expect("an end event"), out, err)
+}
