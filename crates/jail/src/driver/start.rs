@@ -194,7 +194,11 @@ impl JailDriver {
     fn remove_stale_cgroups(&self, slot: u32) {
         let prefix = format!("{slot}-");
         let mine: Vec<String> = {
-            let mut stale = self.inner.stale_cgroups.lock().expect("stale cgroups poisoned");
+            let mut stale = self
+                .inner
+                .stale_cgroups
+                .lock()
+                .expect("stale cgroups poisoned");
             let (mine, others) = stale.drain(..).partition(|n| n.starts_with(&prefix));
             *stale = others;
             mine
