@@ -730,9 +730,10 @@ async fn bash_and_sql_contexts() {
     assert_eq!(languages, ["bash", "sql"]);
 }
 
-/// Kernels started with `--HistoryManager.hist_file=:memory:` (only `lazypy`'s), counted by a
-/// Python cell in the default context.
-const LAZY_KERNELS: &str = "import os\ndef _lazy():\n    n = 0\n    for p in os.listdir('/proc'):\n        try:\n            c = open(f'/proc/{p}/cmdline', 'rb').read()\n        except OSError:\n            continue\n        n += b'hist_file=:memory:' in c and b'ipykernel' in c\n    return n\n_lazy()";
+/// Kernels started with `--HistoryManager.hist_file=:memory:` (only `lazypy`'s) by this test
+/// process (the kernel's parent: pool kernels of real sandboxes elsewhere on the host use the
+/// same flag), counted by a Python cell in the default context.
+const LAZY_KERNELS: &str = "import os\ndef _lazy():\n    n = 0\n    me = str(os.getppid())\n    for p in os.listdir('/proc'):\n        try:\n            c = open(f'/proc/{p}/cmdline', 'rb').read()\n            ppid = open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1]\n        except (OSError, IndexError):\n            continue\n        n += b'hist_file=:memory:' in c and b'ipykernel' in c and ppid == me\n    return n\n_lazy()";
 
 #[bulkhead_testkit::requires(KernelVenv)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
