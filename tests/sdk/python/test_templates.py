@@ -223,3 +223,34 @@ def test_pip_install_through_the_egress_proxy(server):
     finally:
         _kill(sbx)
     _api(server, "DELETE", f"/templates/{info.template_id}")
+
+
+def test_a_built_template_survives_a_server_restart(server):
+    if not server.owned:
+        pytest.skip("SKIPPED: needs a server started by the suite (BULKHEAD_TEST_URL points at an external one)")
+    name = _name("tpl-restart")
+    template = (
+        Template()
+        .from_base_image()
+        .run_cmd("echo kept > /opt/kept.txt", user="root")
+        .set_envs({"KEPT": "yes"})
+        .set_start_cmd("python3 -m http.server 8124 --directory /opt", wait_for_port(8124))
+    )
+    info = Template.build(template, f"{name}:v1")
+    Template.assign_tags(f"{name}:v1", "prod")
+
+    server.restart()
+
+    assert Template.exists(name)
+    assert {t.tag for t in Template.get_tags(name)} >= {"v1", "prod"}
+    listed = _api(server, "GET", "/templates").json()
+    assert any(t["templateID"] == info.template_id for t in listed), listed
+    sbx = Sandbox.create(f"{name}:prod", timeout=60)
+    try:
+        assert sbx.commands.run("cat /opt/kept.txt; echo $KEPT").stdout == "kept\nyes\n"
+        # Its start command came back with it: the sandbox was handed out once 8124 listened.
+        r = sbx.commands.run("curl -s http://127.0.0.1:8124/kept.txt")
+        assert r.stdout == "kept\n"
+    finally:
+        _kill(sbx)
+    assert _api(server, "DELETE", f"/templates/{info.template_id}").status_code == 204
