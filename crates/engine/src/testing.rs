@@ -85,3 +85,36 @@ pub async fn owner(store: &bulkhead_store::Store) -> crate::Caller {
         .0
         .caller()
 }
+
+/// What engine tests start from: an engine over a fresh SQLite store in `dir` and a
+/// [`FakeDriver`], `template` registered, and the owner of a fresh API key.
+pub struct FakeEngine {
+    pub store: bulkhead_store::Store,
+    pub driver: std::sync::Arc<FakeDriver>,
+    pub engine: std::sync::Arc<crate::Engine>,
+    pub owner: crate::Caller,
+}
+
+/// Builds a [`FakeEngine`] (nothing started in the background).
+pub async fn fake_engine(
+    dir: &std::path::Path,
+    cfg: crate::EngineConfig,
+    template: crate::TemplateInfo,
+) -> FakeEngine {
+    let store = bulkhead_store::Store::open_sqlite_in(dir)
+        .await
+        .expect("open the test store");
+    let driver = std::sync::Arc::new(FakeDriver::default());
+    let engine = crate::Engine::new(store.clone(), driver.clone(), cfg);
+    engine
+        .register_template(template)
+        .await
+        .expect("register the test template");
+    let owner = owner(&store).await;
+    FakeEngine {
+        store,
+        driver,
+        engine,
+        owner,
+    }
+}

@@ -5,12 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bulkhead_engine::testing::FakeDriver;
+use bulkhead_engine::testing::{FakeDriver, FakeEngine, fake_engine};
 use bulkhead_engine::{
     AdmissionLimits, Caller, CreateRequest, Engine, EngineConfig, EngineError, ListRequest,
     PoolConfig, PoolLimits,
 };
-use bulkhead_store::Store;
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -21,23 +20,18 @@ struct Setup {
 
 async fn setup(pools: PoolConfig, admission: AdmissionLimits) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let driver = Arc::new(FakeDriver::default());
-    let engine = Engine::new(
-        store.clone(),
-        driver.clone(),
-        EngineConfig {
-            pools,
-            admission,
-            reap_interval: Duration::from_millis(20),
-            ..Default::default()
-        },
-    );
-    engine
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
-    let owner = bulkhead_engine::testing::owner(&store).await;
+    let cfg = EngineConfig {
+        pools,
+        admission,
+        reap_interval: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let FakeEngine {
+        driver,
+        engine,
+        owner,
+        ..
+    } = fake_engine(dir.path(), cfg, bulkhead_engine::testing::base_template()).await;
     Setup {
         _dir: dir,
         driver,

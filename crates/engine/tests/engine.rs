@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bulkhead_engine::driver::{Driver, SandboxSpec};
-use bulkhead_engine::testing::FakeDriver;
+use bulkhead_engine::testing::{FakeDriver, FakeEngine, fake_engine};
 use bulkhead_engine::{
     CreateRequest, Engine, EngineConfig, EngineError, ListRequest, TemplateInfo,
 };
@@ -35,20 +35,13 @@ async fn setup(
     Store,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let driver = Arc::new(FakeDriver::default());
-    let engine = Engine::new(
-        store.clone(),
-        driver.clone(),
-        EngineConfig {
-            pools: bulkhead_engine::PoolConfig::fixed(pool),
-            reap_interval: Duration::from_millis(20),
-            ..Default::default()
-        },
-    );
-    engine.register_template(template()).await.unwrap();
-    let owner = bulkhead_engine::testing::owner(&store).await;
-    (dir, driver, engine, owner, store)
+    let cfg = EngineConfig {
+        pools: bulkhead_engine::PoolConfig::fixed(pool),
+        reap_interval: Duration::from_millis(20),
+        ..Default::default()
+    };
+    let f = fake_engine(dir.path(), cfg, template()).await;
+    (dir, f.driver, f.engine, f.owner, f.store)
 }
 
 #[tokio::test]
@@ -381,18 +374,12 @@ fn me() -> bulkhead_engine::Caller {
 #[tokio::test]
 async fn metrics_are_sampled_into_a_bounded_series_by_range() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let engine = Engine::new(
-        store.clone(),
-        Arc::new(FakeDriver::default()),
-        EngineConfig {
-            pools: bulkhead_engine::PoolConfig::fixed(0),
-            metrics_interval: Duration::from_millis(300),
-            ..Default::default()
-        },
-    );
-    engine.register_template(template()).await.unwrap();
-    let owner = bulkhead_engine::testing::owner(&store).await;
+    let cfg = EngineConfig {
+        pools: bulkhead_engine::PoolConfig::fixed(0),
+        metrics_interval: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let FakeEngine { engine, owner, .. } = fake_engine(dir.path(), cfg, template()).await;
     engine.start_background();
     let sb = engine.create(&owner, base()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(2100)).await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bulkhead_engine::network::{EgressControl, StoreAuditSink};
-use bulkhead_engine::testing::{FakeDriver, RecordingEgress};
+use bulkhead_engine::testing::{FakeDriver, FakeEngine, RecordingEgress, fake_engine};
 use bulkhead_engine::{
     CreateRequest, Engine, EngineConfig, EngineError, NetworkRule, NetworkTransform, SandboxInfo,
     SandboxNetwork,
@@ -25,18 +25,16 @@ struct Setup {
 
 async fn setup(cfg: EngineConfig, with_egress: bool) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let driver = Arc::new(FakeDriver::default());
-    let engine = Engine::new(store.clone(), driver.clone(), cfg);
+    let FakeEngine {
+        store,
+        driver,
+        engine,
+        owner,
+    } = fake_engine(dir.path(), cfg, bulkhead_engine::testing::base_template()).await;
     let egress = Arc::new(RecordingEgress::default());
     if with_egress {
         engine.set_egress(egress.clone() as Arc<dyn EgressControl>, None);
     }
-    engine
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
-    let owner = bulkhead_engine::testing::owner(&store).await;
     Setup {
         _dir: dir,
         store,
