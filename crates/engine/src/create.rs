@@ -100,10 +100,7 @@ impl Engine {
             req.template.as_str()
         };
         let source = match self.template(template_name) {
-            Some(t) => {
-                self.record_pool_demand(&t.id);
-                Source::Template(t)
-            }
+            Some(t) => Source::Template(t),
             // E2B: a snapshot is a template; creating from it restores it.
             None => match self.snapshot_source(template_name).await? {
                 Some(s) => Source::Checkpoint(s),
@@ -183,7 +180,12 @@ impl Engine {
                 spec.volumes = volumes.clone();
                 self.start_cold_and_init(&spec, &init).await?
             }
-            Source::Template(t) => self.claim_and_init(t, &init).await?,
+            // Only creates that claim from the pool make it grow (not an older tag's, not one
+            // with volumes, not one refused by validation).
+            Source::Template(t) => {
+                self.record_pool_demand(&t.id);
+                self.claim_and_init(t, &init).await?
+            }
             Source::Checkpoint(c) => {
                 // A memory restore's agent already has the source's env and user: it gets the
                 // request's env on top, and its own token (E2B: a fresh one per sandbox).

@@ -151,8 +151,7 @@ impl Engine {
             memory_mb: req.memory_mb.unwrap_or(1024).clamp(128, 65536),
             state: Mutex::new(BuildState {
                 status: BuildStatus::Waiting,
-                started: false,
-                logs: Vec::new(),
+                logs: Default::default(),
                 dropped: 0,
                 failure: None,
             }),
@@ -300,13 +299,12 @@ impl Engine {
         }
         {
             let mut s = record.state.lock().expect("build state");
-            if s.started {
+            if s.status != BuildStatus::Waiting {
                 return Err(TemplateBuildError::Invalid(format!(
                     "build {build_id} was already started; request a new build"
                 ))
                 .into());
             }
-            s.started = true;
             s.status = BuildStatus::Building;
         }
         let engine = self.clone();
@@ -331,10 +329,10 @@ impl Engine {
             template_id: record.template_id.clone(),
             build_id: record.build_id.clone(),
             status: s.status,
-            entries: s.logs[from..to].to_vec(),
+            entries: s.logs.range(from..to).cloned().collect(),
             failure: s.failure.clone(),
             failure_entries: if s.failure.is_some() {
-                s.logs[tail..].to_vec()
+                s.logs.range(tail..).cloned().collect()
             } else {
                 Vec::new()
             },
@@ -418,13 +416,7 @@ impl Engine {
     /// others as `name:tag` and `id:tag`.
     async fn register_custom(&self, t: &CustomTemplate) -> Result<()> {
         self.unregister_custom(&t.id, &t.name);
-        // The bare name starts the `default` tag, or the most recently tagged build when a
-        // template was only ever built with explicit tags.
-        let main = t
-            .tags
-            .get(DEFAULT_TAG)
-            .or_else(|| t.tags.values().max_by_key(|(_, at)| *at))
-            .map(|(b, _)| b.clone());
+        let main = t.main_build().map(|(b, _)| b.clone());
         if let Some(info) = main.as_deref().and_then(|b| self.info_for(t, b)) {
             self.register_template(info).await?;
             // Members started from the previous build's tree must not be handed out.
@@ -615,12 +607,7 @@ impl Engine {
         custom
             .values()
             .map(|t| {
-                let (build, at) = t
-                    .tags
-                    .get(DEFAULT_TAG)
-                    .cloned()
-                    .or_else(|| t.tags.values().next().cloned())
-                    .unwrap_or_default();
+                let (build, at) = t.main_build().cloned().unwrap_or_default();
                 (t.id.clone(), t.name.clone(), build, t.created_at_ms, at)
             })
             .collect()

@@ -132,8 +132,8 @@ pub(crate) struct BuildRecord {
 
 pub(crate) struct BuildState {
     pub(crate) status: BuildStatus,
-    pub(crate) started: bool,
-    pub(crate) logs: Vec<BuildLogEntry>,
+    /// A ring: a chatty step drops the oldest entries without shifting the rest.
+    pub(crate) logs: std::collections::VecDeque<BuildLogEntry>,
     /// Entries dropped from the front (so offsets stay stable).
     pub(crate) dropped: usize,
     pub(crate) failure: Option<BuildFailure>,
@@ -142,14 +142,14 @@ pub(crate) struct BuildState {
 impl BuildRecord {
     pub(crate) fn log(&self, level: &'static str, step: Option<&str>, message: impl Into<String>) {
         let mut s = self.state.lock().expect("build state");
-        s.logs.push(BuildLogEntry {
+        s.logs.push_back(BuildLogEntry {
             timestamp_ms: now_ms(),
             level,
             message: message.into(),
             step: step.map(str::to_owned),
         });
         if s.logs.len() > MAX_LOG_ENTRIES {
-            s.logs.remove(0);
+            s.logs.pop_front();
             s.dropped += 1;
         }
     }
@@ -185,6 +185,16 @@ pub(crate) struct CustomTemplate {
     pub(crate) builds: BTreeMap<String, BuiltTemplate>,
     /// Tag → build id; `default` is what the bare name starts.
     pub(crate) tags: BTreeMap<String, (String, i64)>,
+}
+
+impl CustomTemplate {
+    /// What the bare name starts: the `default` tag, or the most recently tagged build when a
+    /// template was only ever built with explicit tags. (Build id, when tagged.)
+    pub(crate) fn main_build(&self) -> Option<&(String, i64)> {
+        self.tags
+            .get(DEFAULT_TAG)
+            .or_else(|| self.tags.values().max_by_key(|(_, at)| *at))
+    }
 }
 
 /// The engine's template-build state.

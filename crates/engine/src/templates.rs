@@ -43,7 +43,8 @@ impl Engine {
     }
 
     pub fn template(&self, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
-        // `name:tag` → tags are not versioned separately yet; the default tag is the template.
+        // `name:default` is the bare name; other tags are entries of their own (see
+        // `template_builds`).
         let name = id_or_alias.strip_suffix(":default").unwrap_or(id_or_alias);
         self.templates
             .read()
@@ -84,7 +85,6 @@ impl Engine {
             .map(|(_, t)| t.clone())
             .collect();
         v.sort_by(|a, b| a.id.cmp(&b.id));
-        v.dedup_by(|a, b| a.id == b.id);
         v
     }
 }
