@@ -32,49 +32,55 @@ impl Engine {
         self.sample(id).await
     }
 
+    /// Every running sandbox is sampled every interval: the live set and the driver answer it;
+    /// the store is read only for a limit the driver does not report.
     async fn sample(&self, id: &str) -> Result<Usage> {
-        let row = self.running_row(id, Operation::Metrics).await?;
-        let handle = self.handle(&row.id)?;
+        let (id, _) = self.enter(id, Operation::Metrics)?;
+        let handle = self.handle(id)?;
         let u = self
             .driver
             .usage(&handle)
             .await
             .map_err(EngineError::driver(Operation::Metrics))?;
+        let row = if u.mem_limit_bytes == 0 || u.disk_total_bytes == 0 {
+            self.store.get_sandbox(id).await?
+        } else {
+            None
+        };
         let now = now_ms();
         let mut live = self.live.lock();
-        let l = live.get_mut(&row.id);
-        let mut pct = 0.0;
-        if let Some(l) = &l {
-            let (prev_ns, prev_ms) = l.last_cpu;
-            let wall_ns = ((now - prev_ms).max(1) as f64) * 1e6;
-            pct = (u.cpu_usage_ns.saturating_sub(prev_ns) as f64
-                / wall_ns
-                / l.cpu_count.max(1) as f64
+        let Some(l) = live.get_mut(id) else {
+            return Err(EngineError::SandboxNotFound(id.to_string()));
+        };
+        let (prev_ns, prev_ms) = l.last_cpu;
+        let wall_ns = ((now - prev_ms).max(1) as f64) * 1e6;
+        let pct =
+            (u.cpu_usage_ns.saturating_sub(prev_ns) as f64 / wall_ns / l.cpu_count.max(1) as f64
                 * 100.0)
                 .clamp(0.0, 100.0);
-        }
+        let mb = |f: fn(&bulkhead_store::SandboxRow) -> i64| {
+            row.as_ref().map_or(0, |r| f(r).max(0) as u64 * 1024 * 1024)
+        };
         let usage = Usage {
             timestamp: ms_to_dt(now),
-            cpu_count: row.cpu_count,
+            cpu_count: l.cpu_count,
             cpu_used_pct: (pct * 100.0).round() / 100.0,
             mem_used: u.mem_used_bytes,
             mem_total: if u.mem_limit_bytes > 0 {
                 u.mem_limit_bytes
             } else {
-                row.memory_mb as u64 * 1024 * 1024
+                mb(|r| r.memory_mb)
             },
             mem_cache: u.mem_cache_bytes,
             disk_used: u.disk_used_bytes,
             disk_total: if u.disk_total_bytes > 0 {
                 u.disk_total_bytes
             } else {
-                row.disk_size_mb as u64 * 1024 * 1024
+                mb(|r| r.disk_size_mb)
             },
         };
-        if let Some(l) = l {
-            l.last_cpu = (u.cpu_usage_ns, now);
-            push_sample(&mut l.samples, usage.clone());
-        }
+        l.last_cpu = (u.cpu_usage_ns, now);
+        push_sample(&mut l.samples, usage.clone());
         Ok(usage)
     }
 
