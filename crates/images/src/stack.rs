@@ -265,6 +265,7 @@ fn xattr_names(p: &Path) -> Vec<String> {
 mod tests {
     use super::*;
 
+    #[bulkhead_testkit::requires(Root)]
     #[test]
     fn stacking_applies_new_files_deletions_and_opaque_dirs_without_touching_the_parent() {
         let t = tempfile::tempdir().unwrap();
@@ -281,14 +282,14 @@ mod tests {
         fs::write(upper.join("etc/changed"), "v2").unwrap();
         fs::write(upper.join("new/file"), "n").unwrap();
         std::os::unix::fs::symlink("/etc/keep", upper.join("new/link")).unwrap();
-        // A whiteout needs mknod (root); without it the deletion is modelled by the opaque dir.
-        let whiteout = nix::sys::stat::mknod(
+        // A whiteout is a 0/0 character device (mknod: root).
+        nix::sys::stat::mknod(
             &upper.join("etc/gone"),
             nix::sys::stat::SFlag::S_IFCHR,
             nix::sys::stat::Mode::from_bits_truncate(0o600),
             0,
         )
-        .is_ok();
+        .expect("mknod a whiteout");
         fs::create_dir_all(upper.join("old")).unwrap();
         let opaque = CString::new(upper.join("old").as_os_str().as_bytes()).unwrap();
         // SAFETY: valid strings and buffer.
@@ -313,12 +314,12 @@ mod tests {
             fs::read_link(target.join("new/link")).unwrap(),
             Path::new("/etc/keep")
         );
-        if whiteout {
-            assert!(fs::symlink_metadata(target.join("etc/gone")).is_err());
-        }
-        if set {
-            assert!(fs::symlink_metadata(target.join("old/sub")).is_err());
-        }
+        assert!(
+            set,
+            "user.overlay.opaque needs user xattrs on the test's file system"
+        );
+        assert!(fs::symlink_metadata(target.join("etc/gone")).is_err());
+        assert!(fs::symlink_metadata(target.join("old/sub")).is_err());
         // The parent is untouched, and unchanged files are shared, not copied.
         assert_eq!(
             fs::read_to_string(parent.join("etc/changed")).unwrap(),
@@ -334,8 +335,16 @@ mod tests {
     #[test]
     fn layer_keys_must_be_digests() {
         let t = tempfile::tempdir().unwrap();
-        let store = LayerStore::new(t.path());
-        assert!(store.get("../etc").is_none());
-        assert!(store.get(&"a".repeat(64)).is_none());
+        let root = t.path().join("cache");
+        let store = LayerStore::new(&root);
+        // Ready-looking entries: only the one named by a digest is served.
+        for name in ["../evil", "short", &"a".repeat(64)] {
+            fs::create_dir_all(root.join(name).join(ROOTFS)).unwrap();
+            fs::write(root.join(name).join(READY), "{}").unwrap();
+        }
+        assert!(store.get("../evil").is_none());
+        assert!(store.get("short").is_none());
+        assert!(store.get(&"a".repeat(64)).is_some());
+        assert!(store.get(&"b".repeat(64)).is_none());
     }
 }
