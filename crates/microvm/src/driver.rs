@@ -166,7 +166,12 @@ impl MicrovmDriver {
         let uid = self.cfg.uid_base + slot;
         let (agent_socket, qmp_socket, console_log, rw_disk) = vm::spec_paths(&dir);
         let setup = |e| DriverError::io("prepare the sandbox's slot directory", e);
-        image::writable_disk(&rw_disk, self.cfg.disk_mb).map_err(setup)?;
+        // mkfs.ext4 is a process to wait for: not on a runtime worker.
+        let (disk, mb) = (rw_disk.clone(), self.cfg.disk_mb);
+        tokio::task::spawn_blocking(move || image::writable_disk(&disk, mb))
+            .await
+            .map_err(|e| setup(std::io::Error::other(e)))?
+            .map_err(setup)?;
         std::os::unix::fs::chown(&rw_disk, Some(uid), Some(uid)).map_err(setup)?;
         std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).map_err(setup)?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(setup)?;

@@ -84,6 +84,9 @@ pub struct ImageStore {
     known: Mutex<HashMap<(PathBuf, i64), String>>,
     /// One build at a time (a second start waits and then finds the image).
     building: tokio::sync::Mutex<()>,
+    /// Boot images made by this process, per agent binary: the agent does not change while
+    /// the server runs, so a start does not run `ldd` and hash it and its libraries again.
+    boot: Mutex<HashMap<PathBuf, PathBuf>>,
 }
 
 impl ImageStore {
@@ -92,6 +95,7 @@ impl ImageStore {
             dir: cache_dir.join("microvm"),
             known: Mutex::new(HashMap::new()),
             building: tokio::sync::Mutex::new(()),
+            boot: Mutex::new(HashMap::new()),
         }
     }
 
@@ -132,6 +136,12 @@ impl ImageStore {
     /// host's paths: the kernel starts it before any template file system is mounted), built
     /// when missing.
     pub async fn boot_image(&self, agent: &Path) -> Result<PathBuf, MicrovmError> {
+        if let Some(done) = self.boot.lock().expect("boot images").get(agent)
+            && done.exists()
+        {
+            return Ok(done.clone());
+        }
+        let key = agent.to_path_buf();
         let agent = agent.to_path_buf();
         let (files, hash) = tokio::task::spawn_blocking(move || -> io::Result<_> {
             let mut files = vec![agent.clone()];
@@ -147,43 +157,49 @@ impl ImageStore {
         .map_err(|e| MicrovmError::io("hash the agent", io::Error::other(e)))?
         .map_err(|e| MicrovmError::io("read the agent binary and its libraries", e))?;
         let out = self.dir.join(format!("boot-{hash}.ext4"));
-        self.build_once(out, move |tmp| {
-            let staging = tmp.with_extension("d");
-            let _ = fs::remove_dir_all(&staging);
-            for d in ["dev", "proc", "sys", "run"] {
-                fs::create_dir_all(staging.join(d))?;
-            }
-            let mut bytes = 0;
-            for (i, f) in files.iter().enumerate() {
-                let dst = if i == 0 {
-                    staging.join("agent")
-                } else {
-                    staging.join(f.strip_prefix("/").unwrap_or(f))
-                };
-                if let Some(parent) = dst.parent() {
-                    fs::create_dir_all(parent)?;
+        let out = self
+            .build_once(out, move |tmp| {
+                let staging = tmp.with_extension("d");
+                let _ = fs::remove_dir_all(&staging);
+                for d in ["dev", "proc", "sys", "run"] {
+                    fs::create_dir_all(staging.join(d))?;
                 }
-                bytes += fs::copy(f, &dst)?;
-                fs::set_permissions(&dst, fs::Permissions::from_mode(0o755))?;
-            }
-            let size_mb = bytes / (1 << 20) + 16;
-            let r = run(Command::new("mkfs.ext4")
-                .args([
-                    "-q",
-                    "-F",
-                    "-O",
-                    "^has_journal",
-                    "-E",
-                    "root_owner=0:0",
-                    "-d",
-                ])
-                .arg(&staging)
-                .arg(tmp)
-                .arg(format!("{size_mb}M")));
-            let _ = fs::remove_dir_all(&staging);
-            r
-        })
-        .await
+                let mut bytes = 0;
+                for (i, f) in files.iter().enumerate() {
+                    let dst = if i == 0 {
+                        staging.join("agent")
+                    } else {
+                        staging.join(f.strip_prefix("/").unwrap_or(f))
+                    };
+                    if let Some(parent) = dst.parent() {
+                        fs::create_dir_all(parent)?;
+                    }
+                    bytes += fs::copy(f, &dst)?;
+                    fs::set_permissions(&dst, fs::Permissions::from_mode(0o755))?;
+                }
+                let size_mb = bytes / (1 << 20) + 16;
+                let r = run(Command::new("mkfs.ext4")
+                    .args([
+                        "-q",
+                        "-F",
+                        "-O",
+                        "^has_journal",
+                        "-E",
+                        "root_owner=0:0",
+                        "-d",
+                    ])
+                    .arg(&staging)
+                    .arg(tmp)
+                    .arg(format!("{size_mb}M")));
+                let _ = fs::remove_dir_all(&staging);
+                r
+            })
+            .await?;
+        self.boot
+            .lock()
+            .expect("boot images")
+            .insert(key, out.clone());
+        Ok(out)
     }
 
     async fn build_once(

@@ -192,7 +192,14 @@ impl Env {
     }
 
     pub fn assert_clean(&self) {
-        let procs = self.processes();
+        // A QEMU killed a moment ago is a zombie until the driver's reaper task has run: give
+        // it a bounded moment; one that stays is a leak.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut procs = self.processes();
+        while !procs.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            procs = self.processes();
+        }
         assert!(procs.is_empty(), "QEMU processes left: {procs:?}");
         let slots: Vec<_> = fs::read_dir(self.cfg.state_dir.join("s"))
             .map(|d| d.flatten().map(|e| e.path()).collect())
