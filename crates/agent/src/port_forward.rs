@@ -24,7 +24,9 @@ pub async fn forward(port: u16, request: Request) -> Response {
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let closed = port_closed(request.headers());
+    // Kept (a short string) for the 502 in case the send fails; the answer itself is built
+    // only then, not for every forwarded request.
+    let sandbox_id = sandbox_id(request.headers()).to_owned();
     let (mut parts, body) = request.into_parts();
     // Routing and envd credentials are for Bulkhead, not for the user's server.
     for name in [HEADER_SANDBOX_ID, HEADER_SANDBOX_PORT, HEADER_ACCESS_TOKEN] {
@@ -38,19 +40,26 @@ pub async fn forward(port: u16, request: Request) -> Response {
         Ok(response) => response.map(Body::new),
         Err(e) => {
             tracing::debug!(port, error = %e, "forwarding to an in-sandbox port failed");
-            closed
+            closed_answer(sandbox_id)
         }
     }
 }
 
 /// E2B's answer for a port nothing listens on.
 pub fn port_closed(headers: &HeaderMap) -> Response {
+    closed_answer(sandbox_id(headers).to_owned())
+}
+
+fn sandbox_id(headers: &HeaderMap) -> &str {
+    headers
+        .get(HEADER_SANDBOX_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+fn closed_answer(sandbox_id: String) -> Response {
     let body = PortClosedBody {
-        sandbox_id: headers
-            .get(HEADER_SANDBOX_ID)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned(),
+        sandbox_id,
         message: "The sandbox is running but port is not open".to_owned(),
         code: 502,
     };
