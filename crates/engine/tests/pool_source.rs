@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bulkhead_engine::driver::DriverError;
-use bulkhead_engine::testing::{FakeDriver, FakeHost};
+use bulkhead_engine::testing::{FakeDriver, FakeEngine, FakeHost, fake_engine};
 use bulkhead_engine::{
     CheckpointPools, CreateRequest, Engine, EngineConfig, KERNELS_MANIFEST, PoolSource,
     TemplateInfo,
@@ -150,24 +150,22 @@ async fn heavy_templates_are_restored_from_one_warmed_checkpoint_and_reseeded() 
 #[tokio::test]
 async fn a_claimed_restored_member_gets_its_identity_through_init() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let driver = Arc::new(FakeDriver::default());
-    let engine = Engine::new(
-        store.clone(),
-        driver.clone(),
-        EngineConfig {
-            pools: bulkhead_engine::PoolConfig::fixed(1),
-            ..cfg(&dir, CheckpointPools::Auto)
-        },
-    );
     let heavy = heavy_template(&dir);
-    engine.register_template(heavy.clone()).await.unwrap();
+    let cfg = EngineConfig {
+        pools: bulkhead_engine::PoolConfig::fixed(1),
+        ..cfg(&dir, CheckpointPools::Auto)
+    };
+    let FakeEngine {
+        store,
+        driver,
+        engine,
+        owner,
+    } = fake_engine(dir.path(), cfg, heavy.clone()).await;
     engine.start_background();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while engine.pool_len(&heavy.id) < 1 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let owner = bulkhead_engine::testing::owner(&store).await;
     let mut env = std::collections::BTreeMap::new();
     env.insert("WHO".to_string(), "clone".to_string());
     let info = engine
@@ -315,18 +313,12 @@ async fn the_operator_chooses_which_templates_are_checkpoint_pooled() {
 #[tokio::test]
 async fn the_filler_refills_heavy_pools_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
-    let driver = Arc::new(FakeDriver::default());
-    let engine = Engine::new(
-        store,
-        driver.clone(),
-        EngineConfig {
-            pools: bulkhead_engine::PoolConfig::fixed(2),
-            ..cfg(&dir, CheckpointPools::Auto)
-        },
-    );
     let heavy = heavy_template(&dir);
-    engine.register_template(heavy.clone()).await.unwrap();
+    let cfg = EngineConfig {
+        pools: bulkhead_engine::PoolConfig::fixed(2),
+        ..cfg(&dir, CheckpointPools::Auto)
+    };
+    let FakeEngine { driver, engine, .. } = fake_engine(dir.path(), cfg, heavy.clone()).await;
     engine.start_background();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while engine.pool_len(&heavy.id) < 2 && tokio::time::Instant::now() < deadline {
