@@ -4,14 +4,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::bootstrap::{BootstrapTool, DebianBootstrap};
+use crate::entry::Entry;
 use crate::error::{ImageError, Result};
 use crate::exec::blocking;
-use crate::fsutil::{disk_usage, remove_tree, sync_dir, sync_filesystem, write_atomic};
 use crate::layer::{HOST_CA_BUNDLE, LayerBuild, host_ca_bundle};
 use crate::mirror::{self, DEFAULT_MIRROR};
 use crate::progress::Progress;
@@ -20,11 +18,6 @@ use crate::source::ImageSource;
 
 /// Default cache root for template root filesystems.
 pub const DEFAULT_CACHE_ROOT: &str = "/var/cache/bulkhead/images";
-
-pub(crate) const READY: &str = "READY";
-const LOCK: &str = "lock";
-pub(crate) const ROOTFS: &str = "rootfs";
-pub(crate) const ROOTFS_TMP: &str = "rootfs.tmp";
 
 /// What `READY` records about a finished build.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -125,25 +118,21 @@ impl ImageCache {
 
     /// `<root>/<hash>/rootfs`, whether or not it is built yet.
     pub fn rootfs_path(&self, recipe: &TemplateRecipe) -> PathBuf {
-        self.entry(&recipe.content_hash()).join(ROOTFS)
+        self.entry(&recipe.content_hash()).rootfs()
     }
 
     /// True once a build of this recipe has completed (`READY` is written last).
     pub fn is_ready(&self, recipe: &TemplateRecipe) -> bool {
-        self.entry_ready(&self.entry(&recipe.content_hash()))
+        self.entry(&recipe.content_hash()).is_ready()
     }
 
     /// The metadata of a finished build of this recipe.
     pub fn info(&self, recipe: &TemplateRecipe) -> Option<ImageInfo> {
-        read_info(&self.entry(&recipe.content_hash()))
+        self.entry(&recipe.content_hash()).ready_info()
     }
 
-    pub(crate) fn entry(&self, hash: &str) -> PathBuf {
-        self.root.join(hash)
-    }
-
-    pub(crate) fn entry_ready(&self, entry: &Path) -> bool {
-        entry.join(READY).is_file() && entry.join(ROOTFS).is_dir()
+    pub(crate) fn entry(&self, hash: &str) -> Entry {
+        Entry::new(&self.root, hash)
     }
 
     /// Builds the recipe's tree unless it is cached, and returns its path.
@@ -175,15 +164,14 @@ impl ImageCache {
             None => None,
         };
         let hash = recipe.hash_with_ca(ca.as_deref());
-        let entry = self.entry(&hash);
-        let rootfs = entry.join(ROOTFS);
-        if self.entry_ready(&entry) {
+        let entry = Entry::new(&self.root, &hash);
+        if entry.is_ready() {
             progress.stage(&format!(
                 "template {} is cached ({})",
                 recipe.id,
                 short(&hash)
             ));
-            return Ok(rootfs);
+            return Ok(entry.rootfs());
         }
         if !nix::unistd::geteuid().is_root() {
             return Err(ImageError::NotRoot {
@@ -195,28 +183,19 @@ impl ImageCache {
             Some(parent) => Some(Box::pin(self.build_inner(&parent, progress)).await?),
             None => None,
         };
-        fs::create_dir_all(&entry).map_err(ImageError::io("create", &entry))?;
-        let _lock = lock_entry(&entry, progress).await?;
-        if self.entry_ready(&entry) {
+        let building = entry.lock(progress).await?;
+        if entry.is_ready() {
             progress.stage(&format!(
                 "template {} was built by another process ({})",
                 recipe.id,
                 short(&hash)
             ));
-            return Ok(rootfs);
+            return Ok(entry.rootfs());
         }
 
         let started = Instant::now();
-        let tmp = entry.join(ROOTFS_TMP);
-        {
-            // Leftovers of a build that died: we hold the lock, so nobody else is using them.
-            let (tmp, rootfs) = (tmp.clone(), rootfs.clone());
-            blocking(move || {
-                remove_tree(&tmp)?;
-                remove_tree(&rootfs)
-            })
-            .await?;
-        }
+        let building = blocking(move || building.clear_leftovers(&[]).map(|()| building)).await?;
+        let tmp = building.tmp();
 
         let mirror = self.mirror_for(&recipe.suite);
         let host_ca = host_ca_bundle(self.build_ca_bundle.as_deref());
@@ -238,19 +217,7 @@ impl ImageCache {
         let tool_name = source.produce(&tmp, progress).await?;
 
         progress.stage("measuring and syncing to disk");
-        let t = tmp.clone();
-        let (size_bytes, files) = blocking(move || {
-            let usage = disk_usage(&t);
-            // Durable before it becomes visible: a crash must not leave READY over a tree
-            // whose blocks never reached the disk.
-            sync_filesystem(&t)?;
-            Ok(usage)
-        })
-        .await?;
-        fs::rename(&tmp, &rootfs).map_err(ImageError::io("rename into place", &rootfs))?;
-        sync_dir(&entry)?;
-
-        let info = ImageInfo {
+        let mut info = ImageInfo {
             hash: hash.clone(),
             recipe: recipe.clone(),
             tool: tool_name,
@@ -258,17 +225,25 @@ impl ImageCache {
             built_at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            build_seconds: started.elapsed().as_secs_f64(),
-            size_bytes,
-            files,
+            build_seconds: 0.0,
+            size_bytes: 0,
+            files: 0,
         };
-        let json = serde_json::to_vec_pretty(&info).unwrap_or_default();
-        write_atomic(&entry.join(READY), &json)?;
+        let (rootfs, info) = blocking(move || {
+            let rootfs = building.publish(|size_bytes, files| {
+                info.size_bytes = size_bytes;
+                info.files = files;
+                info.build_seconds = started.elapsed().as_secs_f64();
+                Ok(serde_json::to_vec_pretty(&info).unwrap_or_default())
+            })?;
+            Ok((rootfs, info))
+        })
+        .await?;
         progress.stage(&format!(
             "template {} ready: {} MB, {} files, {:.0} s ({})",
             recipe.id,
-            size_bytes / 1_000_000,
-            files,
+            info.size_bytes / 1_000_000,
+            info.files,
             info.build_seconds,
             short(&hash)
         ));
@@ -288,15 +263,16 @@ impl ImageCache {
             if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
                 continue;
             }
-            let entry = e.path();
-            let ready = self.entry_ready(&entry);
-            let info = if ready { read_info(&entry) } else { None };
+            let entry = self.entry(&hash);
+            let ready = entry.is_ready();
+            let info: Option<ImageInfo> = if ready { entry.ready_info() } else { None };
+            // Build layers and pulled images record their size too (not as an ImageInfo).
             let size_bytes = match &info {
                 Some(i) => i.size_bytes,
-                None => disk_usage(&entry).0,
+                None => entry.size_bytes(),
             };
             out.push(CachedImage {
-                rootfs: entry.join(ROOTFS),
+                rootfs: entry.rootfs(),
                 hash,
                 ready,
                 size_bytes,
@@ -312,44 +288,11 @@ pub(crate) fn short(hash: &str) -> &str {
     &hash[..hash.len().min(12)]
 }
 
-fn read_info(entry: &Path) -> Option<ImageInfo> {
-    let bytes = fs::read(entry.join(READY)).ok()?;
-    serde_json::from_slice(&bytes).ok()
-}
-
-/// Takes the entry's build lock, telling the user when it has to wait for another build.
-pub(crate) async fn lock_entry(entry: &Path, progress: &dyn Progress) -> Result<Flock<fs::File>> {
-    let path = entry.join(LOCK);
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(ImageError::io("open the lock file", &path))?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(lock),
-        Err((file, Errno::EWOULDBLOCK)) => {
-            progress.stage("waiting for another build of this template to finish");
-            blocking(move || {
-                Flock::lock(file, FlockArg::LockExclusive)
-                    .map_err(|(_, e)| ImageError::io("lock", path)(e.into()))
-            })
-            .await
-        }
-        Err((_, e)) => Err(ImageError::io("lock", &path)(e.into())),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    struct Quiet;
-    impl Progress for Quiet {
-        fn stage(&self, _: &str) {}
-        fn line(&self, _: &str) {}
-        fn done(&self) {}
-    }
+    use crate::progress::Quiet;
 
     #[tokio::test]
     async fn ready_entries_are_returned_without_building() {
@@ -373,14 +316,14 @@ mod tests {
             size_bytes: 1234,
             files: 3,
         };
-        write_atomic(&entry.join(READY), &serde_json::to_vec(&info).unwrap()).unwrap();
+        fs::write(entry.join("READY"), serde_json::to_vec(&info).unwrap()).unwrap();
         assert!(cache.is_ready(&recipe));
         assert_eq!(cache.info(&recipe), Some(info.clone()));
         // Works without root and without any tool: nothing is built.
         assert_eq!(cache.build(&recipe, &Quiet).await.unwrap(), rootfs);
 
         // A half-built sibling shows up as not ready; junk names are ignored.
-        fs::create_dir_all(dir.path().join("a".repeat(64)).join(ROOTFS_TMP)).unwrap();
+        fs::create_dir_all(dir.path().join("a".repeat(64)).join("rootfs.tmp")).unwrap();
         fs::create_dir_all(dir.path().join("not-a-hash")).unwrap();
         let listed = cache.list().unwrap();
         assert_eq!(listed.len(), 2);
@@ -408,21 +351,5 @@ mod tests {
         let err = cache.build(&recipe, &Quiet).await.unwrap_err();
         assert!(matches!(err, ImageError::InvalidRecipe(_)), "{err:?}");
         assert!(cache.list().unwrap().is_empty());
-    }
-
-    #[tokio::test]
-    async fn concurrent_lockers_wait() {
-        let dir = tempfile::tempdir().unwrap();
-        let first = lock_entry(dir.path(), &Quiet).await.unwrap();
-        let p = dir.path().to_owned();
-        let waiter = tokio::spawn(async move {
-            let _second = lock_entry(&p, &Quiet).await.unwrap();
-            Instant::now()
-        });
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        assert!(!waiter.is_finished(), "second lock must wait");
-        let released = Instant::now();
-        drop(first);
-        assert!(waiter.await.unwrap() >= released);
     }
 }

@@ -22,7 +22,8 @@
 //! `error`, `progress`; `recipe` (what a tree is built from, and its hash: data only) and
 //! `interpreter` + `catalog` (the built-in recipes); `fsutil`, `exec` (processes, chroots in a
 //! private mount namespace), `mirror`, `finalize`; the image sources `bootstrap` (Debian) and
-//! `layer` (build steps on a parent's tree) behind `source::ImageSource`; `cache`, which
+//! `layer` (build steps on a parent's tree) behind `source::ImageSource`; `entry` (one cache entry and
+//! the lock → rootfs.tmp → rootfs → READY protocol every producer follows); `cache`, which
 //! runs a source into a content-addressed entry; `oci`, which pulls from OCI registries into
 //! cache entries of their own (keyed by manifest digest); and `stack`, which keeps the layers of
 //! template builds (a sandbox's exported changes on its parent's tree) in the same cache.
@@ -30,6 +31,7 @@
 mod bootstrap;
 mod cache;
 mod catalog;
+mod entry;
 mod error;
 mod exec;
 mod finalize;

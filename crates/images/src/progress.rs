@@ -14,6 +14,17 @@ pub trait Progress: Send + Sync {
     fn done(&self);
 }
 
+/// A progress that reports nothing, for the crate's unit tests.
+#[cfg(test)]
+pub(crate) struct Quiet;
+
+#[cfg(test)]
+impl Progress for Quiet {
+    fn stage(&self, _: &str) {}
+    fn line(&self, _: &str) {}
+    fn done(&self) {}
+}
+
 /// What one package is going through, as reported by debootstrap, apt or dpkg.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PackageStep {

@@ -13,17 +13,12 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt, lchown};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use crate::entry::Entry;
 use crate::error::{ImageError, Result};
 use crate::exec::TOOL_PATH;
-use crate::fsutil::{disk_usage, remove_tree, sync_filesystem, write_atomic};
-
-const READY: &str = "READY";
-const LOCK: &str = "lock";
-const ROOTFS: &str = "rootfs";
-const ROOTFS_TMP: &str = "rootfs.tmp";
+use crate::fsutil::remove_tree;
 
 /// What `READY` records about a build layer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -52,9 +47,8 @@ impl LayerStore {
 
     /// The finished tree of layer `key`, if it is in the cache.
     pub fn get(&self, key: &str) -> Option<PathBuf> {
-        let entry = self.root.join(key);
-        (valid_key(key) && entry.join(READY).is_file() && entry.join(ROOTFS).is_dir())
-            .then(|| entry.join(ROOTFS))
+        let entry = Entry::new(&self.root, key);
+        (valid_key(key) && entry.is_ready()).then(|| entry.rootfs())
     }
 
     /// Stacks `changes` (an exported upper dir, consumed: its files are linked into the new
@@ -96,30 +90,19 @@ fn commit_blocking(
     changes: &Path,
     step: &str,
 ) -> Result<PathBuf> {
-    let entry = root.join(key);
-    fs::create_dir_all(&entry).map_err(ImageError::io("create", &entry))?;
-    let lock_path = entry.join(LOCK);
-    let file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(ImageError::io("open", &lock_path))?;
-    let _lock = Flock::lock(file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| ImageError::io("lock", &lock_path)(e.into()))?;
-    let rootfs = entry.join(ROOTFS);
-    if entry.join(READY).is_file() && rootfs.is_dir() {
-        return Ok(rootfs);
+    let entry = Entry::new(root, key);
+    let building = entry.lock_blocking()?;
+    if entry.is_ready() {
+        return Ok(entry.rootfs());
     }
-    let tmp = entry.join(ROOTFS_TMP);
-    for stale in [&tmp, &rootfs] {
-        if fs::symlink_metadata(stale).is_ok() {
-            remove_tree(stale)?;
-        }
+    building.clear_leftovers(&[])?;
+    let tmp = building.tmp();
+    if let Err(e) = stack(parent, changes, &tmp) {
+        // Still holding the lock; a failed publish is cleared by the next producer instead.
+        let _ = remove_tree(&tmp);
+        return Err(e);
     }
-    let built = stack(parent, changes, &tmp).and_then(|()| {
-        fs::rename(&tmp, &rootfs).map_err(ImageError::io("rename", &tmp))?;
-        sync_filesystem(&rootfs)?;
+    building.publish(|size_bytes, _files| {
         let info = LayerInfo {
             key: key.to_owned(),
             parent: parent.to_owned(),
@@ -127,17 +110,10 @@ fn commit_blocking(
             built_at_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            size_bytes: disk_usage(&rootfs).0,
+            size_bytes,
         };
-        let json = serde_json::to_vec_pretty(&info).expect("layer info serialises");
-        write_atomic(&entry.join(READY), &json)
-    });
-    if let Err(e) = built {
-        let _ = remove_tree(&tmp);
-        let _ = remove_tree(&rootfs);
-        return Err(e);
-    }
-    Ok(rootfs)
+        Ok(serde_json::to_vec_pretty(&info).expect("layer info serialises"))
+    })
 }
 
 /// `target` (absent) = a hard-link copy of `parent` with the upper dir `changes` applied.
@@ -339,8 +315,8 @@ mod tests {
         let store = LayerStore::new(&root);
         // Ready-looking entries: only the one named by a digest is served.
         for name in ["../evil", "short", &"a".repeat(64)] {
-            fs::create_dir_all(root.join(name).join(ROOTFS)).unwrap();
-            fs::write(root.join(name).join(READY), "{}").unwrap();
+            fs::create_dir_all(root.join(name).join("rootfs")).unwrap();
+            fs::write(root.join(name).join("READY"), "{}").unwrap();
         }
         assert!(store.get("../evil").is_none());
         assert!(store.get("short").is_none());

@@ -36,10 +36,10 @@ pub use error::OciError;
 pub use image_config::ImageConfig;
 pub use unpack::{UnpackLimits, UnpackStats, Unpacker};
 
-use crate::cache::{ImageCache, ImageInfo, READY, ROOTFS, ROOTFS_TMP, lock_entry, short};
+use crate::cache::{ImageCache, ImageInfo, short};
 use crate::error::ImageError;
 use crate::exec::blocking;
-use crate::fsutil::{disk_usage, remove_tree, sync_dir, sync_filesystem, write_atomic};
+use crate::fsutil::{remove_tree, write_atomic};
 use crate::progress::Progress;
 use crate::recipe::{TemplateRecipe, sha256_hex};
 
@@ -174,27 +174,16 @@ impl ImageCache {
         }
 
         let entry = self.entry(&hash);
-        fs::create_dir_all(&entry).map_err(ImageError::io("create", &entry))?;
-        let _lock = lock_entry(&entry, progress).await?;
+        let building = entry.lock(progress).await?;
         if let Some(hit) = self.cached_image(&hash) {
             return Ok(hit);
         }
         let started = Instant::now();
-        let (tmp, rootfs, blobs) = (
-            entry.join(ROOTFS_TMP),
-            entry.join(ROOTFS),
-            entry.join(BLOBS_TMP),
-        );
-        {
-            // Leftovers of a pull that died: we hold the lock, so nobody else uses them.
-            let (tmp, rootfs, blobs) = (tmp.clone(), rootfs.clone(), blobs.clone());
-            blocking(move || {
-                remove_tree(&tmp)?;
-                remove_tree(&rootfs)?;
-                remove_tree(&blobs)
-            })
-            .await?;
-        }
+        let (tmp, blobs) = (building.tmp(), entry.dir().join(BLOBS_TMP));
+        let building = {
+            let blobs = blobs.clone();
+            blocking(move || building.clear_leftovers(&[blobs]).map(|()| building)).await?
+        };
         for d in [&tmp, &blobs] {
             fs::create_dir(d).map_err(ImageError::io("create", d))?;
         }
@@ -226,30 +215,18 @@ impl ImageCache {
         let (downloaded, skipped, sandbox_user) = result?;
 
         progress.stage("measuring and syncing to disk");
-        let t = tmp.clone();
-        let (size_bytes, files) = blocking(move || {
-            let usage = disk_usage(&t);
-            sync_filesystem(&t)?;
-            Ok(usage)
-        })
-        .await?;
-        fs::rename(&tmp, &rootfs).map_err(ImageError::io("rename into place", &rootfs))?;
-        sync_dir(&entry)?;
-
-        let pulled = PulledImage {
+        let mut pulled = PulledImage {
             reference: r.canonical.clone(),
             manifest_digest: digest.clone(),
             hash: hash.clone(),
-            rootfs: rootfs.clone(),
+            rootfs: entry.rootfs(),
             config,
             sandbox_user,
             downloaded_bytes: downloaded,
             skipped_entries: skipped,
             cached: false,
         };
-        let json = serde_json::to_vec_pretty(&pulled).unwrap_or_default();
-        write_atomic(&entry.join(IMAGE_JSON), &json)?;
-        let info = ImageInfo {
+        let mut info = ImageInfo {
             hash: hash.clone(),
             // `template ls` shows the recipe id: for a pulled image, the reference.
             recipe: TemplateRecipe {
@@ -266,19 +243,30 @@ impl ImageCache {
             built_at_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
-            build_seconds: started.elapsed().as_secs_f64(),
-            size_bytes,
-            files,
+            build_seconds: 0.0,
+            size_bytes: 0,
+            files: 0,
         };
-        write_atomic(
-            &entry.join(READY),
-            &serde_json::to_vec_pretty(&info).unwrap_or_default(),
-        )?;
+        let dir = entry.dir().to_owned();
+        (pulled, info) = blocking(move || {
+            building.publish(|size_bytes, files| {
+                write_atomic(
+                    &dir.join(IMAGE_JSON),
+                    &serde_json::to_vec_pretty(&pulled).unwrap_or_default(),
+                )?;
+                info.size_bytes = size_bytes;
+                info.files = files;
+                info.build_seconds = started.elapsed().as_secs_f64();
+                Ok(serde_json::to_vec_pretty(&info).unwrap_or_default())
+            })?;
+            Ok((pulled, info))
+        })
+        .await?;
         progress.stage(&format!(
             "image {} ready: {} MB, {} files, {:.1} s ({})",
             r.canonical,
-            size_bytes / 1_000_000,
-            files,
+            info.size_bytes / 1_000_000,
+            info.files,
             info.build_seconds,
             short(&hash)
         ));
@@ -374,12 +362,12 @@ impl ImageCache {
     /// The pulled image stored under `hash`, if its entry is complete.
     fn cached_image(&self, hash: &str) -> Option<PulledImage> {
         let entry = self.entry(hash);
-        if !self.entry_ready(&entry) {
+        if !entry.is_ready() {
             return None;
         }
-        let bytes = fs::read(entry.join(IMAGE_JSON)).ok()?;
+        let bytes = fs::read(entry.dir().join(IMAGE_JSON)).ok()?;
         let mut p: PulledImage = serde_json::from_slice(&bytes).ok()?;
-        p.rootfs = entry.join(ROOTFS);
+        p.rootfs = entry.rootfs();
         p.cached = true;
         p.downloaded_bytes = 0;
         Some(p)
