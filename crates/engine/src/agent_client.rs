@@ -5,6 +5,7 @@
 use bulkhead_envd::protocol::{AGENT_INFO_PATH, AgentInfo};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
@@ -61,13 +62,6 @@ pub async fn request<T: serde::Serialize + ?Sized>(
     json_body: Option<&T>,
     access_token: Option<&str>,
 ) -> Result<Bytes, AgentClientError> {
-    let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(AgentClientError::Handshake)?;
-    // The connection future drives I/O; it ends when the request is done.
-    let conn_task = tokio::spawn(async move {
-        let _ = conn.await;
-    });
     let body = match json_body {
         Some(v) => Bytes::from(serde_json::to_vec(v).map_err(AgentClientError::Encode)?),
         None => Bytes::new(),
@@ -75,7 +69,6 @@ pub async fn request<T: serde::Serialize + ?Sized>(
     let mut builder = http::Request::builder()
         .method(method)
         .uri(path)
-        .header(http::header::HOST, "agent")
         .header(http::header::CONTENT_TYPE, "application/json");
     if let Some(token) = access_token {
         builder = builder.header("X-Access-Token", token);
@@ -83,23 +76,58 @@ pub async fn request<T: serde::Serialize + ?Sized>(
     let req = builder
         .body(Full::new(body))
         .map_err(AgentClientError::Build)?;
-    let resp = sender
+    ok_body(send(stream, req).await?).await
+}
+
+/// Sends `req` on a fresh HTTP/1.1 connection over `stream` (with `Host: agent` when it has
+/// none) and returns the answer as it starts: its body streams from the agent.
+pub async fn send(
+    stream: AgentStream,
+    mut req: http::Request<Full<Bytes>>,
+) -> Result<http::Response<Incoming>, AgentClientError> {
+    req.headers_mut()
+        .entry(http::header::HOST)
+        .or_insert(http::HeaderValue::from_static("agent"));
+    let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(AgentClientError::Handshake)?;
+    // The connection future drives I/O; it ends when the answer's body is done (or dropped).
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
         .send_request(req)
         .await
-        .map_err(AgentClientError::Request)?;
+        .map_err(AgentClientError::Request)
+}
+
+/// The answer itself when it is 2xx; otherwise an error carrying the agent's body.
+pub async fn success(
+    resp: http::Response<Incoming>,
+) -> Result<http::Response<Incoming>, AgentClientError> {
     let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
     let bytes = resp
         .into_body()
         .collect()
         .await
         .map_err(AgentClientError::Request)?
         .to_bytes();
-    conn_task.abort();
-    if !status.is_success() {
-        return Err(AgentClientError::Status {
-            status: status.as_u16(),
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        });
-    }
-    Ok(bytes)
+    Err(AgentClientError::Status {
+        status: status.as_u16(),
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    })
+}
+
+/// The whole body of a 2xx answer ([`success`]).
+pub async fn ok_body(resp: http::Response<Incoming>) -> Result<Bytes, AgentClientError> {
+    Ok(success(resp)
+        .await?
+        .into_body()
+        .collect()
+        .await
+        .map_err(AgentClientError::Request)?
+        .to_bytes())
 }

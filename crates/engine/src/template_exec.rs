@@ -13,19 +13,16 @@ use bulkhead_envd::process::{
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 
+use crate::agent_client::{self, AgentClientError};
 use crate::driver::AgentStream;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
-    #[error("HTTP exchange with the build sandbox's agent failed")]
+    #[error("the build sandbox's agent: {0}")]
+    Client(#[from] AgentClientError),
+    #[error("reading the build sandbox's process stream failed")]
     Http(#[source] hyper::Error),
-    #[error("invalid request to the build sandbox's agent")]
-    Build(#[source] http::Error),
-    #[error("the build sandbox's agent answered {status}: {body}")]
-    Status { status: u16, body: String },
     #[error("the build sandbox's agent sent an unreadable process stream: {0}")]
     Stream(String),
     #[error("{0}")]
@@ -50,19 +47,6 @@ fn basic_auth(user: &str) -> String {
         "Basic {}",
         base64::engine::general_purpose::STANDARD.encode(format!("{user}:"))
     )
-}
-
-async fn send(
-    stream: AgentStream,
-    req: http::Request<Full<Bytes>>,
-) -> Result<http::Response<hyper::body::Incoming>, ExecError> {
-    let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(ExecError::Http)?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    sender.send_request(req).await.map_err(ExecError::Http)
 }
 
 /// Runs `cmd` with `/bin/bash -l -c` and returns its exit code; each output line goes to
@@ -90,7 +74,6 @@ pub async fn run(
     let req = req
         .method(http::Method::POST)
         .uri("/process.Process/Start")
-        .header(http::header::HOST, "agent")
         .header(http::header::CONTENT_TYPE, "application/connect+json")
         .header("Connect-Protocol-Version", "1")
         .header(
@@ -102,18 +85,10 @@ pub async fn run(
         )
         .header(http::header::AUTHORIZATION, basic_auth(cmd.user))
         .body(Full::new(encode_envelope(0, &json)))
-        .map_err(ExecError::Build)?;
+        .map_err(AgentClientError::Build)?;
     let fut = async {
-        let resp = send(stream, req).await?;
-        let status = resp.status();
+        let resp = agent_client::success(agent_client::send(stream, req).await?).await?;
         let mut body = resp.into_body();
-        if !status.is_success() {
-            let bytes = body.collect().await.map_err(ExecError::Http)?.to_bytes();
-            return Err(ExecError::Status {
-                status: status.as_u16(),
-                body: String::from_utf8_lossy(&bytes).into_owned(),
-            });
-        }
         let mut dec = EnvelopeDecoder::new();
         let mut lines = LineSplitter::default();
         let mut exit = None;
@@ -169,40 +144,18 @@ pub async fn put_file(
     user: &str,
     data: Bytes,
 ) -> Result<(), ExecError> {
-    let query: String = url_encode(path);
     let req = http::Request::builder()
         .method(http::Method::POST)
-        .uri(format!("/files?path={query}&username={}", url_encode(user)))
-        .header(http::header::HOST, "agent")
+        .uri(format!(
+            "/files?path={}&username={}",
+            urlencoding::encode(path),
+            urlencoding::encode(user)
+        ))
         .header(http::header::CONTENT_TYPE, "application/octet-stream")
         .body(Full::new(data))
-        .map_err(ExecError::Build)?;
-    let resp = send(stream, req).await?;
-    let status = resp.status();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(ExecError::Http)?
-        .to_bytes();
-    if !status.is_success() {
-        return Err(ExecError::Status {
-            status: status.as_u16(),
-            body: String::from_utf8_lossy(&bytes).into_owned(),
-        });
-    }
+        .map_err(AgentClientError::Build)?;
+    agent_client::ok_body(agent_client::send(stream, req).await?).await?;
     Ok(())
-}
-
-fn url_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Splits a byte stream into lines (a line longer than 8 KiB is cut).
@@ -250,6 +203,5 @@ mod tests {
         s.push(b"c\r\n\nd", &mut out);
         s.flush(&mut out);
         assert_eq!(got, ["a", "bc", "", "d"]);
-        assert_eq!(url_encode("/a b&c"), "/a%20b%26c");
     }
 }
