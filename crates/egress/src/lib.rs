@@ -20,6 +20,7 @@ mod denyset;
 mod device;
 mod dns;
 mod error;
+mod ethernet;
 mod fakeip;
 mod inject;
 #[cfg(feature = "testing")]
@@ -46,6 +47,7 @@ pub use config::{
 };
 pub use denyset::{DenySet, host_addresses};
 pub use error::EgressError;
+pub use ethernet::{GATEWAY_MAC, GUEST_MAC, ethernet_link};
 pub use netns::open_tun_in_netns;
 pub use policy::{HeaderRule, NetworkPolicy, PolicyError, Verdict, normalize_name};
 pub use secrets::{SecretRefError, SecretSource};
