@@ -121,8 +121,14 @@ pub fn ethernet_link(vm: UnixStream) -> io::Result<(OwnedFd, tokio::task::JoinHa
         SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
     )
     .map_err(io::Error::from)?;
-    let ours = AsyncFd::new(ours)?;
+    let ours = register(ours)?;
     Ok((theirs, tokio::spawn(bridge(vm, ours))))
+}
+
+fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd always returns the same open fd from as_raw_fd and stays open until
+    // the AsyncFd (its owner) is dropped.
+    unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)
 }
 
 async fn bridge(vm: UnixStream, packets: AsyncFd<OwnedFd>) {
@@ -268,7 +274,7 @@ mod tests {
         f.extend_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
         f.extend_from_slice(b"hello stack");
         vw.write_all(&prefixed(&f)).await.unwrap();
-        let afd = AsyncFd::new(packets).unwrap();
+        let afd = register(packets).unwrap();
         let mut buf = [0u8; 64];
         let n = loop {
             let mut g = afd.readable().await.unwrap();
