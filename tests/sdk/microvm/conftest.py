@@ -2,8 +2,8 @@
 --driver microvm` (every sandbox a QEMU microVM; TCG where the host has no hardware KVM).
 
 tests/sdk/conftest.py supplies the log capture and the `sandbox_factory` fixtures; this file
-replaces the session's `server` with a microvm one (the `base` template only, a warm pool of
-one) and skips the whole suite, loudly, when QEMU or the guest kernel is missing. The guest
+replaces the session's `server` with one whose `base` template runs in microVMs
+(`--driver-for base=microvm`; a warm pool of one) and skips the whole suite, loudly, when QEMU or the guest kernel is missing. The guest
 kernel comes from `BULKHEAD_GUEST_KERNEL` (scripts/test.sh sets it from
 scripts/guest-kernel.sh).
 """
@@ -43,8 +43,11 @@ def server():
         print(f"\nSKIPPED: microvm SDK suite: {why}", file=sys.stderr)
         pytest.skip(f"SKIPPED: microvm SDK suite: {why}")
     pki = None
+    # The jail stays the default driver and `base` runs in VMs: the per-template choice is
+    # what is exercised (`--driver microvm` alone is the same driver for every template).
     extra = [
-        "--driver", "microvm",
+        "--driver", "jail",
+        "--driver-for", "base=microvm",
         "--guest-kernel", os.environ["BULKHEAD_GUEST_KERNEL"],
         "--templates", "base",
         # One warm VM: a TCG boot costs seconds of a core; more would slow the rest of CI.
