@@ -5,7 +5,8 @@
 //! per-deployment CA), and records one [`AuditEvent`] per decision.
 //!
 //! Packets from the sandbox never reach the host kernel's routing or netfilter: the proxy is the
-//! only reachable peer by construction.
+//! only reachable peer by construction. A microVM's NIC reaches the same stack through
+//! [`ethernet_link`], which turns QEMU's stream of Ethernet frames into a TUN-like packet fd.
 //!
 //! Runtime requirement: `attach` must run inside a **multi-threaded** tokio runtime (ipstack's
 //! TCP streams use `block_in_place` when dropped).
