@@ -220,9 +220,10 @@ pytest_step() { # pytest_step NAME VENV TIMEOUT ARGS...   (-rs: each skip's reas
 if ! skipped python; then
     pytest_step "Python SDK: conformance, isolation, leak (tests/sdk/python)" "$VENV" 3000 tests/sdk/python
 fi
-# The microvm driver under the official SDK (a server of its own, --driver microvm, TCG where
-# there is no hardware KVM): small, about a minute and a half. Without QEMU or the guest kernel
-# it is skipped, loudly (a failed kernel build is already recorded above as a failure).
+# The microvm driver under the official SDKs (a server of its own whose base and
+# code-interpreter-v1 templates run in VMs, TCG where there is no hardware KVM): small, about
+# three minutes. The interpreter venv has both `e2b` and `e2b-code-interpreter`. Without QEMU
+# or the guest kernel it is skipped, loudly (a failed kernel build is already recorded above).
 if ! skipped microvm; then
     if ! command -v qemu-system-x86_64 >/dev/null || [ ! -s "${BULKHEAD_GUEST_KERNEL:-}" ]; then
         why="no qemu-system-x86_64 or no guest kernel (BULKHEAD_GUEST_KERNEL='${BULKHEAD_GUEST_KERNEL:-}')"
@@ -230,7 +231,7 @@ if ! skipped microvm; then
         echo "SKIPPED: microvm SDK suite: $why" >&2
         RESULTS+=("SKIP  microvm SDK suite ($why)")
     else
-        pytest_step "microvm SDK suite (tests/sdk/microvm)" "$VENV" 1200 tests/sdk/microvm
+        pytest_step "microvm SDK suite (tests/sdk/microvm)" "$CI_VENV" 1800 tests/sdk/microvm
     fi
 fi
 if ! skipped old-sdk; then

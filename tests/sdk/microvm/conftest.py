@@ -2,8 +2,8 @@
 --driver microvm` (every sandbox a QEMU microVM; TCG where the host has no hardware KVM).
 
 tests/sdk/conftest.py supplies the log capture and the `sandbox_factory` fixtures; this file
-replaces the session's `server` with one whose `base` template runs in microVMs
-(`--driver-for base=microvm`; a warm pool of one) and skips the whole suite, loudly, when QEMU or the guest kernel is missing. The guest
+replaces the session's `server` with one whose `base` and `code-interpreter-v1` templates run
+in microVMs (`--driver-for`; a warm pool of one `base` VM) and skips the whole suite, loudly, when QEMU or the guest kernel is missing. The guest
 kernel comes from `BULKHEAD_GUEST_KERNEL` (scripts/test.sh sets it from
 scripts/guest-kernel.sh).
 """
@@ -47,11 +47,14 @@ def server():
     # what is exercised (`--driver microvm` alone is the same driver for every template).
     extra = [
         "--driver", "jail",
-        "--driver-for", "base=microvm",
+        "--driver-for", "base=microvm,code-interpreter-v1=microvm",
         "--guest-kernel", os.environ["BULKHEAD_GUEST_KERNEL"],
-        "--templates", "base",
-        # One warm VM: a TCG boot costs seconds of a core; more would slow the rest of CI.
+        "--templates", "base,code-interpreter-v1",
+        # One warm `base` VM and no warm interpreter VM: a TCG boot costs seconds of a core
+        # (the interpreter's tens); more would slow the rest of CI.
         "--pool-size", "1",
+        "--pool", "code-interpreter-v1=0",
+        "--pool-checkpoint", "off",
     ]
     if egresslab.missing_tools() is None:
         pki = egresslab.TestPki()

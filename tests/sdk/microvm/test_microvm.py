@@ -1,6 +1,7 @@
-"""The official Python SDK against a microvm server: lifecycle, commands, files, the network
+"""The official Python SDKs against a microvm server: lifecycle, commands, files, the network
 (a denied and an allowed egress through the same egress stack as the jail, to the local test
-upstreams of `egresslab`), kill, and no leaks after create/kill cycles.
+upstreams of `egresslab`), `run_code` in the code interpreter (PyPI `e2b-code-interpreter`),
+kill, and no leaks after create/kill cycles.
 
 Small on purpose: every sandbox is a VM booted under TCG on hosts without hardware KVM.
 """
@@ -140,6 +141,24 @@ def test_allowed_and_denied_egress_through_the_egress_stack(sandbox_factory, ser
     code, body, err, _ = sh(sbx, "curl -sS -m 20 http://api.allowed.test/regranted")
     assert code == 0, err
     assert json.loads(body)["path"] == "/regranted"
+
+
+@pytest.mark.timeout(900)
+def test_run_code_in_the_code_interpreter_vm(server):
+    """The interpreter template in a VM: Jupyter kernels on the guest kernel, state kept
+    between cells (under TCG the first cell waits for the kernel: tens of seconds)."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    sbx = CodeSandbox.create(timeout=600, request_timeout=600, metadata={"bulkhead-test": "microvm"})
+    try:
+        ex = sbx.run_code("import os; x = 6 * 7; print(os.uname().release); x", timeout=600)
+        assert ex.error is None, ex.error
+        assert ex.text == "42"
+        assert ex.logs.stdout[0].strip() != os.uname().release, "the kernel ran on the host's kernel"
+        ex = sbx.run_code("x + 1")
+        assert (ex.error, ex.text) == (None, "43")
+    finally:
+        assert sbx.kill() is True
 
 
 def test_kill_stops_the_vm(sandbox_factory, server):
