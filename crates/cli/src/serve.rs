@@ -320,6 +320,35 @@ mod tests {
     }
 
     #[test]
+    fn driver_for_names_templates_and_drivers() {
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--driver-for",
+            "code-interpreter-v1=microvm,base=jail",
+        ])
+        .unwrap();
+        let c = cli.serve.config();
+        assert_eq!(c.driver, DriverKind::Jail);
+        assert_eq!(
+            c.driver_for,
+            [
+                ("code-interpreter-v1".to_string(), DriverKind::Microvm),
+                ("base".to_string(), DriverKind::Jail)
+            ]
+        );
+        for bad in ["base", "=microvm", "base=kvm"] {
+            let e = Cli::try_parse_from(["serve", "--driver-for", bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.contains("TEMPLATE=DRIVER") || e.contains("jail or microvm"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn the_default_flags_make_a_valid_config() {
         let cli =
             Cli::try_parse_from(["serve", "--templates", "base", "--data-dir", "/d"]).unwrap();
