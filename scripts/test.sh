@@ -18,7 +18,7 @@
 #   BULKHEAD_CACHE_DIR     venvs and the template image cache   (default /var/cache/bulkhead)
 #   BULKHEAD_IMAGE_CACHE   template images                      (default $BULKHEAD_CACHE_DIR/images)
 #   PYTEST_ADDOPTS         extra pytest options, e.g. -m "not slow" to skip the leak test locally
-#   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk js
+#   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk microvm js
 #                          interpreter-module interpreter-python interpreter-js
 #                          (local use only: listed as SKIP in the summary; .ci/run unsets it)
 #   BULKHEAD_TEST_EXTRA_CA PEM CA for the images extra-CA test (default: the top certificate of
@@ -219,6 +219,20 @@ pytest_step() { # pytest_step NAME VENV TIMEOUT ARGS...   (-rs: each skip's reas
 }
 if ! skipped python; then
     pytest_step "Python SDK: conformance, isolation, leak (tests/sdk/python)" "$VENV" 3000 tests/sdk/python
+fi
+# The microvm driver under the official SDKs (a server of its own whose base and
+# code-interpreter-v1 templates run in VMs, TCG where there is no hardware KVM): small, about
+# three minutes. The interpreter venv has both `e2b` and `e2b-code-interpreter`. Without QEMU
+# or the guest kernel it is skipped, loudly (a failed kernel build is already recorded above).
+if ! skipped microvm; then
+    if ! command -v qemu-system-x86_64 >/dev/null || [ ! -s "${BULKHEAD_GUEST_KERNEL:-}" ]; then
+        why="no qemu-system-x86_64 or no guest kernel (BULKHEAD_GUEST_KERNEL='${BULKHEAD_GUEST_KERNEL:-}')"
+        section "microvm SDK suite"
+        echo "SKIPPED: microvm SDK suite: $why" >&2
+        RESULTS+=("SKIP  microvm SDK suite ($why)")
+    else
+        pytest_step "microvm SDK suite (tests/sdk/microvm)" "$CI_VENV" 1800 tests/sdk/microvm
+    fi
 fi
 if ! skipped old-sdk; then
     pytest_step "Older Python SDK, POST /sandboxes generation (tests/sdk/python_old)" "$OLD_VENV" 900 tests/sdk/python_old

@@ -5,7 +5,7 @@
 //! empty mount points) as `/`. [`prepare_root`] then mounts the template image (`bulkhead-root`,
 //! erofs or ext4, read-only) and the sandbox's writable disk (`bulkhead-rw`, ext4) under an
 //! overlay, pivots into it (the boot disk stays at `/run/bulkhead/boot`), mounts the API file
-//! systems and brings up `lo`. [`bridge`] serves the host's agent streams arriving on a
+//! systems, brings up `lo` and configures `eth0` ([`crate::guest_net`]). [`bridge`] serves the host's agent streams arriving on a
 //! virtio-serial port by connecting each to the agent's own Unix socket
 //! (see `bulkhead-vmchan`).
 
@@ -144,6 +144,13 @@ pub fn prepare_root() -> Result<(), GuestError> {
     )?;
     loopback_up()?;
     set_clock();
+    // The sandbox still works without its NIC (commands, files): say why and go on.
+    if let Err(e) = crate::guest_net::configure() {
+        eprintln!(
+            "bulkhead-agent: the sandbox has no network: {}",
+            crate::error_chain(&e)
+        );
+    }
     Ok(())
 }
 

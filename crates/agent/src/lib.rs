@@ -32,6 +32,7 @@ pub mod creds;
 pub mod files;
 pub mod filesystem;
 pub mod guest;
+pub mod guest_net;
 pub mod http;
 pub mod init;
 pub mod interpreter;

@@ -8,6 +8,7 @@ mod bench_cpu;
 mod bench_persist;
 mod bench_stats;
 mod client;
+mod doctor;
 mod keys;
 mod netargs;
 mod registryargs;
@@ -66,6 +67,8 @@ enum Cmd {
     /// Measure create→first-command latency (or, with `--mode persistence`, pause, resume,
     /// fork and snapshot restores) against a running server, with baselines.
     Bench(bench::BenchArgs),
+    /// Which drivers this host can run (jail, microvm with KVM or TCG), and why not.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -94,6 +97,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Secrets { client, cmd } => secrets::run(client, cmd).await,
             Cmd::Template { data, cmd } => template::run(data, cmd).await,
             Cmd::Bench(args) => bench::run(args).await,
+            Cmd::Doctor(args) => doctor::run(args),
         }
     });
     match result {

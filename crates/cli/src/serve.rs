@@ -21,6 +21,15 @@ pub enum DriverArg {
     Microvm,
 }
 
+impl DriverArg {
+    fn kind(self) -> DriverKind {
+        match self {
+            DriverArg::Jail => DriverKind::Jail,
+            DriverArg::Microvm => DriverKind::Microvm,
+        }
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
     /// Address to listen on (HTTP/1.1 and h2c).
@@ -86,6 +95,10 @@ pub struct ServeArgs {
     /// microVM each, with its own kernel; needs --guest-kernel; see docs/microvm.md).
     #[arg(long, env = "BULKHEAD_DRIVER", value_enum, default_value_t = DriverArg::Jail)]
     pub driver: DriverArg,
+    /// A template run by another driver than --driver, `TEMPLATE=DRIVER` (e.g.
+    /// `code-interpreter-v1=microvm`); repeatable or comma-separated.
+    #[arg(long, env = "BULKHEAD_DRIVER_FOR", value_delimiter = ',', value_parser = parse_driver_for)]
+    pub driver_for: Vec<(String, DriverArg)>,
     /// The microvm driver's guest kernel: `$(scripts/guest-kernel.sh)/bzImage`.
     #[arg(long, env = "BULKHEAD_GUEST_KERNEL")]
     pub guest_kernel: Option<std::path::PathBuf>,
@@ -122,6 +135,18 @@ pub struct ServeArgs {
     /// proxy in front of this server (README: "Sandbox ports on your own domain").
     #[arg(long, env = "BULKHEAD_SANDBOX_DOMAIN")]
     pub sandbox_domain: Option<String>,
+}
+
+/// `TEMPLATE=DRIVER`.
+fn parse_driver_for(s: &str) -> Result<(String, DriverArg), String> {
+    use clap::ValueEnum;
+    let (template, driver) = s
+        .split_once('=')
+        .filter(|(t, _)| !t.trim().is_empty())
+        .ok_or_else(|| format!("{s:?}: expected TEMPLATE=DRIVER (e.g. base=microvm)"))?;
+    let driver = DriverArg::from_str(driver.trim(), true)
+        .map_err(|_| format!("{s:?}: {driver:?} is not a driver (jail or microvm)"))?;
+    Ok((template.trim().to_string(), driver))
 }
 
 /// `NAME=MIN..MAX` or `NAME=N`.
@@ -193,10 +218,12 @@ impl ServeArgs {
             // Filled by `run` from `--registry-*`: reading the auth file can fail.
             registry: Default::default(),
             sandbox_domain: self.sandbox_domain.clone(),
-            driver: match self.driver {
-                DriverArg::Jail => DriverKind::Jail,
-                DriverArg::Microvm => DriverKind::Microvm,
-            },
+            driver: self.driver.kind(),
+            driver_for: self
+                .driver_for
+                .iter()
+                .map(|(t, d)| (t.clone(), d.kind()))
+                .collect(),
             guest_kernel: self.guest_kernel.clone(),
             network: NetworkConfig {
                 default: match net.network_default {
@@ -290,6 +317,35 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         serve: ServeArgs,
+    }
+
+    #[test]
+    fn driver_for_names_templates_and_drivers() {
+        let cli = Cli::try_parse_from([
+            "serve",
+            "--driver-for",
+            "code-interpreter-v1=microvm,base=jail",
+        ])
+        .unwrap();
+        let c = cli.serve.config();
+        assert_eq!(c.driver, DriverKind::Jail);
+        assert_eq!(
+            c.driver_for,
+            [
+                ("code-interpreter-v1".to_string(), DriverKind::Microvm),
+                ("base".to_string(), DriverKind::Jail)
+            ]
+        );
+        for bad in ["base", "=microvm", "base=kvm"] {
+            let e = Cli::try_parse_from(["serve", "--driver-for", bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(
+                e.contains("TEMPLATE=DRIVER") || e.contains("jail or microvm"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub enum NetworkLink {
     /// A TUN device created inside the sandbox's network namespace (the jail); the host holds
     /// its file descriptor and moves IP packets.
     TunInNetns,
+    /// The VM's NIC, bridged by the driver to a packet socket (the microvm): the host's end
+    /// moves IP packets, like the TUN's.
+    VmNic,
     /// A TAP device the VMM attaches to the guest's virtio-net (the microvm); Ethernet frames.
     Tap,
 }

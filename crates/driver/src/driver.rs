@@ -37,6 +37,12 @@ pub struct ResourceUsage {
 pub trait Driver: Send + Sync + 'static {
     fn name(&self) -> &'static str;
 
+    /// Did this driver make `handle` (so that it may adopt, reach or stop it)? By name; a
+    /// driver made of several ([`crate::ByTemplate`]) answers for each of them.
+    fn owns(&self, handle: &DriverHandle) -> bool {
+        handle.driver == self.name()
+    }
+
     /// What this driver can do beyond the required methods. The default claims nothing.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()

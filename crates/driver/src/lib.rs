@@ -7,6 +7,7 @@
 //! - [`driver`]: the [`Driver`] trait, the agent stream and resource usage;
 //! - [`handle`]: [`SandboxSpec`] and the stored, versioned [`DriverHandle`];
 //! - [`capability`]: [`Capabilities`] and the types of the optional operations;
+//! - [`route`]: [`ByTemplate`], several drivers behind one (a driver per template);
 //! - [`error`]: [`DriverError`] and [`StartError`];
 //! - `fake` (feature `testing`): [`FakeDriver`], an in-memory driver for tests without root;
 //! - `conformance` (feature `conformance`): the cases every driver must pass.
@@ -19,6 +20,7 @@ pub mod error;
 #[cfg(feature = "testing")]
 pub mod fake;
 pub mod handle;
+pub mod route;
 
 pub use capability::{
     Capabilities, ChangeKind, ChangeSource, CheckpointInfo, CheckpointOptions, FileChange,
@@ -29,3 +31,4 @@ pub use error::{AgentExit, DriverError, StartError};
 #[cfg(feature = "testing")]
 pub use fake::{FakeDriver, FakeHost, FakeMemory};
 pub use handle::{DRIVER_HANDLE_FORMAT, DriverHandle, SandboxSpec, VolumeMount};
+pub use route::ByTemplate;

@@ -5,7 +5,8 @@
 //! per-deployment CA), and records one [`AuditEvent`] per decision.
 //!
 //! Packets from the sandbox never reach the host kernel's routing or netfilter: the proxy is the
-//! only reachable peer by construction.
+//! only reachable peer by construction. A microVM's NIC reaches the same stack through
+//! [`ethernet_link`], which turns QEMU's stream of Ethernet frames into a TUN-like packet fd.
 //!
 //! Runtime requirement: `attach` must run inside a **multi-threaded** tokio runtime (ipstack's
 //! TCP streams use `block_in_place` when dropped).
@@ -20,6 +21,7 @@ mod denyset;
 mod device;
 mod dns;
 mod error;
+mod ethernet;
 mod fakeip;
 mod inject;
 #[cfg(feature = "testing")]
@@ -46,6 +48,7 @@ pub use config::{
 };
 pub use denyset::{DenySet, host_addresses};
 pub use error::EgressError;
+pub use ethernet::{GATEWAY_MAC, GUEST_MAC, ethernet_link};
 pub use netns::open_tun_in_netns;
 pub use policy::{HeaderRule, NetworkPolicy, PolicyError, Verdict, normalize_name};
 pub use secrets::{SecretRefError, SecretSource};

@@ -54,11 +54,7 @@ impl Engine {
                 && row.end_at <= now_ms()
                 && extra.lifecycle.on_timeout == OnTimeout::Kill;
             let alive = match handle {
-                Some(h)
-                    if h.driver == self.driver.name()
-                        && !expired
-                        && self.driver.adopt(&h).await =>
-                {
+                Some(h) if self.driver.owns(&h) && !expired && self.driver.adopt(&h).await => {
                     Some(h)
                 }
                 _ => None,

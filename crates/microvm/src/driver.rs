@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -9,15 +10,15 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentExit, AgentStream, Capabilities, Driver, DriverError, DriverHandle, ResourceUsage,
-    SandboxSpec, StartError,
+    AgentExit, AgentStream, Capabilities, Driver, DriverError, DriverHandle, NetworkLink,
+    ResourceUsage, SandboxSpec, StartError,
 };
 use bulkhead_vmchan::HostSession;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::image::{self, ImageStore};
 use crate::probe::{self, AccelReport};
-use crate::qemu::VmSpec;
+use crate::qemu::{self, VmSpec};
 use crate::qmp;
 use crate::vm::{self, VmRecord};
 use crate::{MicrovmConfig, MicrovmError};
@@ -29,6 +30,9 @@ struct Vm {
     record: VmRecord,
     /// The agent channel, (re)connected on demand.
     session: tokio::sync::Mutex<Option<Arc<HostSession>>>,
+    /// Generation of the NIC's link to the egress stack: each `open_network` takes the next
+    /// one, and only the current link may take the carrier down when it ends.
+    link: tokio::sync::Mutex<u64>,
 }
 
 pub struct MicrovmDriver {
@@ -277,6 +281,22 @@ impl MicrovmDriver {
         })
     }
 
+    /// The NIC's carrier (QMP `set_link`). Down while the NIC is not connected to the egress
+    /// stack, so that the guest, which ignores routes over a link without carrier, fails
+    /// connections at once ("network unreachable") instead of waiting for ARP answers.
+    async fn set_link(rec: &VmRecord, up: bool) -> Result<(), DriverError> {
+        qmp::execute(
+            &rec.dir.join(vm::QMP_SOCKET),
+            &[(
+                "set_link",
+                serde_json::json!({ "name": qemu::NIC, "up": up }),
+            )],
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| DriverError::io("set the VM's NIC link over QMP", e))
+    }
+
     fn output(&self, rec: &VmRecord) -> String {
         let qemu = vm::tail(&rec.dir.join(vm::QEMU_LOG), 1000);
         let console = vm::tail(&rec.dir.join(vm::CONSOLE_LOG), 2000);
@@ -300,6 +320,7 @@ fn new_vm(record: VmRecord) -> Arc<Vm> {
     Arc::new(Vm {
         record,
         session: tokio::sync::Mutex::new(None),
+        link: tokio::sync::Mutex::new(0),
     })
 }
 
@@ -321,6 +342,7 @@ impl Driver for MicrovmDriver {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             freeze: true,
+            network: NetworkLink::VmNic,
             ..Capabilities::default()
         }
     }
@@ -335,7 +357,11 @@ impl Driver for MicrovmDriver {
             }
         };
         let vm = self.vm_for(rec.clone());
-        if let Err(e) = self.wait_ready(&vm).await {
+        let ready = match self.wait_ready(&vm).await {
+            Ok(()) => Self::set_link(&rec, false).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
             self.teardown(&rec).await;
             return Err(e);
         }
@@ -383,6 +409,34 @@ impl Driver for MicrovmDriver {
         let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
         let vm = self.vm_for(rec);
         self.open_stream(&vm).await
+    }
+
+    /// Connects QEMU's NIC socket and bridges its Ethernet frames to IP packets
+    /// ([`bulkhead_egress::ethernet_link`]); closing the returned end disconnects the NIC.
+    async fn open_network(&self, h: &DriverHandle) -> Result<OwnedFd, DriverError> {
+        let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
+        let vm = self.vm_for(rec.clone());
+        let mut link = vm.link.lock().await;
+        let path = rec.dir.join(qemu::NET_SOCKET);
+        let stream = tokio::net::UnixStream::connect(&path).await.map_err(|e| {
+            DriverError::io(format!("connect to the VM's NIC at {}", path.display()), e)
+        })?;
+        let (fd, bridge) = bulkhead_egress::ethernet_link(stream)
+            .map_err(|e| DriverError::io("bridge the VM's NIC to the egress stack", e))?;
+        Self::set_link(&rec, true).await?;
+        *link += 1;
+        let generation = *link;
+        drop(link);
+        // The engine closing its end (detach) ends the bridge: carrier down again, unless a
+        // newer link has been opened meanwhile.
+        tokio::spawn(async move {
+            let _ = bridge.await;
+            let link = vm.link.lock().await;
+            if *link == generation && vm::alive(rec.pid, rec.pid_start_time) {
+                let _ = Self::set_link(&rec, false).await;
+            }
+        });
+        Ok(fd)
     }
 
     async fn freeze(&self, h: &DriverHandle) -> Result<(), DriverError> {

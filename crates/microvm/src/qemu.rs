@@ -1,12 +1,17 @@
 //! The QEMU command line of one sandbox VM: the `microvm` machine with direct kernel boot and
 //! no firmware, PCI or ACPI; three virtio-blk disks (boot, template, writable), the agent's
-//! virtio-serial port on a host Unix socket, virtio-rng, QMP; QEMU's own seccomp filter.
+//! virtio-serial port on a host Unix socket, virtio-rng, a virtio-net NIC on a host Unix socket
+//! (the egress stack's end), QMP; QEMU's own seccomp filter.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 /// Name of the virtio-serial port the agent serves its streams on.
 pub const AGENT_PORT: &str = "bulkhead.agent";
+/// The NIC's QEMU id (`set_link` and events name it).
+pub const NIC: &str = "net0";
+/// Host end of the NIC (QEMU listens): `<slot dir>/net.sock`, next to the agent's socket.
+pub const NET_SOCKET: &str = "net.sock";
 /// Path of the agent's Unix socket inside the guest.
 pub const GUEST_AGENT_SOCKET: &str = "/run/bulkhead/agent.sock";
 
@@ -54,6 +59,34 @@ fn drive(args: &mut Vec<OsString>, id: &str, file: &Path, readonly: bool) {
     ]);
 }
 
+/// The guest's `eth0`, as the agent reads it: `ADDR/PREFIX,GATEWAY,MTU` (the gateway is also
+/// its nameserver). The same fixed addresses as the jail's TUN link: every VM is alone on its
+/// link, whose only peer is the egress stack.
+fn guest_net() -> String {
+    use bulkhead_egress::{GATEWAY_ADDR, MTU, PREFIX_LEN, SANDBOX_ADDR};
+    format!("{SANDBOX_ADDR}/{PREFIX_LEN},{GATEWAY_ADDR},{MTU}")
+}
+
+/// The NIC: virtio-net on a `-netdev stream` whose socket QEMU listens on in the slot
+/// directory. The driver connects it to the egress stack when the sandbox gets network
+/// (`open_network`); until then nothing is connected and QEMU drops the guest's frames.
+fn nic(a: &mut Vec<OsString>, s: &VmSpec) {
+    let dir = s.agent_socket.parent().unwrap_or(Path::new("."));
+    let mut netdev = OsString::from(format!(
+        "stream,id={NIC},server=on,addr.type=unix,addr.path="
+    ));
+    netdev.push(dir.join(NET_SOCKET));
+    let mac = bulkhead_egress::GUEST_MAC
+        .map(|b| format!("{b:02x}"))
+        .join(":");
+    a.extend([
+        "-netdev".into(),
+        netdev,
+        "-device".into(),
+        format!("virtio-net-device,netdev={NIC},mac={mac}").into(),
+    ]);
+}
+
 /// The arguments after the `qemu-system-x86_64` program name.
 pub fn args(s: &VmSpec) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
@@ -91,10 +124,12 @@ pub fn args(s: &VmSpec) -> Vec<OsString> {
     let cmdline = format!(
         "console=ttyS0 quiet panic=-1 root=/dev/vda ro rootfstype=ext4 init=/agent \
          BULKHEAD_AGENT_LOG={} BULKHEAD_AGENT_LISTEN=unix:{GUEST_AGENT_SOCKET} \
-         BULKHEAD_AGENT_GUEST_PORT={AGENT_PORT} BULKHEAD_GUEST_CLOCK={}.{:09}",
+         BULKHEAD_AGENT_GUEST_PORT={AGENT_PORT} BULKHEAD_GUEST_CLOCK={}.{:09} \
+         BULKHEAD_GUEST_NET={}",
         s.agent_log,
         s.clock.as_secs(),
-        s.clock.subsec_nanos()
+        s.clock.subsec_nanos(),
+        guest_net()
     );
     a.extend(["-append".into(), cmdline.into()]);
     // The boot disk first: the kernel names it /dev/vda (root=). The agent finds the others by
@@ -114,6 +149,7 @@ pub fn args(s: &VmSpec) -> Vec<OsString> {
         "-device".into(),
         "virtio-rng-device".into(),
     ]);
+    nic(&mut a, s);
     let mut qmp = OsString::from("unix:");
     qmp.push(&s.qmp_socket);
     qmp.push(",server=on,wait=off");
@@ -169,6 +205,15 @@ mod tests {
         assert!(a.contains("BULKHEAD_AGENT_GUEST_PORT=bulkhead.agent"));
         assert!(!a.contains(" -- "), "QEMU appends to the command line: {a}");
         assert!(a.contains("init=/agent"));
+        assert!(
+            a.contains("-netdev stream,id=net0,server=on,addr.type=unix,addr.path=/s/3/net.sock"),
+            "{a}"
+        );
+        assert!(a.contains("virtio-net-device,netdev=net0,mac=52:54:00:c8:00:02"));
+        assert!(
+            a.contains("BULKHEAD_GUEST_NET=10.200.0.2/24,10.200.0.1,1500"),
+            "{a}"
+        );
         assert!(
             a.contains("BULKHEAD_GUEST_CLOCK=1700000000.250000000"),
             "{a}"

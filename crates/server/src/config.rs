@@ -99,6 +99,8 @@ pub struct ServerConfig {
     pub sandbox_domain: Option<String>,
     /// Which driver runs the sandboxes (`--driver`).
     pub driver: DriverKind,
+    /// Templates another driver runs (`--driver-for TEMPLATE=DRIVER`).
+    pub driver_for: Vec<(String, DriverKind)>,
     /// The microvm driver's guest kernel (`--guest-kernel`; `scripts/guest-kernel.sh`).
     pub guest_kernel: Option<PathBuf>,
 }
@@ -117,7 +119,7 @@ pub enum DriverKind {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(
-        "--driver microvm needs a guest kernel: pass --guest-kernel $(scripts/guest-kernel.sh)/bzImage"
+        "the microvm driver (--driver or --driver-for) needs a guest kernel: pass --guest-kernel $(scripts/guest-kernel.sh)/bzImage"
     )]
     NoGuestKernel,
     #[error("unknown template {name:?}: the built-in templates are: {builtin}")]
@@ -163,7 +165,7 @@ impl ServerConfig {
     /// Checks everything that can be checked without touching the host.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.recipes()?;
-        if self.driver == DriverKind::Microvm && self.guest_kernel.is_none() {
+        if self.uses(DriverKind::Microvm) && self.guest_kernel.is_none() {
             return Err(ConfigError::NoGuestKernel);
         }
         parse_overrides(&self.network.resolve)?;
@@ -286,6 +288,11 @@ impl ServerConfig {
         (self.max_sandboxes + pools + 8) as u32
     }
 
+    /// Does any template run on `kind`?
+    pub fn uses(&self, kind: DriverKind) -> bool {
+        self.driver == kind || self.driver_for.iter().any(|(_, k)| *k == kind)
+    }
+
     /// CPUs and memory of the template `id`.
     pub fn size_of(&self, id: &str) -> TemplateSize {
         if id == bulkhead_images::CODE_INTERPRETER_ID {
@@ -373,6 +380,7 @@ mod tests {
             volume_max_bytes: 1 << 30,
             registry: Default::default(),
             driver: DriverKind::Jail,
+            driver_for: Vec::new(),
             guest_kernel: None,
         }
     }
@@ -425,6 +433,11 @@ mod tests {
         assert!(matches!(c.validate(), Err(ConfigError::NoGuestKernel)));
         c.guest_kernel = Some("/k/bzImage".into());
         c.validate().unwrap();
+        // Also when only some templates run in VMs.
+        let mut c = config();
+        c.driver_for = vec![("base".into(), DriverKind::Microvm)];
+        assert!(c.uses(DriverKind::Microvm) && c.uses(DriverKind::Jail));
+        assert!(matches!(c.validate(), Err(ConfigError::NoGuestKernel)));
     }
 
     #[test]

@@ -230,53 +230,50 @@ impl Prepared {
             return Err(StartError::AgentMissing(agent));
         }
         let net = network::setup(&config.network, &config.data_dir, &store)?;
-        let (driver, jail): (Arc<dyn Driver>, _) = match config.driver {
-            DriverKind::Jail => {
-                let jail = Arc::new(
-                    JailDriver::new(JailConfig {
-                        state_dir: config.data_dir.join("jail"),
-                        agent_binary: agent,
-                        launcher: vec![exe.into_os_string(), "__jail-launch".into()],
-                        agent_args: vec![
-                            "--max-background-processes".into(),
-                            config.max_background_processes.to_string(),
-                        ],
-                        uid_base: config.uid_base,
-                        max_slots: config.slots(),
-                        cgroup_parent: cgroup_parent(&config.data_dir),
-                        start_timeout: Duration::from_secs(10),
-                        sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
-                        nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
-                        criu: usable_criu(config.criu.as_deref()),
-                    })
-                    .map_err(StartError::Driver)?,
-                );
-                (jail.clone(), Some(jail))
+        let jail = match config.uses(DriverKind::Jail) {
+            false => None,
+            true => Some(Arc::new(
+                JailDriver::new(JailConfig {
+                    state_dir: config.data_dir.join("jail"),
+                    agent_binary: agent.clone(),
+                    launcher: vec![exe.into_os_string(), "__jail-launch".into()],
+                    agent_args: vec![
+                        "--max-background-processes".into(),
+                        config.max_background_processes.to_string(),
+                    ],
+                    uid_base: config.uid_base,
+                    max_slots: config.slots(),
+                    cgroup_parent: cgroup_parent(&config.data_dir),
+                    start_timeout: Duration::from_secs(10),
+                    sandbox_ca_pem: Some(net.sandbox_ca_pem.clone()),
+                    nameserver: Some(bulkhead_egress::GATEWAY_ADDR),
+                    criu: usable_criu(config.criu.as_deref()),
+                })
+                .map_err(StartError::Driver)?,
+            )),
+        };
+        let vm = match config.uses(DriverKind::Microvm) {
+            false => None,
+            true => Some(Arc::new(microvm_driver(&config, agent, jail.is_some())?)),
+        };
+        let pick = |kind: DriverKind| -> Arc<dyn Driver> {
+            match kind {
+                DriverKind::Jail => jail.clone().expect("built when used"),
+                DriverKind::Microvm => vm.clone().expect("built when used"),
             }
-            DriverKind::Microvm => {
-                let kernel = config
-                    .guest_kernel
-                    .clone()
-                    .ok_or(ConfigError::NoGuestKernel)?;
-                // VM images sit next to the template cache, not in it (it lists its own).
-                let images = config.image_cache_dir();
-                let cache = images.parent().unwrap_or(&images).to_path_buf();
-                let mut cfg = bulkhead_microvm::MicrovmConfig::new(
-                    config.data_dir.join("microvm"),
-                    cache,
-                    kernel,
-                    agent,
-                );
-                cfg.max_slots = config.slots();
-                let vm = bulkhead_microvm::MicrovmDriver::new(cfg).map_err(StartError::Microvm)?;
-                let accel = vm.accel();
-                if accel.accel == bulkhead_microvm::Accel::Tcg {
-                    tracing::warn!(reason = %accel.reason, "microvm driver without KVM");
-                } else {
-                    tracing::info!(reason = %accel.reason, "microvm driver");
-                }
-                (Arc::new(vm), None)
-            }
+        };
+        let driver = if config.driver_for.is_empty() {
+            pick(config.driver)
+        } else {
+            let routes = config
+                .driver_for
+                .iter()
+                .map(|(template, kind)| (template.clone(), pick(*kind)))
+                .collect();
+            Arc::new(bulkhead_driver::ByTemplate::new(
+                pick(config.driver),
+                routes,
+            ))
         };
         let engine = Engine::new(
             store,
@@ -352,6 +349,38 @@ impl Prepared {
             readopted,
         })
     }
+}
+
+/// The microvm driver, logging which acceleration it uses and why. Beside the jail its QEMU
+/// uids start above the jail's uid ranges, so no VM shares a uid with a jailed sandbox.
+fn microvm_driver(
+    config: &ServerConfig,
+    agent: std::path::PathBuf,
+    beside_jail: bool,
+) -> Result<bulkhead_microvm::MicrovmDriver, StartError> {
+    let kernel = config
+        .guest_kernel
+        .clone()
+        .ok_or(ConfigError::NoGuestKernel)?;
+    // VM images sit next to the template cache, not in it (it lists its own).
+    let images = config.image_cache_dir();
+    let cache = images.parent().unwrap_or(&images).to_path_buf();
+    let mut cfg =
+        bulkhead_microvm::MicrovmConfig::new(config.data_dir.join("microvm"), cache, kernel, agent);
+    cfg.max_slots = config.slots();
+    if beside_jail {
+        cfg.uid_base = config
+            .uid_base
+            .saturating_add(config.slots().saturating_mul(65536));
+    }
+    let vm = bulkhead_microvm::MicrovmDriver::new(cfg).map_err(StartError::Microvm)?;
+    let accel = vm.accel();
+    if accel.accel == bulkhead_microvm::Accel::Tcg {
+        tracing::warn!(reason = %accel.reason, "microvm driver without KVM");
+    } else {
+        tracing::info!(reason = %accel.reason, "microvm driver");
+    }
+    Ok(vm)
 }
 
 /// Seeds the configured key, or creates the first one when no active key exists.
