@@ -17,6 +17,7 @@ use bulkhead_vmchan::HostSession;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::image::{self, ImageStore};
+use crate::jailer::{self, Jail};
 use crate::probe::{self, AccelReport};
 use crate::qemu::{self, VmSpec};
 use crate::qmp;
@@ -24,6 +25,8 @@ use crate::vm::{self, VmRecord};
 use crate::{MicrovmConfig, MicrovmError};
 
 const NAME: &str = "microvm";
+/// Under the state dir: the (empty) mount point of QEMU's root.
+const JAIL_ROOT: &str = "root";
 
 /// The host side of one running VM this driver instance knows.
 struct Vm {
@@ -40,6 +43,9 @@ pub struct MicrovmDriver {
     accel: AccelReport,
     images: ImageStore,
     vms: Mutex<HashMap<u32, Arc<Vm>>>,
+    /// What QEMU's jail holds, and the VMs' cgroups.
+    qemu_files: jailer::QemuFiles,
+    cgroups: jailer::Cgroups,
 }
 
 impl MicrovmDriver {
@@ -70,11 +76,20 @@ impl MicrovmDriver {
             None => probe::detect(),
         };
         let images = ImageStore::new(&cfg.cache_dir);
+        let jail_err = |e: jailer::JailerError| MicrovmError::Config(e.to_string());
+        let qemu_files = jailer::QemuFiles::discover(&cfg.qemu).map_err(jail_err)?;
+        let cgroups = jailer::Cgroups::detect(&cfg.state_dir).map_err(jail_err)?;
+        // The mount point of every QEMU's root (each mounts its own tmpfs on it, in its own
+        // mount namespace); empty on the host.
+        fs::create_dir_all(cfg.state_dir.join(JAIL_ROOT))
+            .map_err(|e| MicrovmError::io("create the jail root", e))?;
         Ok(MicrovmDriver {
             cfg,
             accel,
             images,
             vms: Mutex::new(HashMap::new()),
+            qemu_files,
+            cgroups,
         })
     }
 
@@ -195,7 +210,8 @@ impl MicrovmDriver {
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default(),
         };
-        let mut child = vm::spawn(&self.cfg.qemu, &vm_spec, &dir, uid, uid).map_err(|e| {
+        let jail = self.jail(&vm_spec, slot, &dir)?;
+        let (mut child, pid) = vm::spawn(&self.cfg.qemu, &vm_spec, &dir, jail).map_err(|e| {
             DriverError::io(
                 format!(
                     "start {} (install qemu-system-x86)",
@@ -204,10 +220,10 @@ impl MicrovmDriver {
                 e,
             )
         })?;
-        let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let pid_start_time = bulkhead_jail::sys::proc_start_time(pid)
             .map_err(|e| DriverError::io("read QEMU's start time", e))?;
-        // Reap QEMU whenever it ends; liveness is judged from /proc and pidfds.
+        // Reap the jailer's intermediate (it exits at once); QEMU's liveness is judged from
+        // /proc and pidfds.
         tokio::spawn(async move {
             let _ = child.wait().await;
         });
@@ -225,6 +241,26 @@ impl MicrovmDriver {
             .store()
             .map_err(|e| DriverError::io("write the VM record", e))?;
         Ok(record)
+    }
+
+    /// The jail of slot `slot`'s QEMU: a fresh cgroup with the VM's limits, the mount plan.
+    fn jail(&self, spec: &VmSpec, slot: u32, dir: &std::path::Path) -> Result<Jail, DriverError> {
+        let err = |e: jailer::JailerError| {
+            DriverError::io("prepare QEMU's jail", std::io::Error::other(e))
+        };
+        let root = self.cfg.state_dir.join(JAIL_ROOT);
+        let steps = jailer::plan(&root, &self.qemu_files, spec, dir).map_err(err)?;
+        let limits = jailer::limits(spec.memory_mb, spec.cpus);
+        let cgroup_procs = self.cgroups.create(slot, &limits).map_err(err)?;
+        let uid = self.cfg.uid_base + slot;
+        Ok(Jail {
+            steps,
+            cgroup_procs,
+            uid,
+            gid: uid,
+            groups: Vec::new(),
+            pid_fd: -1,
+        })
     }
 
     /// Waits until the agent answers `GET /health` through the channel.
@@ -306,6 +342,7 @@ impl MicrovmDriver {
     /// Kills the VM (if it still runs) and removes its slot directory.
     async fn teardown(&self, rec: &VmRecord) {
         vm::kill(rec.pid, rec.pid_start_time).await;
+        self.cgroups.remove(rec.slot);
         {
             let mut vms = self.vms();
             if vms.get(&rec.slot).is_some_and(|v| v.record == *rec) {

@@ -5,7 +5,8 @@
 //! - [`qemu`]: the QEMU command line (direct kernel boot, no firmware, PCI or ACPI);
 //! - [`image`]: the VM's disks from the jail's template trees (erofs, cached per content) and
 //!   the agent binary (a boot disk), plus each sandbox's writable disk;
-//! - [`vm`]: spawning QEMU with least privilege, the per-sandbox record, process checks;
+//! - [`vm`]: spawning QEMU, the per-sandbox record, process checks;
+//! - [`jailer`]: QEMU's jail (cgroup, pid and mount namespaces, a root with only its files);
 //! - [`qmp`]: QEMU's control socket (freeze and thaw are `stop` and `cont`);
 //! - [`probe`]: which acceleration the host offers (hardware KVM, PVM-only, TCG);
 //! - `driver`: [`MicrovmDriver`].
@@ -18,6 +19,7 @@
 
 mod driver;
 pub mod image;
+pub mod jailer;
 pub mod probe;
 pub mod qemu;
 pub mod qmp;

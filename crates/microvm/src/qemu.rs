@@ -15,6 +15,9 @@ pub const NET_SOCKET: &str = "net.sock";
 /// Path of the agent's Unix socket inside the guest.
 pub const GUEST_AGENT_SOCKET: &str = "/run/bulkhead/agent.sock";
 
+/// Size of TCG's translated-code cache, in MiB.
+pub const TCG_TB_MB: u64 = 64;
+
 /// How QEMU executes guest code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Accel {
@@ -103,7 +106,9 @@ pub fn args(s: &VmSpec) -> Vec<OsString> {
     ]);
     match s.accel {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host,-arch-capabilities"]),
-        Accel::Tcg => push(&["-accel", "tcg", "-cpu", "max"]),
+        // The translated-code cache is capped so that QEMU fits its cgroup's memory limit
+        // (`jailer::OVERHEAD_MB`); QEMU's default is up to 1 GiB.
+        Accel::Tcg => push(&["-accel", &format!("tcg,tb-size={TCG_TB_MB}"), "-cpu", "max"]),
     }
     let (mem, cpus) = (format!("{}M", s.memory_mb), s.cpus.max(1).to_string());
     push(&["-m", &mem, "-smp", &cpus]);
@@ -190,7 +195,7 @@ mod tests {
     fn limits_disks_and_channels_are_on_the_command_line() {
         let a = joined(&spec());
         assert!(a.contains("-m 256M -smp 2"), "{a}");
-        assert!(a.contains("-accel tcg -cpu max"), "{a}");
+        assert!(a.contains("-accel tcg,tb-size=64 -cpu max"), "{a}");
         assert!(a.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny"));
         let boot = a.find("file=/c/boot.ext4").unwrap();
         assert!(

@@ -2,14 +2,13 @@
 //! checks on the QEMU process (alive, the same process, killed).
 //!
 //! QEMU runs as the slot's own uid and gid with no supplementary groups (plus the group owning
-//! `/dev/kvm` when KVM is used), in fresh user, mount, network, IPC and UTS namespaces (it
-//! needs no network: the agent channel and QMP are Unix sockets in the slot directory), in its
-//! own session, with its `-sandbox` seccomp filter. It owns only its slot directory; the shared
-//! images and the kernel are read-only to it.
+//! `/dev/kvm` when KVM is used), in the jail of [`crate::jailer`] (its own cgroup, pid, mount,
+//! user, network, IPC and UTS namespaces, a root holding only its files), with its `-sandbox`
+//! seccomp filter. It owns only its slot directory; everything else it sees is read-only.
 
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -18,6 +17,7 @@ use bulkhead_jail::sys;
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 
+use crate::jailer::{self, Jail};
 use crate::qemu::{self, Accel, VmSpec};
 
 /// Files of a slot directory.
@@ -63,63 +63,40 @@ pub fn spec_paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
     )
 }
 
-/// Spawns QEMU for `spec` as `uid`/`gid`; returns the child (reaped by a background task).
+/// Spawns QEMU for `spec` in `jail` (its uid, gid, cgroup and root; see [`crate::jailer`]).
+/// Returns the spawned intermediate process (it exits at once; reap it) and QEMU's host pid.
 pub fn spawn(
     qemu_bin: &Path,
     spec: &VmSpec,
     dir: &Path,
-    uid: u32,
-    gid: u32,
-) -> io::Result<tokio::process::Child> {
+    mut jail: Jail,
+) -> io::Result<(tokio::process::Child, i32)> {
     let log = fs::File::create(dir.join(QEMU_LOG))?;
     fs::set_permissions(dir.join(QEMU_LOG), fs::Permissions::from_mode(0o600))?;
-    std::os::unix::fs::chown(dir.join(QEMU_LOG), Some(uid), Some(gid))?;
-    let kvm_gid = match spec.accel {
-        Accel::Kvm => Some(fs::metadata("/dev/kvm")?.gid()),
-        Accel::Tcg => None,
+    std::os::unix::fs::chown(dir.join(QEMU_LOG), Some(jail.uid), Some(jail.gid))?;
+    jail.groups = match spec.accel {
+        Accel::Kvm => vec![fs::metadata("/dev/kvm")?.gid()],
+        Accel::Tcg => Vec::new(),
     };
+    let (pid_r, pid_w) = jailer::pid_pipe()?;
+    jail.pid_fd = pid_w.as_raw_fd();
     let mut cmd = tokio::process::Command::new(qemu_bin);
     cmd.args(qemu::args(spec))
-        .current_dir(dir)
         .env_clear()
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
         .kill_on_drop(false);
-    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
-    // system calls on values captured by copy.
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls on memory prepared before the fork.
     unsafe {
-        cmd.pre_exec(move || drop_privileges(uid, gid, kvm_gid));
+        cmd.pre_exec(move || jailer::enter(&jail, &mut jailer::LiveSys));
     }
-    cmd.spawn()
-}
-
-/// In the forked child: own session, the slot's ids, fresh namespaces.
-fn drop_privileges(uid: u32, gid: u32, kvm_gid: Option<u32>) -> io::Result<()> {
-    let check = |r: libc::c_int| {
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
-    };
-    // SAFETY: plain system calls with valid arguments (the group list outlives the call).
-    unsafe {
-        check(libc::setsid())?;
-        let groups: Vec<libc::gid_t> = kvm_gid.into_iter().collect();
-        check(libc::setgroups(groups.len(), groups.as_ptr()))?;
-        check(libc::setresgid(gid, gid, gid))?;
-        check(libc::setresuid(uid, uid, uid))?;
-        check(libc::unshare(
-            libc::CLONE_NEWUSER
-                | libc::CLONE_NEWNS
-                | libc::CLONE_NEWNET
-                | libc::CLONE_NEWIPC
-                | libc::CLONE_NEWUTS,
-        ))?;
-        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-    }
-    Ok(())
+    let child = cmd.spawn()?;
+    drop(cmd);
+    drop(pid_w);
+    let pid = jailer::read_pid(&pid_r)?;
+    Ok((child, pid))
 }
 
 /// Is `pid` still the process recorded (same start time) and not a zombie?
@@ -157,7 +134,13 @@ pub async fn kill(pid: i32, start_time: u64) {
         return;
     };
     let _ = sys::pidfd_send_signal(fd.as_fd(), libc::SIGKILL);
+    let reap = fd.try_clone();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(10), exited(fd)).await;
+    // QEMU's parent (the jailer's intermediate) is gone: a server that is a child subreaper
+    // (the jail driver makes it one) inherits QEMU and must reap it.
+    if let Ok(fd) = reap {
+        let _ = sys::waitid_pidfd(fd.as_fd(), true);
+    }
 }
 
 /// (cpu ns, rss bytes, threads) of a process, from /proc.
