@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use config::{DOCKER_HUB, PullLimits, RegistryConfig, RegistryCredentials, ResolvedReference};
 pub use error::OciError;
 pub use image_config::ImageConfig;
+pub use prepare::sandbox_blockers;
 pub use unpack::{UnpackLimits, UnpackStats, Unpacker};
 
 use crate::cache::{ImageCache, ImageInfo, READY, ROOTFS, ROOTFS_TMP, lock_entry, short};
