@@ -16,6 +16,8 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
 use crate::template_spec::valid_files_hash;
+/// Registry credentials a build request carries (redacted `Debug`).
+pub use bulkhead_images::oci::RegistryCredentials;
 pub use crate::template_types::{
     BuildCreated, BuildFailure, BuildLogEntry, BuildReport, BuildRequest, BuildStart, BuildStatus,
     MAX_UPLOAD_BYTES, TemplateBuildError, TemplateBuilds,
