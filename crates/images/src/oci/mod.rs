@@ -124,7 +124,7 @@ impl ImageCache {
         let r = registry.resolve(reference, credentials)?;
         // A digest reference names one manifest for good: when it is cached, no network.
         if let Some(d) = r.fetch.digest()
-            && let Some(hit) = self.cached_image(&image_hash(d))
+            && let Some(hit) = self.cached_image(&image_hash(d), &r.canonical)
         {
             progress.stage(&format!(
                 "image {} is cached ({})",
@@ -138,7 +138,7 @@ impl ImageCache {
         let (manifest, digest, config_json) =
             fetch::manifest_and_config(&client, registry, &r).await?;
         let hash = image_hash(&digest);
-        if let Some(hit) = self.cached_image(&hash) {
+        if let Some(hit) = self.cached_image(&hash, &r.canonical) {
             progress.stage(&format!(
                 "image {} is cached ({})",
                 r.canonical,
@@ -177,7 +177,7 @@ impl ImageCache {
         let entry = self.entry(&hash);
         fs::create_dir_all(&entry).map_err(ImageError::io("create", &entry))?;
         let _lock = lock_entry(&entry, progress).await?;
-        if let Some(hit) = self.cached_image(&hash) {
+        if let Some(hit) = self.cached_image(&hash, &r.canonical) {
             return Ok(hit);
         }
         let started = Instant::now();
@@ -372,8 +372,9 @@ impl ImageCache {
         Ok((downloaded, stats.skipped))
     }
 
-    /// The pulled image stored under `hash`, if its entry is complete.
-    fn cached_image(&self, hash: &str) -> Option<PulledImage> {
+    /// The pulled image stored under `hash`, if its entry is complete, as `reference` (one
+    /// image may be cached under another name or tag than the one asked for now).
+    fn cached_image(&self, hash: &str, reference: &str) -> Option<PulledImage> {
         let entry = self.entry(hash);
         if !self.entry_ready(&entry) {
             return None;
@@ -383,6 +384,7 @@ impl ImageCache {
         p.rootfs = entry.join(ROOTFS);
         p.cached = true;
         p.downloaded_bytes = 0;
+        p.reference = reference.to_owned();
         Some(p)
     }
 }
