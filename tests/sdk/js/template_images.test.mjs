@@ -81,7 +81,9 @@ t('fromDockerfile with FROM, ENV, WORKDIR, COPY and RUN', async (c) => {
   const info = await Template.build(Template({ fileContextPath: ctx }).fromDockerfile(dockerfile), name('js-df'))
   const sbx = track(await Sandbox.create(info.templateId, { timeoutMs: 120_000, metadata: SUITE_METADATA }))
   const r = await sbx.commands.run('cat /usr/src/app/copied.txt /usr/src/app/runner.txt; echo $MODE; id -un; pwd')
-  assert.equal(r.stdout, 'hello from js\nroot\njs-docker\nuser\n/home/user\n')
+  // The sandbox keeps the Dockerfile's WORKDIR and gets E2B's user (the SDK resets only what
+  // the Dockerfile did not set).
+  assert.equal(r.stdout, 'hello from js\nroot\njs-docker\nuser\n/usr/src/app\n')
   await sbx.kill()
   await remove(info.templateId)
 })

@@ -130,10 +130,11 @@ def test_from_dockerfile_with_a_from_line(server, registry, tmp_path):
     info = Template.build(Template(file_context_path=str(tmp_path)).from_dockerfile(dockerfile), name)
     sbx = Sandbox.create(name, timeout=120)
     try:
-        r = sbx.commands.run("cd /usr/src/app && cat copied.txt runner.txt mode.txt; id -un; cd; pwd; echo $APP_MODE")
-        # The Dockerfile's steps ran as root in its WORKDIR; the sandbox has E2B's user and home.
+        r = sbx.commands.run("pwd; id -un; echo $APP_MODE; cat copied.txt runner.txt mode.txt")
+        # The steps ran as root (the SDK's Docker defaults); the sandbox keeps the Dockerfile's
+        # WORKDIR and gets E2B's user (the SDK resets only what the Dockerfile did not set).
         assert r.stdout.splitlines() == [
-            "hello from the context", "root", "docker", "user", "/home/user", "docker",
+            "/usr/src/app", "user", "docker", "hello from the context", "root", "docker",
         ]
     finally:
         sbx.kill()
