@@ -51,7 +51,7 @@ MTIME = 1_700_000_000
 TINY_PROGRAMS = [
     "bash", "sh", "cat", "ls", "mkdir", "chown", "chmod", "cp", "mv", "rm", "ln", "touch", "tar",
     "mktemp", "basename", "dirname", "id", "whoami", "env", "printenv", "sleep", "setsid", "grep",
-    "head", "stat", "readlink", "true", "false", "uname", "sed", "gzip",
+    "head", "stat", "readlink", "true", "false", "uname", "sed", "gzip", "useradd",
 ]
 
 
@@ -251,8 +251,10 @@ def _libraries(binary: str) -> List[str]:
     return libs
 
 
-def tiny_rootfs(extra_files: Optional[Dict[str, str]] = None) -> bytes:
-    """An uncompressed tar of the tiny glibc tree (see the module doc), plus `extra_files`."""
+def tiny_rootfs(extra_files: Optional[Dict[str, str]] = None, node_user: bool = False) -> bytes:
+    """An uncompressed tar of the tiny glibc tree (see the module doc), plus `extra_files`.
+    With `node_user`, uid 1000 belongs to `node` (as in the Node images), so the server cannot
+    add E2B's `user` with that uid and has to run `useradd` in the image."""
     t = TreeTar()
     binaries = [shutil.which(p) for p in TINY_PROGRAMS]
     # The loader and the libraries the agent binary links (libgcc_s, libm, libc).
@@ -268,9 +270,12 @@ def tiny_rootfs(extra_files: Optional[Dict[str, str]] = None) -> bytes:
         for lib in _libraries(b):
             t.add_host(lib)
     # Accounts: root only; the server adds E2B's `user` when it prepares the pulled tree.
-    t.add_file("/etc/passwd", b"root:x:0:0:root:/root:/bin/bash\n")
-    t.add_file("/etc/group", b"root:x:0:\nusers:x:100:\n")
-    t.add_file("/etc/shadow", b"root:*:19000:0:99999:7:::\n", 0o640)
+    node = node_user
+    t.add_file("/etc/passwd", b"root:x:0:0:root:/root:/bin/bash\n" + (b"node:x:1000:1000::/home/node:/bin/bash\n" if node else b""))
+    t.add_file("/etc/group", b"root:x:0:\nusers:x:100:\n" + (b"node:x:1000:\n" if node else b""))
+    t.add_file("/etc/shadow", b"root:*:19000:0:99999:7:::\n" + (b"node:*:19000:0:99999:7:::\n" if node else b""), 0o640)
+    if os.path.exists("/etc/login.defs"):  # useradd's settings (UID_MIN…)
+        t.add_host("/etc/login.defs")
     for p, body in (extra_files or {}).items():
         t.add_file(p, body.encode())
     return t.tar()

@@ -81,12 +81,19 @@ impl Engine {
         let mut state = parent.state.clone();
         let mut key = template_spec::base_key(&parent.content_hash);
         let mut tree = parent.rootfs.clone();
-        record.log("info", Some("base"), format!("[base] FROM {}", parent.label));
+        record.log(
+            "info",
+            Some("base"),
+            format!("[base] FROM {}", parent.label),
+        );
         if let Some(step) = &parent.provision {
             // Part of the base: keyed from the image, so every build of it shares the layer.
             key = template_spec::step_key(&key, step, None);
             tree = match layers.get(&key) {
-                Some(cached) => cached,
+                Some(cached) => {
+                    record.log("info", Some("base"), "CACHED [base] adding the user `user`");
+                    cached
+                }
                 None => {
                     record.log("info", Some("base"), "[base] adding the user `user`");
                     let changes = self

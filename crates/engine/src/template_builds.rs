@@ -16,8 +16,6 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
 use crate::template_spec::valid_files_hash;
-/// Registry credentials a build request carries (redacted `Debug`).
-pub use bulkhead_images::oci::RegistryCredentials;
 pub use crate::template_types::{
     BuildCreated, BuildFailure, BuildLogEntry, BuildReport, BuildRequest, BuildStart, BuildStatus,
     MAX_UPLOAD_BYTES, TemplateBuildError, TemplateBuilds,
@@ -26,6 +24,8 @@ use crate::template_types::{
     BuildRecord, BuildState, BuiltTemplate, CustomTemplate, DEFAULT_TAG, UPLOAD_LINK_TTL, io_err,
 };
 use crate::types::TemplateInfo;
+/// Registry credentials a build request carries (redacted `Debug`).
+pub use bulkhead_images::oci::RegistryCredentials;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 

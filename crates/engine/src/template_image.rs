@@ -127,7 +127,11 @@ impl Engine {
                 "[base] image {}@{} {} in {:.1}s",
                 pulled.reference,
                 pulled.manifest_digest,
-                if pulled.cached { "from the cache" } else { "pulled" },
+                if pulled.cached {
+                    "from the cache"
+                } else {
+                    "pulled"
+                },
                 started.elapsed().as_secs_f64()
             ),
         );

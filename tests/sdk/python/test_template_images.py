@@ -196,3 +196,39 @@ def test_an_image_without_glibc_or_bash_fails_the_build_clearly(server, registry
         )
     msg = str(e.value)
     assert "cannot run as a sandbox" in msg and "glibc" in msg and "/bin/bash" in msg, msg
+
+
+def test_aws_registry_credentials_are_refused_with_a_hint(server):
+    # ECR needs a signed token exchange with AWS, which this server does not do: the build is
+    # refused before anything is pulled, and the message says what works instead.
+    template = Template().from_aws_registry(
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/app:1", "AKIAEXAMPLE", "aws-secret-value", "us-east-1"
+    )
+    with pytest.raises(Exception) as e:
+        Template.build(template.run_cmd("true"), _name("img-aws"))
+    assert "get-login-password" in str(e.value), str(e.value)
+    assert "aws-secret-value" not in str(e.value)
+
+
+def test_an_image_whose_uid_1000_is_taken_gets_user_added_in_a_build_sandbox(server, registry):
+    # As in the Node images: uid 1000 is `node`, so the pull cannot add `user` with it; the
+    # build adds it with the image's own useradd (as root, in a build sandbox) before the steps.
+    registry.push("bulkhead-test/node-like:1", [registrylab.tiny_rootfs(node_user=True)], env={"PATH": "/usr/sbin:/usr/bin:/bin"})
+    name = _name("img-nodeuser")
+    logs = []
+    info = Template.build(
+        Template().from_image(f"127.0.0.1:{registry.port}/bulkhead-test/node-like:1").run_cmd("id -un > me.txt"),
+        name,
+        on_build_logs=logs.append,
+    )
+    text = _text(logs)
+    assert "[base] adding the user `user`" in text, text
+    sbx = Sandbox.create(name, timeout=120)
+    try:
+        r = sbx.commands.run("id -un; id -u; pwd; cat me.txt; id -u node")
+        lines = r.stdout.splitlines()
+        assert lines[0] == "user" and lines[2:] == ["/home/user", "user", "1000"], lines
+        assert int(lines[1]) > 1000, lines
+    finally:
+        sbx.kill()
+    _delete(server, info.template_id)

@@ -82,9 +82,8 @@ pub fn sandbox_blockers(root: &Path) -> Vec<String> {
         ));
     }
     if !exists_in_tree(root, "bin/bash") {
-        missing.push(
-            "/bin/bash (E2B sandboxes run every command with `/bin/bash -l -c`)".to_owned(),
-        );
+        missing
+            .push("/bin/bash (E2B sandboxes run every command with `/bin/bash -l -c`)".to_owned());
     }
     missing
 }
