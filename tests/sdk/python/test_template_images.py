@@ -232,3 +232,25 @@ def test_an_image_whose_uid_1000_is_taken_gets_user_added_in_a_build_sandbox(ser
     finally:
         sbx.kill()
     _delete(server, info.template_id)
+
+
+@pytest.mark.parametrize(
+    "method,arg,repo",
+    [
+        ("from_ubuntu_image", "24.04", "library/ubuntu:24.04"),
+        ("from_python_image", "3.12", "library/python:3.12"),
+        ("from_node_image", "lts", "library/node:lts"),
+    ],
+)
+def test_sdk_image_shortcuts_pull_from_docker_hub_through_the_mirror(server, registry, method, arg, repo):
+    registry.push(repo, [registrylab.tiny_rootfs()], env={"PATH": "/usr/bin:/bin", "SHORTCUT": method})
+    logs = []
+    name = _name("img-shortcut")
+    info = Template.build(getattr(Template(), method)(arg).set_envs({"X": "1"}), name, on_build_logs=logs.append)
+    assert f"FROM image docker.io/{repo}@sha256:" in _text(logs), _text(logs)
+    sbx = Sandbox.create(name, timeout=120)
+    try:
+        assert sbx.commands.run("echo $SHORTCUT $X").stdout == f"{method} 1\n"
+    finally:
+        sbx.kill()
+    _delete(server, info.template_id)
