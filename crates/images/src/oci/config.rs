@@ -209,12 +209,9 @@ impl RegistryConfig {
     }
 }
 
-/// `localhost`, `127.x.y.z` or `[::1]`, with or without a port.
+/// `localhost` or `127.x.y.z`, with or without a port (references cannot name IPv6 hosts).
 fn is_loopback(registry: &str) -> bool {
-    let host = match registry.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().unwrap_or(""),
-        None => registry.split(':').next().unwrap_or(""),
-    };
+    let host = registry.split(':').next().unwrap_or("");
     host == "localhost"
         || host
             .parse::<std::net::IpAddr>()
@@ -309,7 +306,6 @@ mod tests {
         for (reference, endpoint) in [
             ("127.0.0.1:5000/x/y:1", "http://127.0.0.1:5000"),
             ("localhost:5000/y", "http://localhost:5000"),
-            ("[::1]:5000/y:2", "http://[::1]:5000"),
         ] {
             let r = c.resolve(reference, None).unwrap();
             assert_eq!(r.endpoint, endpoint, "{reference}");
