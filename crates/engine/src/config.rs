@@ -57,6 +57,9 @@ pub struct EngineConfig {
     pub image_cache: PathBuf,
     /// Limits of one template build.
     pub build_limits: BuildLimits,
+    /// OCI registries that builds `from_image(...)` pull from (`--registry-*`): allow list,
+    /// mirrors, operator credentials, pull limits.
+    pub registry: bulkhead_images::oci::RegistryConfig,
 }
 
 /// Limits of a template build: each step's build sandbox gets the template's CPU and memory.
@@ -157,6 +160,7 @@ impl Default for EngineConfig {
             template_dir: None,
             image_cache: PathBuf::from("/var/cache/bulkhead/images"),
             build_limits: BuildLimits::default(),
+            registry: Default::default(),
         }
     }
 }

@@ -57,6 +57,7 @@ pub mod telemetry;
 mod template_builder;
 pub mod template_builds;
 mod template_exec;
+mod template_image;
 pub mod template_spec;
 mod template_types;
 mod templates;

@@ -145,12 +145,6 @@ def test_failing_step_fails_the_build_and_registers_nothing(server):
     assert "ghost" in str(e.value) and "does not exist" in str(e.value)
 
 
-def test_registry_images_fail_fast_with_a_clear_message():
-    with pytest.raises(BuildException) as e:
-        Template.build(Template().from_image("alpine:3.20").run_cmd("true"), _name("tpl-img"))
-    assert "registry" in str(e.value)
-
-
 def test_exists_tags_background_list_and_delete(server):
     name = _name("tpl-tags")
     assert not Template.exists(name)
