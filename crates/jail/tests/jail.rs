@@ -197,7 +197,7 @@ async fn sandbox_is_isolated_and_hardened() {
         "mkdir /dev/probe-dir",
         "ln -s /etc /dev/probe-link",
         "echo x > /sys/probe",
-        "mkdir /proc/probe-dir",
+        "echo renamed > /proc/self/comm",
     ] {
         let (st, out) = sh(&d, &h, &format!("{w} 2>&1")).await;
         assert_ne!(st, "exit 0", "{w}: {out}");

@@ -388,7 +388,7 @@ def test_proc_dev_and_sys_take_no_writes(sandbox, user):
         "os.mkdir('/dev/probe-dir')",
         "os.symlink('/etc', '/dev/probe-link')",
         "open('/sys/probe', 'w').write('x')",
-        "os.mkdir('/proc/probe-dir')",
+        "open('/proc/self/comm', 'w').write('renamed')",
     ]
     for op in ops:
         r = run_py(sandbox, probe.format(op=op), user=user)

@@ -60,7 +60,7 @@ pub enum FilesError {
         /// Path.
         path: PathBuf,
     },
-    /// The file is a program that is running (`ETXTBSY`), such as the agent's own binary.
+    /// The file is a program that is running (`ETXTBSY`), e.g. `/usr/bin/python3` under a kernel.
     #[error("'{}' is a program that is running and cannot be written while it runs", .0.display())]
     Busy(PathBuf),
     /// Disk full.
