@@ -9,6 +9,7 @@ mod bench_persist;
 mod bench_stats;
 mod client;
 mod keys;
+mod mcp;
 mod netargs;
 mod registryargs;
 mod sandbox;
@@ -66,6 +67,8 @@ enum Cmd {
     /// Measure create→first-command latency (or, with `--mode persistence`, pause, resume,
     /// fork and snapshot restores) against a running server, with baselines.
     Bench(bench::BenchArgs),
+    /// Serve MCP on stdin/stdout for local agent clients, relayed to a running server.
+    Mcp(mcp::McpArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -94,6 +97,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Secrets { client, cmd } => secrets::run(client, cmd).await,
             Cmd::Template { data, cmd } => template::run(data, cmd).await,
             Cmd::Bench(args) => bench::run(args).await,
+            Cmd::Mcp(args) => mcp::run(args).await,
         }
     });
     match result {
