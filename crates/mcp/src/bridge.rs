@@ -9,8 +9,8 @@
 use std::borrow::Cow;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ErrorData, ListToolsResult, PaginatedRequestParams,
-    ProtocolVersion, ServerConfig,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, ErrorData,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerConfig,
 };
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -88,8 +88,16 @@ pub async fn serve_stdio(api_url: &str, api_key: &str) -> Result<(), BridgeError
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(url.as_str()).auth_header(api_key),
     );
-    let client: RunningService<RoleClient, ()> =
-        ().serve(transport)
+    // Ask for the newest handshake-era version: the server keeps sandboxes per session, which
+    // the sessionless 2026-07-28 revision (rmcp's default) does not have.
+    let hello = ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("bulkhead-mcp-stdio", env!("CARGO_PKG_VERSION")),
+    )
+    .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE);
+    let client: RunningService<RoleClient, ClientConfig> =
+        hello
+            .serve(transport)
             .await
             .map_err(|e| BridgeError::Connect {
                 url: url.clone(),

@@ -129,7 +129,7 @@ def test_state_persists_across_calls_and_session_end_kills_the_sandbox(server):
     assert other["results"][0]["text"] == "False", other
     assert err["error"]["name"] == "ZeroDivisionError", err
     # The client closed its session (DELETE /mcp): the session's sandbox is killed.
-    wait_until(lambda: sid not in sandbox_ids(server), timeout=30)
+    assert wait_until(lambda: sid not in sandbox_ids(server), timeout=30), f"session sandbox {sid} outlived its session"
 
 
 def test_chart_comes_back_as_png_image_content(server):
@@ -279,20 +279,21 @@ def test_bad_input_is_a_tool_error(server):
 
 
 def test_requests_without_a_valid_key_are_refused(server):
-    body = json.dumps(
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
-        }
-    )
-    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
     for extra in ({}, {"X-API-Key": "e2b_wrong"}, {"Authorization": "Bearer e2b_wrong"}):
         r = http("POST", f"{server.url}/mcp", body, headers={**headers, **extra})
         assert r.status == 401, (extra, r.status, r.body)
     ok = http("POST", f"{server.url}/mcp", body, headers={**headers, "Authorization": f"Bearer {server.api_key}"})
     assert ok.status == 200, ok.body
+    sid = ok.header("mcp-session-id")
+    assert sid, ok.headers
+    http("DELETE", f"{server.url}/mcp", headers={"Mcp-Session-Id": sid, "X-API-Key": server.api_key})
 
     async def main():
         async with http_client(server, headers={}) as c:
@@ -320,7 +321,7 @@ def test_pause_and_resume_keep_kernel_state(server):
     states = {s["sandbox_id"]: s["state"] for s in listed["sandboxes"]}
     assert states[paused["sandbox_id"]] == "paused", listed
     assert resumed["resumed"] is True and resumed["state"] == "running", resumed
-    assert after["results"][0]["text"] == "'still here'", after
+    assert after["results"][0]["text"] == "still here", after
     assert killed == {"sandbox_id": paused["sandbox_id"], "killed": True}
     assert paused["sandbox_id"] not in sandbox_ids(server)
 
@@ -345,7 +346,7 @@ def test_stdio_bridge(server):
     assert got["results"][0]["text"] == "42", got
     assert bad.is_error and "missing field `code`" in text_of(bad)
     # The client ended the command: its upstream session closed and the sandbox was killed.
-    wait_until(lambda: sid not in sandbox_ids(server), timeout=30)
+    assert wait_until(lambda: sid not in sandbox_ids(server), timeout=30), f"session sandbox {sid} outlived its session"
 
 
 def test_stdio_without_a_server_fails_clearly(tmp_path: Path):
