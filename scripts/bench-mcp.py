@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import urllib.error
 import statistics
 import time
 
@@ -106,7 +107,11 @@ def kill_all(url, key):
         with urllib.request.urlopen(req, timeout=30) as r:
             ids += [s["sandboxID"] for s in json.load(r)]
     for sid in ids:
-        urllib.request.urlopen(urllib.request.Request(f"{url}/sandboxes/{sid}", method="DELETE", headers={"X-API-Key": key}), timeout=30)
+        try:
+            urllib.request.urlopen(urllib.request.Request(f"{url}/sandboxes/{sid}", method="DELETE", headers={"X-API-Key": key}), timeout=30)
+        except urllib.error.HTTPError as e:
+            if e.code != 404:  # 404: its MCP session ended and killed it meanwhile
+                raise
 
 
 def main():
