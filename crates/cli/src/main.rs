@@ -10,6 +10,7 @@ mod bench_stats;
 mod client;
 mod doctor;
 mod keys;
+mod mcp;
 mod netargs;
 mod registryargs;
 mod sandbox;
@@ -69,6 +70,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Which drivers this host can run (jail, microvm with KVM or TCG), and why not.
     Doctor(doctor::DoctorArgs),
+    /// Serve MCP on stdin/stdout for local agent clients, relayed to a running server.
+    Mcp(mcp::McpArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -98,6 +101,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Template { data, cmd } => template::run(data, cmd).await,
             Cmd::Bench(args) => bench::run(args).await,
             Cmd::Doctor(args) => doctor::run(args),
+            Cmd::Mcp(args) => mcp::run(args).await,
         }
     });
     match result {
