@@ -17,25 +17,43 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::image::{self, ImageStore};
 use crate::probe::{self, AccelReport};
-use crate::qemu::VmSpec;
+use crate::qemu::{MemoryFile, VmSpec};
 use crate::qmp;
+use crate::snapshot::Snapshots;
 use crate::vm::{self, VmRecord};
 use crate::{MicrovmConfig, MicrovmError};
 
 const NAME: &str = "microvm";
 
 /// The host side of one running VM this driver instance knows.
-struct Vm {
-    record: VmRecord,
+pub(crate) struct Vm {
+    pub(crate) record: VmRecord,
     /// The agent channel, (re)connected on demand.
-    session: tokio::sync::Mutex<Option<Arc<HostSession>>>,
+    pub(crate) session: tokio::sync::Mutex<Option<Arc<HostSession>>>,
 }
 
 pub struct MicrovmDriver {
-    cfg: MicrovmConfig,
+    pub(crate) cfg: MicrovmConfig,
     accel: AccelReport,
-    images: ImageStore,
+    pub(crate) images: ImageStore,
     vms: Mutex<HashMap<u32, Arc<Vm>>>,
+    pub(crate) snapshots: Snapshots,
+    /// Per-snapshot-key state of snapshot taking (one build at a time, failures remembered).
+    pub(crate) snap_state: crate::clone::SnapState,
+}
+
+/// How a VM starts.
+pub(crate) enum Launch {
+    /// From scratch, with an empty writable disk.
+    Cold,
+    /// The template VM of a snapshot: its RAM on the file `ram` (shared mapping).
+    Template { ram: PathBuf },
+    /// A clone of snapshot `key`: RAM mapped privately from the sealed memfd, its own copy of
+    /// the snapshot's disk, the device state arriving over QMP.
+    Clone {
+        key: String,
+        ram: Arc<std::os::fd::OwnedFd>,
+    },
 }
 
 impl MicrovmDriver {
@@ -66,11 +84,14 @@ impl MicrovmDriver {
             None => probe::detect(),
         };
         let images = ImageStore::new(&cfg.cache_dir);
+        let snapshots = Snapshots::new(cfg.snapshot_dir.clone());
         Ok(MicrovmDriver {
             cfg,
             accel,
             images,
             vms: Mutex::new(HashMap::new()),
+            snapshots,
+            snap_state: Default::default(),
         })
     }
 
@@ -79,16 +100,16 @@ impl MicrovmDriver {
         &self.accel
     }
 
-    fn slot_dir(&self, slot: u32) -> PathBuf {
+    pub(crate) fn slot_dir(&self, slot: u32) -> PathBuf {
         self.cfg.state_dir.join("s").join(slot.to_string())
     }
 
-    fn vms(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Vm>>> {
+    pub(crate) fn vms(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Vm>>> {
         self.vms.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Claims a free slot by creating its directory.
-    fn claim_slot(&self) -> Result<(u32, PathBuf), DriverError> {
+    pub(crate) fn claim_slot(&self) -> Result<(u32, PathBuf), DriverError> {
         for slot in 0..self.cfg.max_slots {
             let dir = self.slot_dir(slot);
             match fs::create_dir(&dir) {
@@ -117,7 +138,7 @@ impl MicrovmDriver {
         .then_some(rec)
     }
 
-    fn vm_for(&self, rec: VmRecord) -> Arc<Vm> {
+    pub(crate) fn vm_for(&self, rec: VmRecord) -> Arc<Vm> {
         self.vms()
             .entry(rec.slot)
             .and_modify(|v| {
@@ -129,7 +150,7 @@ impl MicrovmDriver {
             .clone()
     }
 
-    async fn open_stream(&self, vm: &Vm) -> Result<AgentStream, DriverError> {
+    pub(crate) async fn open_stream(&self, vm: &Vm) -> Result<AgentStream, DriverError> {
         let mut guard = vm.session.lock().await;
         let session = match guard.as_ref().filter(|s| s.is_alive()) {
             Some(s) => s.clone(),
@@ -152,11 +173,12 @@ impl MicrovmDriver {
         }
     }
 
-    async fn boot(
+    pub(crate) async fn boot(
         &self,
         spec: &SandboxSpec,
         slot: u32,
         dir: PathBuf,
+        launch: &Launch,
     ) -> Result<VmRecord, DriverError> {
         if !spec.rootfs.is_dir() {
             return Err(StartError::RootfsMissing.into());
@@ -166,15 +188,42 @@ impl MicrovmDriver {
         let uid = self.cfg.uid_base + slot;
         let (agent_socket, qmp_socket, console_log, rw_disk) = vm::spec_paths(&dir);
         let setup = |e| DriverError::io("prepare the sandbox's slot directory", e);
-        // mkfs.ext4 is a process to wait for: not on a runtime worker.
+        // mkfs.ext4 (a process to wait for) or a copy: not on a runtime worker.
         let (disk, mb) = (rw_disk.clone(), self.cfg.disk_mb);
-        tokio::task::spawn_blocking(move || image::writable_disk(&disk, mb))
-            .await
-            .map_err(|e| setup(std::io::Error::other(e)))?
+        let made = match launch {
+            Launch::Clone { key, .. } => {
+                let snap = self.snapshots.path(key);
+                tokio::task::spawn_blocking(move || crate::snapshot::copy_disk(&snap, &disk)).await
+            }
+            _ => tokio::task::spawn_blocking(move || image::writable_disk(&disk, mb)).await,
+        };
+        made.map_err(|e| setup(std::io::Error::other(e)))?
             .map_err(setup)?;
         std::os::unix::fs::chown(&rw_disk, Some(uid), Some(uid)).map_err(setup)?;
         std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).map_err(setup)?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(setup)?;
+        let (memory_file, inherit, snapshot) = match launch {
+            Launch::Cold => (None, None, None),
+            Launch::Template { ram } => (
+                Some(MemoryFile {
+                    path: ram.clone(),
+                    shared: true,
+                }),
+                None,
+                None,
+            ),
+            Launch::Clone { key, ram } => {
+                let fd = crate::snapshot::raw(ram);
+                (
+                    Some(MemoryFile {
+                        path: format!("/proc/self/fd/{fd}").into(),
+                        shared: false,
+                    }),
+                    Some(fd),
+                    Some(key.clone()),
+                )
+            }
+        };
         let vm_spec = VmSpec {
             kernel: self.cfg.kernel.clone(),
             boot_disk,
@@ -190,16 +239,19 @@ impl MicrovmDriver {
             clock: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default(),
+            incoming: inherit.is_some(),
+            memory_file,
         };
-        let mut child = vm::spawn(&self.cfg.qemu, &vm_spec, &dir, uid, uid).map_err(|e| {
-            DriverError::io(
-                format!(
-                    "start {} (install qemu-system-x86)",
-                    self.cfg.qemu.display()
-                ),
-                e,
-            )
-        })?;
+        let mut child =
+            vm::spawn(&self.cfg.qemu, &vm_spec, &dir, uid, uid, inherit).map_err(|e| {
+                DriverError::io(
+                    format!(
+                        "start {} (install qemu-system-x86)",
+                        self.cfg.qemu.display()
+                    ),
+                    e,
+                )
+            })?;
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let pid_start_time = bulkhead_jail::sys::proc_start_time(pid)
             .map_err(|e| DriverError::io("read QEMU's start time", e))?;
@@ -216,6 +268,7 @@ impl MicrovmDriver {
             cpus: spec.cpu_count.max(1),
             disk_mb: self.cfg.disk_mb,
             accel: format!("{:?}", self.accel.accel).to_lowercase(),
+            snapshot,
         };
         record
             .store()
@@ -224,7 +277,7 @@ impl MicrovmDriver {
     }
 
     /// Waits until the agent answers `GET /health` through the channel.
-    async fn wait_ready(&self, vm: &Vm) -> Result<(), DriverError> {
+    pub(crate) async fn wait_ready(&self, vm: &Vm) -> Result<(), DriverError> {
         let deadline = Instant::now() + self.cfg.start_timeout;
         let rec = &vm.record;
         loop {
@@ -259,6 +312,40 @@ impl MicrovmDriver {
         }
     }
 
+    /// Boots a VM from scratch and waits for its agent.
+    pub(crate) async fn start_cold(&self, spec: &SandboxSpec) -> Result<VmRecord, DriverError> {
+        self.launch_and_wait(spec, &Launch::Cold).await
+    }
+
+    /// Claims a slot, launches, waits for the agent; cleans up on failure.
+    pub(crate) async fn launch_and_wait(
+        &self,
+        spec: &SandboxSpec,
+        launch: &Launch,
+    ) -> Result<VmRecord, DriverError> {
+        let (slot, dir) = self.claim_slot()?;
+        let rec = match self.boot(spec, slot, dir.clone(), launch).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        if let Launch::Clone { key, .. } = launch
+            && let Err(e) = self.load_state(&rec, key).await
+        {
+            let e = DriverError::io(format!("restore snapshot {key} ({})", self.output(&rec)), e);
+            self.teardown(&rec).await;
+            return Err(e);
+        }
+        let vm = self.vm_for(rec.clone());
+        if let Err(e) = self.wait_ready(&vm).await {
+            self.teardown(&rec).await;
+            return Err(e);
+        }
+        Ok(rec)
+    }
+
     /// Pauses (`stop`) or resumes (`cont`) every vCPU; both are idempotent in QEMU.
     async fn qmp(&self, h: &DriverHandle, command: &str) -> Result<(), DriverError> {
         let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
@@ -277,14 +364,14 @@ impl MicrovmDriver {
         })
     }
 
-    fn output(&self, rec: &VmRecord) -> String {
+    pub(crate) fn output(&self, rec: &VmRecord) -> String {
         let qemu = vm::tail(&rec.dir.join(vm::QEMU_LOG), 1000);
         let console = vm::tail(&rec.dir.join(vm::CONSOLE_LOG), 2000);
         format!("qemu: {qemu}; console: {console}")
     }
 
     /// Kills the VM (if it still runs) and removes its slot directory.
-    async fn teardown(&self, rec: &VmRecord) {
+    pub(crate) async fn teardown(&self, rec: &VmRecord) {
         vm::kill(rec.pid, rec.pid_start_time).await;
         {
             let mut vms = self.vms();
@@ -326,26 +413,14 @@ impl Driver for MicrovmDriver {
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
-        let (slot, dir) = self.claim_slot()?;
-        let rec = match self.boot(spec, slot, dir.clone()).await {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let vm = self.vm_for(rec.clone());
-        if let Err(e) = self.wait_ready(&vm).await {
-            self.teardown(&rec).await;
-            return Err(e);
-        }
+        let rec = self.start_vm(spec).await?;
         let data = serde_json::to_value(&rec)
             .map_err(|e| DriverError::io("encode the handle", std::io::Error::other(e)))?;
         Ok(DriverHandle::new(
             NAME,
             rec.pid,
             rec.pid_start_time,
-            slot,
+            rec.slot,
             data,
         ))
     }
