@@ -327,9 +327,12 @@ impl MicrovmDriver {
                 ))
             })
         };
-        tokio::time::timeout(limit, exchange)
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{path}")))?
+        tokio::time::timeout(limit, exchange).await.map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the agent did not answer {path} in time"),
+            )
+        })?
     }
 }
 

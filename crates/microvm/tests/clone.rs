@@ -177,6 +177,7 @@ async fn clones_draw_different_randomness_and_get_the_hosts_clock() {
         .unwrap()
         .as_secs() as i64;
     assert_eq!((ca, cb), (0, 0), "{ea} {eb}");
+    eprintln!("clone a: {oa:?}\nclone b: {ob:?}\nhost clock: {host_now}");
     let (la, lb): (Vec<&str>, Vec<&str>) = (oa.lines().collect(), ob.lines().collect());
     assert_eq!((la.len(), lb.len()), (3, 3), "{oa} / {ob}");
     assert_ne!(la[0], lb[0], "the clones drew the same kernel uuid");
