@@ -39,9 +39,9 @@ pub(crate) struct SnapState {
 }
 
 /// QMP's name for the snapshot's state fd, in both directions.
-const STATE_FD: &str = "bulkhead-snapshot";
+pub(crate) const STATE_FD: &str = "bulkhead-snapshot";
 /// Longest a save or a load of the device state may take.
-const MIGRATION: Duration = Duration::from_secs(60);
+pub(crate) const MIGRATION: Duration = Duration::from_secs(60);
 
 impl MicrovmDriver {
     /// A clone of the template's snapshot (taken first when missing), or a cold boot when no
@@ -232,11 +232,11 @@ impl MicrovmDriver {
             // Clones open their own channel session; this one must not be in the snapshot.
             vm.session.lock().await.take();
             let (qmp_socket, state) = (rec.dir.join(vm::QMP_SOCKET), staging.join(snapshot::STATE));
-            tokio::task::spawn_blocking(move || save_state(&qmp_socket, &state))
+            tokio::task::spawn_blocking(move || save_state(&qmp_socket, &state, true))
                 .await
                 .map_err(|e| DriverError::io("save the VM", std::io::Error::other(e)))?
                 .map_err(|e| DriverError::io(format!("save the VM ({})", self.output(&rec)), e))?;
-            // QEMU quits after the save; the disk is complete once it is gone.
+            // QEMU flushed the disk on `stop`; it is complete once QEMU is gone.
             vm::kill(rec.pid, rec.pid_start_time).await;
             let (from, to) = (rec.dir.join(vm::RW_DISK), staging.join(snapshot::DISK));
             let (stage, inputs, template) =
@@ -258,18 +258,24 @@ impl MicrovmDriver {
         r
     }
 
-    /// Restores the snapshot's device state into the just spawned clone and lets it run.
-    pub(crate) async fn load_state(&self, rec: &VmRecord, key: &str) -> std::io::Result<()> {
-        let state = self.snapshots.state(key)?;
+    /// Restores the saved device state (and, without `ignore_shared`, RAM) at `state` into the
+    /// just spawned VM and lets it run.
+    pub(crate) async fn load_state(
+        &self,
+        rec: &VmRecord,
+        state: PathBuf,
+        ignore_shared: bool,
+    ) -> std::io::Result<()> {
+        let state = std::fs::File::open(state)?;
         let qmp_socket = rec.dir.join(vm::QMP_SOCKET);
-        tokio::task::spawn_blocking(move || load_state(&qmp_socket, &state))
+        tokio::task::spawn_blocking(move || load_state(&qmp_socket, &state, ignore_shared))
             .await
             .map_err(std::io::Error::other)?
     }
 
     /// Fresh entropy and the host's clock for a clone (`POST /bulkhead/cloned`), which also
     /// re-seeds the kernels' generators of a code-interpreter template.
-    async fn reseed(&self, rec: &VmRecord) -> Result<(), DriverError> {
+    pub(crate) async fn reseed(&self, rec: &VmRecord) -> Result<(), DriverError> {
         let mut entropy = [0u8; 64];
         getrandom(&mut entropy).map_err(|e| DriverError::io("read host randomness", e))?;
         let body = ClonedRequest {
@@ -351,20 +357,24 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     std::io::Read::read_exact(&mut f, buf)
 }
 
-/// Ignore-shared migration: the RAM stays in its file, only device state is written.
-fn ignore_shared(q: &mut qmp::Blocking) -> std::io::Result<()> {
+/// Ignore-shared migration (`on`): the RAM stays in its file, only device state is written.
+/// Set both ways: a clone keeps the capability its restore set, and a checkpoint of it must
+/// carry its RAM.
+fn ignore_shared(q: &mut qmp::Blocking, on: bool) -> std::io::Result<()> {
     q.execute(
         "migrate-set-capabilities",
-        json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": true }] }),
+        json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] }),
     )
     .map(|_| ())
 }
 
-/// Stops the template VM and writes its device state to `state`; QEMU then quits.
-fn save_state(qmp_socket: &Path, state: &Path) -> std::io::Result<()> {
+/// Stops the VM and writes its state to `state`: only the devices with `ignore_shared` (the
+/// template VM, whose RAM is its shared file), RAM too otherwise (a checkpoint). The VM stays
+/// stopped (`postmigrate`; `cont` resumes it).
+pub(crate) fn save_state(qmp_socket: &Path, state: &Path, shared: bool) -> std::io::Result<()> {
     let mut q = qmp::Blocking::connect(qmp_socket, Duration::from_secs(10))?;
-    ignore_shared(&mut q)?;
-    // QEMU's default throttle (128 MiB/s) would slow even the small device state.
+    ignore_shared(&mut q, shared)?;
+    // QEMU's default throttle (128 MiB/s) would slow the save twentyfold.
     q.execute(
         "migrate-set-parameters",
         json!({ "max-bandwidth": 1u64 << 40 }),
@@ -383,14 +393,13 @@ fn save_state(qmp_socket: &Path, state: &Path) -> std::io::Result<()> {
             _ => Ok(false),
         }
     })?;
-    let _ = q.execute("quit", serde_json::Value::Null);
     Ok(())
 }
 
-/// Feeds `state` to a clone started with `-incoming defer`, then starts its vCPUs.
-fn load_state(qmp_socket: &Path, state: &std::fs::File) -> std::io::Result<()> {
+/// Feeds `state` to a VM started with `-incoming defer`, then starts its vCPUs.
+fn load_state(qmp_socket: &Path, state: &std::fs::File, shared: bool) -> std::io::Result<()> {
     let mut q = qmp::Blocking::connect(qmp_socket, Duration::from_secs(10))?;
-    ignore_shared(&mut q)?;
+    ignore_shared(&mut q, shared)?;
     q.pass_fd(state.as_fd(), STATE_FD)?;
     q.execute(
         "migrate-incoming",
@@ -406,7 +415,7 @@ fn load_state(qmp_socket: &Path, state: &std::fs::File) -> std::io::Result<()> {
 
 /// `rename`, or a sparse copy and removal across file systems (slots and the cache may be on
 /// different ones).
-fn move_file(from: &Path, to: &Path) -> std::io::Result<()> {
+pub(crate) fn move_file(from: &Path, to: &Path) -> std::io::Result<()> {
     match std::fs::rename(from, to) {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {

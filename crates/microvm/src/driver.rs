@@ -3,14 +3,14 @@
 use std::collections::HashMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentExit, AgentStream, Capabilities, Driver, DriverError, DriverHandle, ResourceUsage,
-    SandboxSpec, StartError,
+    AgentExit, AgentStream, Capabilities, CheckpointInfo, CheckpointOptions, Driver, DriverError,
+    DriverHandle, ResourceUsage, RestoreOptions, SandboxSpec, StartError,
 };
 use bulkhead_vmchan::HostSession;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -54,6 +54,9 @@ pub(crate) enum Launch {
         key: String,
         ram: Arc<std::os::fd::OwnedFd>,
     },
+    /// A restore of a checkpoint in `dir` (pause/resume, fork): its disk, RAM and devices all
+    /// from the checkpoint; `backend`: the VM had its RAM under the `mem0` backend (a clone).
+    Checkpoint { dir: PathBuf, backend: bool },
 }
 
 impl MicrovmDriver {
@@ -125,7 +128,7 @@ impl MicrovmDriver {
     }
 
     /// The record of a handle of this driver whose VM is still running.
-    fn live_record(&self, h: &DriverHandle) -> Option<VmRecord> {
+    pub(crate) fn live_record(&self, h: &DriverHandle) -> Option<VmRecord> {
         if h.driver != NAME || !h.is_readable() {
             return None;
         }
@@ -206,7 +209,7 @@ impl MicrovmDriver {
             Launch::Cold => (None, None, None),
             Launch::Template { ram } => (
                 Some(MemoryFile {
-                    path: ram.clone(),
+                    path: Some(ram.clone()),
                     shared: true,
                 }),
                 None,
@@ -216,14 +219,23 @@ impl MicrovmDriver {
                 let fd = crate::snapshot::raw(ram);
                 (
                     Some(MemoryFile {
-                        path: format!("/proc/self/fd/{fd}").into(),
+                        path: Some(format!("/proc/self/fd/{fd}").into()),
                         shared: false,
                     }),
                     Some(fd),
                     Some(key.clone()),
                 )
             }
+            Launch::Checkpoint { backend, .. } => (
+                backend.then_some(MemoryFile {
+                    path: None,
+                    shared: false,
+                }),
+                None,
+                None,
+            ),
         };
+        let ram_backend = memory_file.is_some();
         let vm_spec = VmSpec {
             kernel: self.cfg.kernel.clone(),
             boot_disk,
@@ -239,7 +251,7 @@ impl MicrovmDriver {
             clock: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default(),
-            incoming: inherit.is_some(),
+            incoming: matches!(launch, Launch::Clone { .. } | Launch::Checkpoint { .. }),
             memory_file,
         };
         let mut child =
@@ -269,6 +281,7 @@ impl MicrovmDriver {
             disk_mb: self.cfg.disk_mb,
             accel: format!("{:?}", self.accel.accel).to_lowercase(),
             snapshot,
+            ram_backend,
         };
         record
             .store()
@@ -312,6 +325,18 @@ impl MicrovmDriver {
         }
     }
 
+    pub(crate) fn handle(&self, rec: &VmRecord) -> Result<DriverHandle, DriverError> {
+        let data = serde_json::to_value(rec)
+            .map_err(|e| DriverError::io("encode the handle", std::io::Error::other(e)))?;
+        Ok(DriverHandle::new(
+            NAME,
+            rec.pid,
+            rec.pid_start_time,
+            rec.slot,
+            data,
+        ))
+    }
+
     /// Boots a VM from scratch and waits for its agent.
     pub(crate) async fn start_cold(&self, spec: &SandboxSpec) -> Result<VmRecord, DriverError> {
         self.launch_and_wait(spec, &Launch::Cold).await
@@ -331,10 +356,25 @@ impl MicrovmDriver {
                 return Err(e);
             }
         };
-        if let Launch::Clone { key, .. } = launch
-            && let Err(e) = self.load_state(&rec, key).await
-        {
-            let e = DriverError::io(format!("restore snapshot {key} ({})", self.output(&rec)), e);
+        let loaded = match launch {
+            Launch::Clone { key, .. } => Some((
+                self.load_state(
+                    &rec,
+                    self.snapshots.path(key).join(crate::snapshot::STATE),
+                    true,
+                )
+                .await,
+                format!("snapshot {key}"),
+            )),
+            Launch::Checkpoint { dir, .. } => Some((
+                self.load_state(&rec, dir.join(crate::snapshot::STATE), false)
+                    .await,
+                format!("checkpoint {}", dir.display()),
+            )),
+            _ => None,
+        };
+        if let Some((Err(e), what)) = loaded {
+            let e = DriverError::io(format!("restore {what} ({})", self.output(&rec)), e);
             self.teardown(&rec).await;
             return Err(e);
         }
@@ -408,21 +448,15 @@ impl Driver for MicrovmDriver {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             freeze: true,
+            checkpoint: true,
+            snapshot: true,
             ..Capabilities::default()
         }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
         let rec = self.start_vm(spec).await?;
-        let data = serde_json::to_value(&rec)
-            .map_err(|e| DriverError::io("encode the handle", std::io::Error::other(e)))?;
-        Ok(DriverHandle::new(
-            NAME,
-            rec.pid,
-            rec.pid_start_time,
-            rec.slot,
-            data,
-        ))
+        self.handle(&rec)
     }
 
     async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
@@ -466,6 +500,29 @@ impl Driver for MicrovmDriver {
 
     async fn thaw(&self, h: &DriverHandle) -> Result<(), DriverError> {
         self.qmp(h, "cont").await
+    }
+
+    async fn checkpoint(
+        &self,
+        h: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError> {
+        self.checkpoint_vm(h, dir, opts).await
+    }
+
+    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+        crate::persist::info(dir)
+    }
+
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError> {
+        let rec = self.restore_vm(spec, dir, opts).await?;
+        self.handle(&rec)
     }
 
     async fn usage(&self, h: &DriverHandle) -> Result<ResourceUsage, DriverError> {

@@ -9,7 +9,8 @@
 //! - [`qmp`]: QEMU's control socket (freeze and thaw are `stop` and `cont`);
 //! - [`probe`]: which acceleration the host offers (hardware KVM, PVM-only, TCG);
 //! - [`snapshot`]: per-template snapshots (RAM file, device state, disk) sandboxes are cloned
-//!   from; `clone`: taking them and restoring clones;
+//!   from; `clone`: taking them and restoring clones; `persist`: checkpoints (pause, snapshot)
+//!   and their restores;
 //! - `driver`: [`MicrovmDriver`].
 //!
 //! The host reaches the agent through a virtio-serial port mapped to a Unix socket, with many
@@ -21,6 +22,7 @@
 mod clone;
 mod driver;
 pub mod image;
+mod persist;
 pub mod probe;
 pub mod qemu;
 pub mod qmp;

@@ -44,10 +44,12 @@ pub struct VmSpec {
 }
 
 /// Guest RAM mapped from a file: `shared` (the template VM, whose RAM becomes the snapshot's
-/// RAM file) or private copy-on-write (a clone: its writes never reach the file).
+/// RAM file) or private copy-on-write (a clone: its writes never reach the file). `path` None:
+/// anonymous memory under the same backend id (a clone restored from a checkpoint, whose state
+/// carries all its RAM: migration matches RAM blocks by that id).
 #[derive(Debug, Clone)]
 pub struct MemoryFile {
-    pub path: PathBuf,
+    pub path: Option<PathBuf>,
     pub shared: bool,
 }
 
@@ -68,11 +70,17 @@ fn drive(args: &mut Vec<OsString>, id: &str, file: &Path, readonly: bool) {
 
 /// `-object memory-backend-file` as the machine's RAM (QEMU merges the second `-machine`).
 fn memory_file(args: &mut Vec<OsString>, file: &MemoryFile, memory_mb: u64) {
-    let mut o = OsString::from(format!(
-        "memory-backend-file,id=mem0,size={memory_mb}M,share={},mem-path=",
-        if file.shared { "on" } else { "off" }
-    ));
-    o.push(&file.path);
+    let share = if file.shared { "on" } else { "off" };
+    let o = match &file.path {
+        Some(path) => {
+            let mut o = OsString::from(format!(
+                "memory-backend-file,id=mem0,size={memory_mb}M,share={share},mem-path="
+            ));
+            o.push(path);
+            o
+        }
+        None => format!("memory-backend-ram,id=mem0,size={memory_mb}M,share={share}").into(),
+    };
     args.extend([
         "-machine".into(),
         "memory-backend=mem0".into(),
@@ -216,7 +224,7 @@ mod tests {
         assert!(!joined(&s).contains("memory-backend"));
         assert!(!joined(&s).contains("-incoming"));
         s.memory_file = Some(MemoryFile {
-            path: "/s/3/ram".into(),
+            path: Some("/s/3/ram".into()),
             shared: true,
         });
         let a = joined(&s);
@@ -226,13 +234,22 @@ mod tests {
             "{a}"
         );
         s.memory_file = Some(MemoryFile {
-            path: "/proc/self/fd/7".into(),
+            path: Some("/proc/self/fd/7".into()),
             shared: false,
         });
         s.incoming = true;
         let a = joined(&s);
         assert!(a.contains("share=off,mem-path=/proc/self/fd/7"), "{a}");
         assert!(a.contains("-incoming defer"), "{a}");
+        s.memory_file = Some(MemoryFile {
+            path: None,
+            shared: false,
+        });
+        let a = joined(&s);
+        assert!(
+            a.contains("memory-backend-ram,id=mem0,size=256M,share=off"),
+            "{a}"
+        );
     }
 
     #[test]

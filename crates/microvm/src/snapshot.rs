@@ -205,11 +205,6 @@ impl Snapshots {
     pub fn copy_disk(&self, key: &str, dst: &Path) -> io::Result<()> {
         copy_disk(&self.path(key), dst)
     }
-
-    /// The snapshot's device state, to hand to the clone's QEMU.
-    pub fn state(&self, key: &str) -> io::Result<fs::File> {
-        fs::File::open(self.path(key).join(STATE))
-    }
 }
 
 /// A sparse copy of the writable disk of the snapshot in `snapshot_dir` at `dst` (new file).

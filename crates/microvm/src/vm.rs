@@ -42,6 +42,10 @@ pub struct VmRecord {
     /// The template snapshot this VM was cloned from; None for a cold boot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Its RAM is under the `mem0` memory backend (clones and their restores): a checkpoint's
+    /// restore must use the same (migration matches RAM blocks by id).
+    #[serde(default)]
+    pub ram_backend: bool,
 }
 
 impl VmRecord {

@@ -237,3 +237,64 @@ async fn a_broken_snapshot_falls_back_to_a_cold_boot_and_is_taken_again() {
     d.stop(&c).await.expect("stop");
     env.assert_clean();
 }
+
+#[bulkhead_testkit::requires(Root, Qemu, GuestKernel)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_clone_resumes_with_its_disk_and_memory_and_forks_apart() {
+    use bulkhead_driver::{CheckpointOptions, RestoreOptions};
+    let env = Env::new();
+    let d = env.driver();
+    let spec = env.spec(256, 256);
+    let a = d.start(&spec).await.expect("start");
+    assert!(cloned_from(&a).is_some());
+    let (code, _, err) = run(&d, &a, "echo disk > /tmp/d; echo memory > /dev/shm/m").await;
+    assert_eq!(code, 0, "{err}");
+
+    // Pause: the VM ends; resume: its disk and RAM (a tmpfs file) are back.
+    let paused = env.cfg.state_dir.join("paused");
+    let info = d
+        .checkpoint(&a, &paused, CheckpointOptions::default())
+        .await
+        .expect("pause");
+    assert!(info.memory && info.size_bytes > 0);
+    assert_eq!(d.checkpoint_info(&paused), Some(info));
+    let r = d
+        .restore(&spec, &paused, RestoreOptions::default())
+        .await
+        .expect("resume");
+    let (code, out, err) = run(&d, &r, "cat /tmp/d /dev/shm/m").await;
+    assert_eq!((code, out.as_str()), (0, "disk\nmemory\n"), "{err}");
+
+    // Snapshot the resumed VM while it runs, fork it: the fork has its state, then each goes
+    // its own way.
+    let snap = env.cfg.state_dir.join("forkable");
+    d.checkpoint(
+        &r,
+        &snap,
+        CheckpointOptions {
+            leave_running: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("snapshot");
+    let f = d
+        .restore(&spec, &snap, RestoreOptions::default())
+        .await
+        .expect("fork");
+    let (code, out, _) = run(&d, &f, "cat /dev/shm/m; echo fork > /tmp/only-fork").await;
+    assert_eq!((code, out.as_str()), (0, "memory\n"));
+    let (code, out, _) = run(&d, &r, "cat /tmp/only-fork 2>&1; cat /tmp/d").await;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("No such file") && out.ends_with("disk\n"),
+        "{out}"
+    );
+    let (_, ur, _) = run(&d, &r, "cat /proc/sys/kernel/random/uuid").await;
+    let (_, uf, _) = run(&d, &f, "cat /proc/sys/kernel/random/uuid").await;
+    assert_ne!(ur, uf);
+    for h in [&a, &r, &f] {
+        d.stop(h).await.expect("stop");
+    }
+    env.assert_clean();
+}
