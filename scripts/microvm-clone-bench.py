@@ -245,15 +245,14 @@ def main():
         raw_dir = os.path.join(work, "raw")
         os.mkdir(raw_dir)
         args = [a.replace(slot, raw_dir) for a in cmdline]
-        fdn = int(re.search(r"mem-path=/proc/self/fd/(\d+)", " ".join(args)).group(1))
         memfd = sealed_memfd(os.path.join(snap, "ram"))
+        # The same command line but for the memfd's number in this process.
+        args = [re.sub(r"mem-path=/proc/self/fd/\d+", f"mem-path=/proc/self/fd/{memfd}", a) for a in args]
+        qlog = open(os.path.join(work, "raw-qemu.log"), "w")
 
         def spawn(a, with_memfd):
-            def pre():
-                if with_memfd:
-                    os.dup2(memfd, fdn, inheritable=True)
-            return subprocess.Popen(a, preexec_fn=pre, pass_fds=[fdn] if with_memfd and fdn == memfd else [],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=raw_dir)
+            return subprocess.Popen(a, pass_fds=[memfd] if with_memfd else [],
+                                    stdout=qlog, stderr=qlog, cwd=raw_dir)
 
         def clean():
             for f in ("agent.sock", "qmp.sock", "rw.img", "console.log"):

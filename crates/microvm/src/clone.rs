@@ -11,37 +11,17 @@
 //! attempt per start) or a restore from it fails (the snapshot is deleted and taken again by
 //! the next start).
 
-use std::collections::HashMap;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bulkhead_driver::{DriverError, SandboxSpec, StartError};
 use bulkhead_envd::protocol::{CLONED_PATH, ClonedRequest, WARM_PATH};
-use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::driver::{Launch, MicrovmDriver, Vm};
-use crate::qmp;
+use crate::migrate;
 use crate::snapshot::{self, KeyInputs};
 use crate::vm::{self, VmRecord};
-
-/// The driver's snapshot bookkeeping.
-#[derive(Default)]
-pub(crate) struct SnapState {
-    /// One snapshot taken at a time; a start that finds one being taken waits for it.
-    building: tokio::sync::Mutex<()>,
-    /// Keys whose snapshot could not be taken, and why.
-    failed: Mutex<HashMap<String, String>>,
-    kernel: Mutex<Option<(PathBuf, u64, i64, String)>>,
-    qemu: Mutex<Option<String>>,
-}
-
-/// QMP's name for the snapshot's state fd, in both directions.
-pub(crate) const STATE_FD: &str = "bulkhead-snapshot";
-/// Longest a save or a load of the device state may take.
-pub(crate) const MIGRATION: Duration = Duration::from_secs(60);
 
 impl MicrovmDriver {
     /// A clone of the template's snapshot (taken first when missing), or a cold boot when no
@@ -232,7 +212,7 @@ impl MicrovmDriver {
             // Clones open their own channel session; this one must not be in the snapshot.
             vm.session.lock().await.take();
             let (qmp_socket, state) = (rec.dir.join(vm::QMP_SOCKET), staging.join(snapshot::STATE));
-            tokio::task::spawn_blocking(move || save_state(&qmp_socket, &state, true))
+            tokio::task::spawn_blocking(move || migrate::save_state(&qmp_socket, &state, true))
                 .await
                 .map_err(|e| DriverError::io("save the VM", std::io::Error::other(e)))?
                 .map_err(|e| DriverError::io(format!("save the VM ({})", self.output(&rec)), e))?;
@@ -268,7 +248,7 @@ impl MicrovmDriver {
     ) -> std::io::Result<()> {
         let state = std::fs::File::open(state)?;
         let qmp_socket = rec.dir.join(vm::QMP_SOCKET);
-        tokio::task::spawn_blocking(move || load_state(&qmp_socket, &state, ignore_shared))
+        tokio::task::spawn_blocking(move || migrate::load_state(&qmp_socket, &state, ignore_shared))
             .await
             .map_err(std::io::Error::other)?
     }
@@ -355,62 +335,6 @@ fn status_code(answer: &[u8]) -> Option<u16> {
 fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     let mut f = std::fs::File::open("/dev/urandom")?;
     std::io::Read::read_exact(&mut f, buf)
-}
-
-/// Ignore-shared migration (`on`): the RAM stays in its file, only device state is written.
-/// Set both ways: a clone keeps the capability its restore set, and a checkpoint of it must
-/// carry its RAM.
-fn ignore_shared(q: &mut qmp::Blocking, on: bool) -> std::io::Result<()> {
-    q.execute(
-        "migrate-set-capabilities",
-        json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] }),
-    )
-    .map(|_| ())
-}
-
-/// Stops the VM and writes its state to `state`: only the devices with `ignore_shared` (the
-/// template VM, whose RAM is its shared file), RAM too otherwise (a checkpoint). The VM stays
-/// stopped (`postmigrate`; `cont` resumes it).
-pub(crate) fn save_state(qmp_socket: &Path, state: &Path, shared: bool) -> std::io::Result<()> {
-    let mut q = qmp::Blocking::connect(qmp_socket, Duration::from_secs(10))?;
-    ignore_shared(&mut q, shared)?;
-    // QEMU's default throttle (128 MiB/s) would slow the save twentyfold.
-    q.execute(
-        "migrate-set-parameters",
-        json!({ "max-bandwidth": 1u64 << 40 }),
-    )?;
-    q.execute("stop", serde_json::Value::Null)?;
-    let f = std::fs::File::create(state)?;
-    q.pass_fd(f.as_fd(), STATE_FD)?;
-    drop(f);
-    q.execute("migrate", json!({ "uri": format!("fd:{STATE_FD}") }))?;
-    q.poll("query-migrate", MIGRATION, |v| {
-        match v.get("status").and_then(|s| s.as_str()) {
-            Some("completed") => Ok(true),
-            Some("failed") | Some("cancelled") => Err(std::io::Error::other(format!(
-                "the migration to the snapshot file failed: {v}"
-            ))),
-            _ => Ok(false),
-        }
-    })?;
-    Ok(())
-}
-
-/// Feeds `state` to a VM started with `-incoming defer`, then starts its vCPUs.
-fn load_state(qmp_socket: &Path, state: &std::fs::File, shared: bool) -> std::io::Result<()> {
-    let mut q = qmp::Blocking::connect(qmp_socket, Duration::from_secs(10))?;
-    ignore_shared(&mut q, shared)?;
-    q.pass_fd(state.as_fd(), STATE_FD)?;
-    q.execute(
-        "migrate-incoming",
-        json!({ "uri": format!("fd:{STATE_FD}") }),
-    )?;
-    // QEMU exits when the incoming migration fails: the poll then sees the socket close.
-    q.poll("query-status", MIGRATION, |v| {
-        Ok(v.get("status").and_then(|s| s.as_str()) != Some("inmigrate"))
-    })?;
-    q.execute("cont", serde_json::Value::Null)?;
-    Ok(())
 }
 
 /// `rename`, or a sparse copy and removal across file systems (slots and the cache may be on

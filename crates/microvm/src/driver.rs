@@ -39,7 +39,7 @@ pub struct MicrovmDriver {
     vms: Mutex<HashMap<u32, Arc<Vm>>>,
     pub(crate) snapshots: Snapshots,
     /// Per-snapshot-key state of snapshot taking (one build at a time, failures remembered).
-    pub(crate) snap_state: crate::clone::SnapState,
+    pub(crate) snap_state: crate::snapshot::SnapState,
 }
 
 /// How a VM starts.
@@ -512,7 +512,7 @@ impl Driver for MicrovmDriver {
     }
 
     fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
-        crate::persist::info(dir)
+        self.checkpoint_dir_info(dir)
     }
 
     async fn restore(

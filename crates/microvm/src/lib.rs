@@ -22,6 +22,7 @@
 mod clone;
 mod driver;
 pub mod image;
+mod migrate;
 mod persist;
 pub mod probe;
 pub mod qemu;

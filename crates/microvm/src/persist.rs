@@ -43,7 +43,7 @@ fn read_meta(dir: &Path) -> Option<Meta> {
 }
 
 /// The checkpoint in `dir`, when it is a complete one of this driver.
-pub(crate) fn info(dir: &Path) -> Option<CheckpointInfo> {
+fn info(dir: &Path) -> Option<CheckpointInfo> {
     let meta = read_meta(dir)?;
     Some(CheckpointInfo {
         driver: "microvm".into(),
@@ -59,6 +59,11 @@ fn allocated(path: &Path) -> u64 {
 }
 
 impl MicrovmDriver {
+    /// [`info`] for the driver's `checkpoint_info`.
+    pub(crate) fn checkpoint_dir_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+        info(dir)
+    }
+
     pub(crate) async fn checkpoint_vm(
         &self,
         h: &DriverHandle,
@@ -86,7 +91,7 @@ impl MicrovmDriver {
         self.vm_for(rec.clone()).session.lock().await.take();
         let (qmp_socket, state) = (rec.dir.join(vm::QMP_SOCKET), dir.join(snapshot::STATE));
         let saved = tokio::task::spawn_blocking(move || {
-            crate::clone::save_state(&qmp_socket, &state, false)
+            crate::migrate::save_state(&qmp_socket, &state, false)
         })
         .await
         .map_err(|e| DriverError::io("checkpoint the VM", std::io::Error::other(e)))?;

@@ -288,6 +288,17 @@ fn sealed_copy(path: &Path) -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(mem))
 }
 
+/// The driver's snapshot bookkeeping.
+#[derive(Default)]
+pub struct SnapState {
+    /// One snapshot taken at a time; a start that finds one being taken waits for it.
+    pub building: tokio::sync::Mutex<()>,
+    /// Keys whose snapshot could not be taken, and why.
+    pub failed: Mutex<HashMap<String, String>>,
+    pub kernel: Mutex<Option<(PathBuf, u64, i64, String)>>,
+    pub qemu: Mutex<Option<String>>,
+}
+
 /// Content hash of the kernel, remembered per (path, size, mtime).
 pub fn kernel_hash(
     cache: &Mutex<Option<(PathBuf, u64, i64, String)>>,
