@@ -222,6 +222,11 @@ def main():
             api.append(time.time() - t0)
             s.kill()
             live.remove(s)
+        summary("api: create -> first command (SDK, clone)", api)
+        log.flush()
+        starts = [int(m) / 1000 for m in re.findall(r"ms=(\d+)[^\n]*clone of the template snapshot|clone of the template snapshot[^\n]*ms=(\d+)", open(os.path.join(work, "serve.log")).read()) for m in m if m]
+        if starts:
+            summary("driver: start by clone, as the server logs it", starts[1:])
 
         # Memory of idle clones.
         idle = [Sandbox.create("base", timeout=600) for _ in range(3)]
@@ -241,7 +246,7 @@ def main():
             if meta["template"] == "base":
                 metas.append((os.path.getmtime(m), os.path.dirname(m), meta))
         snap = max(metas)[1]
-        slot = re.search(r"path=(.*)/agent\.sock", " ".join(cmdline)).group(1)
+        slot = re.search(r"path=(\S*)/agent\.sock", " ".join(cmdline)).group(1)
         raw_dir = os.path.join(work, "raw")
         os.mkdir(raw_dir)
         args = [a.replace(slot, raw_dir) for a in cmdline]
@@ -313,6 +318,8 @@ def main():
 
         print()
         summary("api: create -> first command (SDK, clone)", api)
+        if starts:
+            summary("driver: start by clone (server log)", starts[1:])
         summary("raw: QEMU restore of the same snapshot -> agent answering", raw)
         summary("cold: boot from scratch -> agent answering (reference)", cold)
         print(f"ratio api/raw: p50 {pct(api,50)/pct(raw,50):.2f}x  p95 {pct(api,95)/pct(raw,95):.2f}x  p99 {pct(api,99)/pct(raw,99):.2f}x")
@@ -320,6 +327,12 @@ def main():
             print(f"idle clone QEMU: RSS {rss/1024:.1f} MiB, PSS {pss/1024:.1f} MiB, shared snapshot pages {sh/1024:.1f} MiB, "
                   f"RSS minus shared snapshot pages {(rss-sh)/1024:.1f} MiB")
         print(f"idle cold-booted QEMU: RSS {sum(cold_rss)/len(cold_rss)/1024:.1f} MiB (mean of {len(cold_rss)})")
+    except Exception:
+        for f in ("raw-qemu.log",):
+            p = os.path.join(work, f)
+            if os.path.exists(p):
+                print(f"--- {f}:", open(p).read()[-3000:], file=sys.stderr)
+        raise
     finally:
         for s in live:
             try:

@@ -320,7 +320,8 @@ impl MicrovmDriver {
             };
             match tokio::time::timeout(left.min(Duration::from_secs(5)), attempt).await {
                 Ok(Some(())) => return Ok(()),
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                // Short: a restored clone answers within milliseconds of its QEMU loading.
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
         }
     }
