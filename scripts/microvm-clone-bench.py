@@ -83,7 +83,7 @@ def health(sock_path, session):
     """GET /health through a new vmchan session; the status line or None."""
     s = socket.socket(socket.AF_UNIX)
     s.connect(sock_path)
-    s.settimeout(5)
+    s.settimeout(1)
     s.sendall(frame(1, 0, struct.pack(">Q", session)) + frame(2, session & 0x7FFFFFFF or 1))
     sid = session & 0x7FFFFFFF or 1
     buf, opened, body = b"", False, b""
@@ -213,16 +213,21 @@ def main():
         sbx.kill()
         live.remove(sbx)
 
-        api = []
+        api, api_create, api_cmd = [], [], []
         for _ in range(N):
             t0 = time.time()
             s = Sandbox.create("base", timeout=600)
             live.append(s)
+            t1 = time.time()
             s.commands.run("true")
             api.append(time.time() - t0)
+            api_create.append(t1 - t0)
+            api_cmd.append(time.time() - t1)
             s.kill()
             live.remove(s)
         summary("api: create -> first command (SDK, clone)", api)
+        summary("api: of which Sandbox.create", api_create)
+        summary("api: of which commands.run('true') (bash -l in the guest)", api_cmd)
         log.flush()
         starts = [int(m) / 1000 for m in re.findall(r"ms=(\d+)[^\n]*clone of the template snapshot|clone of the template snapshot[^\n]*ms=(\d+)", open(os.path.join(work, "serve.log")).read()) for m in m if m]
         if starts:
@@ -266,7 +271,7 @@ def main():
                 except FileNotFoundError:
                     pass
 
-        raw = []
+        raw, raw_loaded = [], []
         for _ in range(N):
             clean()
             subprocess.run(["cp", "--sparse=always", os.path.join(snap, "disk.img"), os.path.join(raw_dir, "rw.img")], check=True)
@@ -282,6 +287,7 @@ def main():
                 while qmp.cmd("query-status")["status"] == "inmigrate":
                     time.sleep(0.002)
                 qmp.cmd("cont")
+                raw_loaded.append(time.time() - t0)
                 until_healthy(os.path.join(raw_dir, "agent.sock"))
                 raw.append(time.time() - t0)
             finally:
@@ -320,9 +326,15 @@ def main():
         summary("api: create -> first command (SDK, clone)", api)
         if starts:
             summary("driver: start by clone (server log)", starts[1:])
+        summary("raw: QEMU restore of the same snapshot -> `cont` done", raw_loaded)
         summary("raw: QEMU restore of the same snapshot -> agent answering", raw)
         summary("cold: boot from scratch -> agent answering (reference)", cold)
+        summary("api: of which Sandbox.create", api_create)
+        summary("api: of which commands.run('true') (bash -l in the guest)", api_cmd)
         print(f"ratio api/raw: p50 {pct(api,50)/pct(raw,50):.2f}x  p95 {pct(api,95)/pct(raw,95):.2f}x  p99 {pct(api,99)/pct(raw,99):.2f}x")
+        print(f"ratio create/raw: p50 {pct(api_create,50)/pct(raw,50):.2f}x  p95 {pct(api_create,95)/pct(raw,95):.2f}x  p99 {pct(api_create,99)/pct(raw,99):.2f}x")
+        if starts:
+            print(f"ratio driver start/raw: p50 {pct(starts[1:],50)/pct(raw,50):.2f}x  p95 {pct(starts[1:],95)/pct(raw,95):.2f}x")
         for rss, pss, sh in mem:
             print(f"idle clone QEMU: RSS {rss/1024:.1f} MiB, PSS {pss/1024:.1f} MiB, shared snapshot pages {sh/1024:.1f} MiB, "
                   f"RSS minus shared snapshot pages {(rss-sh)/1024:.1f} MiB")
