@@ -39,6 +39,13 @@ pub struct VmRecord {
     pub cpus: u32,
     pub disk_mb: u64,
     pub accel: String,
+    /// The template snapshot this VM was cloned from; None for a cold boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Its RAM is under the `mem0` memory backend (clones and their restores): a checkpoint's
+    /// restore must use the same (migration matches RAM blocks by id).
+    #[serde(default)]
+    pub ram_backend: bool,
 }
 
 impl VmRecord {
@@ -64,12 +71,14 @@ pub fn spec_paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
 }
 
 /// Spawns QEMU for `spec` as `uid`/`gid`; returns the child (reaped by a background task).
+/// `inherit` stays open in QEMU at the same number (a clone's sealed RAM memfd).
 pub fn spawn(
     qemu_bin: &Path,
     spec: &VmSpec,
     dir: &Path,
     uid: u32,
     gid: u32,
+    inherit: Option<i32>,
 ) -> io::Result<tokio::process::Child> {
     let log = fs::File::create(dir.join(QEMU_LOG))?;
     fs::set_permissions(dir.join(QEMU_LOG), fs::Permissions::from_mode(0o600))?;
@@ -89,7 +98,15 @@ pub fn spawn(
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // system calls on values captured by copy.
     unsafe {
-        cmd.pre_exec(move || drop_privileges(uid, gid, kvm_gid));
+        cmd.pre_exec(move || {
+            if let Some(fd) = inherit {
+                // Only this child's descriptor table changes: the server keeps it CLOEXEC.
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            drop_privileges(uid, gid, kvm_gid)
+        });
     }
     cmd.spawn()
 }
