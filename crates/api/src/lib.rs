@@ -13,6 +13,7 @@ mod persist;
 mod proxy;
 mod state;
 mod templates;
+mod usage;
 mod volumes;
 pub mod wire;
 
@@ -32,7 +33,8 @@ pub fn router(engine: Arc<Engine>) -> Router {
     let keyed = volumes::rest_routes()
         .merge(changes::routes())
         .merge(metrics::routes())
-        .merge(templates::routes());
+        .merge(templates::routes())
+        .merge(usage::routes());
     control::routes(state.clone(), keyed)
         .merge(volumes::content_routes())
         .merge(templates::upload_routes())

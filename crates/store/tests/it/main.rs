@@ -49,6 +49,8 @@ store_tests!(
     persistence_roundtrip,
     snapshots_crud_and_pagination,
     volumes_crud,
+    teams_credits_and_quotas,
+    usage_records_and_sums,
 );
 
 mod sqlite_only {
