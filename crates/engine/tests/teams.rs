@@ -172,11 +172,11 @@ async fn quotas_refuse_with_the_limit_named() {
     // A paused sandbox does not count; resuming it does.
     s.engine.pause(&s.b, &sb.id, true).await.unwrap();
     let sb2 = s.engine.create(&s.b, base(60)).await.unwrap();
-    let e = s
-        .engine
-        .connect(&s.b, &sb.id, ResumeRequest::default())
-        .await
-        .unwrap_err();
+    let resume = ResumeRequest {
+        timeout: Some(60),
+        ..Default::default()
+    };
+    let e = s.engine.connect(&s.b, &sb.id, resume).await.unwrap_err();
     assert_eq!(quota_limit(&e), Some(Limit::MaxSandboxes), "{e:?}");
     for (c, id) in [(&s.b, &sb2.id), (&s.b, &sb.id), (&s.a, &sa.id)] {
         s.engine.kill(c, id).await.unwrap();
