@@ -330,6 +330,7 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
         owner_key_id: Some("k1".to_owned()),
         template_id: Some("base".to_owned()),
         started_after: Some(0),
+        team_id: Some("default".to_owned()),
     };
     assert_eq!(
         ids(&s
@@ -745,6 +746,7 @@ pub async fn snapshots_crud_and_pagination(h: &Harness) {
     let of_a = SnapshotFilter {
         sandbox_id: Some("a".into()),
         name: None,
+        team_id: None,
     };
     let p1 = s.list_snapshots(&of_a, 1, None).await.unwrap();
     assert_eq!(p1[0].id, "s2");
@@ -756,8 +758,14 @@ pub async fn snapshots_crud_and_pagination(h: &Harness) {
     let named = SnapshotFilter {
         sandbox_id: None,
         name: Some("one".into()),
+        team_id: None,
     };
     assert_eq!(s.list_snapshots(&named, 10, None).await.unwrap().len(), 1);
+    let other_team = SnapshotFilter {
+        team_id: Some("team_other".into()),
+        ..named.clone()
+    };
+    assert!(s.list_snapshots(&other_team, 10, None).await.unwrap().is_empty());
     assert!(s.delete_snapshot("s1").await.unwrap());
     assert!(!s.delete_snapshot("s1").await.unwrap());
 }
