@@ -108,10 +108,7 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
         EngineError::Quota(q) => match q.limit {
             Limit::Credits => (StatusCode::PAYMENT_REQUIRED, Some("credits_exhausted")),
             Limit::CreateRate => (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited")),
-            Limit::MaxSandboxes => (
-                StatusCode::TOO_MANY_REQUESTS,
-                Some("team_sandbox_limit"),
-            ),
+            Limit::MaxSandboxes => (StatusCode::TOO_MANY_REQUESTS, Some("team_sandbox_limit")),
             Limit::MaxVcpus | Limit::MaxMemory | Limit::MaxTimeout => {
                 (StatusCode::FORBIDDEN, Some("team_quota"))
             }

@@ -57,7 +57,9 @@ pub enum KeyError {
         "API key must be e2b_ followed by 40 lowercase hex characters (got {0} characters); create one with `bulkhead keys create`"
     )]
     Malformed(usize),
-    #[error("Team {0:?} not found: list teams with `bulkhead teams list`, or create it with `bulkhead teams create {0}`")]
+    #[error(
+        "Team {0:?} not found: list teams with `bulkhead teams list`, or create it with `bulkhead teams create {0}`"
+    )]
     NoTeam(String),
     #[error("Key storage failed")]
     Store(#[from] StoreError),
@@ -92,7 +94,11 @@ pub async fn create(store: &Store, name: &str) -> Result<(ApiKey, String), KeyEr
 }
 
 /// Create a new key in `team` (id or name); the plaintext is returned once and never stored.
-pub async fn create_in(store: &Store, name: &str, team: &str) -> Result<(ApiKey, String), KeyError> {
+pub async fn create_in(
+    store: &Store,
+    name: &str,
+    team: &str,
+) -> Result<(ApiKey, String), KeyError> {
     let key = generate_key();
     Ok((ApiKey::from(&insert(store, name, &key, team).await?), key))
 }

@@ -29,10 +29,10 @@ pub mod metering;
 pub mod network;
 mod pool_policy;
 pub mod quota;
-#[cfg(feature = "testing")]
-pub mod testing;
 pub mod teams;
 mod tenants;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod types;
 mod validate;
 pub mod volume_fs;
@@ -80,10 +80,10 @@ pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use metering::{ExhaustedAction, MeteringConfig, Prices, UsageReport};
-pub use quota::{Limit, QuotaError};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use pool_policy::{PoolConfig, PoolLimits};
 pub use pool_source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
+pub use quota::{Limit, QuotaError};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,

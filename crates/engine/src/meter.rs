@@ -169,7 +169,9 @@ impl Engine {
                     l.meter.carry = carry;
                 }
             }
-            Err(e) => tracing::warn!(sandbox = %id, error = %e, "recording the sandbox's last usage failed"),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "recording the sandbox's last usage failed")
+            }
         }
     }
 
@@ -217,7 +219,11 @@ impl Engine {
 
     /// `GET /bulkhead/v1/usage`: the caller's team's usage, optionally of one key or sandbox,
     /// within `[from_ms, to_ms)`.
-    pub async fn usage_report(&self, caller: &Caller, mut filter: UsageFilter) -> Result<UsageReport> {
+    pub async fn usage_report(
+        &self,
+        caller: &Caller,
+        mut filter: UsageFilter,
+    ) -> Result<UsageReport> {
         if let (Some(f), Some(t)) = (filter.from_ms, filter.to_ms)
             && f > t
         {

@@ -95,7 +95,11 @@ pub(crate) fn segment(
         return None;
     }
     let (vcpu_ms, memory_mib_ms, storage_mib_ms) = if paused {
-        (0, 0, ((storage_bytes as f64 / 1048576.0) * ms as f64).round() as i64)
+        (
+            0,
+            0,
+            ((storage_bytes as f64 / 1048576.0) * ms as f64).round() as i64,
+        )
     } else {
         (m.vcpus * ms, m.memory_mb * ms, 0)
     };
@@ -130,7 +134,13 @@ pub(crate) struct Exhaustion {
 impl Exhaustion {
     /// Notes `team`'s balance at `now_ms`; true when its grace has passed and its running
     /// sandboxes are to be stopped now.
-    pub(crate) fn observe(&mut self, team: &str, balance_micro: i64, now_ms: i64, grace: Duration) -> bool {
+    pub(crate) fn observe(
+        &mut self,
+        team: &str,
+        balance_micro: i64,
+        now_ms: i64,
+        grace: Duration,
+    ) -> bool {
         if balance_micro > 0 {
             self.since.remove(team);
             return false;
@@ -268,7 +278,10 @@ mod tests {
         };
         // 15 s at 2 vCPUs and 512 MiB, on a fake clock.
         let (row, carry) = segment("s", &meter(1_000), false, 0, 16_000, &prices).unwrap();
-        assert_eq!((row.start_ms, row.end_ms, row.state.as_str()), (1_000, 16_000, "running"));
+        assert_eq!(
+            (row.start_ms, row.end_ms, row.state.as_str()),
+            (1_000, 16_000, "running")
+        );
         assert_eq!(row.vcpu_ms, 30_000);
         assert_eq!(row.memory_mib_ms, 512 * 15_000);
         assert_eq!(row.storage_mib_ms, 0);

@@ -238,13 +238,34 @@ mod tests {
         let e = check_create("t1", &q, 2, ok).unwrap_err();
         assert_eq!(e.limit, Limit::MaxSandboxes);
         assert!(e.message.contains("limit is 2"), "{e}");
-        assert!(e.message.contains("bulkhead teams set-quota t1 --max-sandboxes"));
+        assert!(
+            e.message
+                .contains("bulkhead teams set-quota t1 --max-sandboxes")
+        );
         let e = check_create("t1", &q, 0, Ask { vcpus: 2, ..ok }).unwrap_err();
         assert_eq!(e.limit, Limit::MaxVcpus);
         assert!(e.message.contains("--max-vcpus 2"), "{e}");
-        let e = check_create("t1", &q, 0, Ask { memory_mb: 512, ..ok }).unwrap_err();
+        let e = check_create(
+            "t1",
+            &q,
+            0,
+            Ask {
+                memory_mb: 512,
+                ..ok
+            },
+        )
+        .unwrap_err();
         assert_eq!(e.limit, Limit::MaxMemory);
-        let e = check_create("t1", &q, 0, Ask { timeout_secs: 61, ..ok }).unwrap_err();
+        let e = check_create(
+            "t1",
+            &q,
+            0,
+            Ask {
+                timeout_secs: 61,
+                ..ok
+            },
+        )
+        .unwrap_err();
         assert_eq!(e.limit, Limit::MaxTimeout);
         assert!(e.message.contains("--max-timeout 61"), "{e}");
         // No quotas: anything goes.

@@ -13,8 +13,8 @@ use crate::clock::ms_to_dt;
 use crate::driver::DriverHandle;
 use crate::ids;
 use crate::lifecycle::{self, Operation, Step};
-use crate::metering::Meter;
 use crate::live::{Live, LiveExtra};
+use crate::metering::Meter;
 use crate::types::{Caller, ListPage, ListRequest, SandboxInfo};
 use crate::validate::{decode_token, encode_token};
 

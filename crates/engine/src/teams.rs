@@ -8,8 +8,8 @@ use bulkhead_store::{Store, StoreError, TeamQuotas, TeamRow};
 use crate::clock::now_ms;
 use crate::ids::random_hex;
 
-pub use bulkhead_store::DEFAULT_TEAM;
 pub use crate::quota::format_credits;
+pub use bulkhead_store::DEFAULT_TEAM;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TeamError {
@@ -17,9 +17,7 @@ pub enum TeamError {
         "Team {0:?} not found: list teams with `bulkhead teams list`, or create it with `bulkhead teams create {0}`"
     )]
     NotFound(String),
-    #[error(
-        "Team name {0:?} is not valid: use 1 to 64 letters, digits, '-', '_' or '.'"
-    )]
+    #[error("Team name {0:?} is not valid: use 1 to 64 letters, digits, '-', '_' or '.'")]
     InvalidName(String),
     #[error(
         "Credits {0:?} are not a number: give an amount like 10, +2.5 or -1 (credits, up to 6 decimals)"
@@ -67,7 +65,11 @@ pub fn parse_credits(s: &str) -> Result<i64> {
     if !digits(int) || !digits(frac) {
         return Err(bad());
     }
-    let whole: i64 = if int.is_empty() { 0 } else { int.parse().map_err(|_| bad())? };
+    let whole: i64 = if int.is_empty() {
+        0
+    } else {
+        int.parse().map_err(|_| bad())?
+    };
     let frac: i64 = format!("{frac:0<6}").parse().map_err(|_| bad())?;
     let micro = whole
         .checked_mul(1_000_000)

@@ -80,9 +80,18 @@ async fn sandboxes_are_visible_only_to_their_team() {
         page.items.into_iter().map(|i| i.id).collect()
     };
     let req = ListRequest::default();
-    assert_eq!(ids(s.engine.list(&s.a, &req).await.unwrap()), vec![sa.id.clone()]);
-    assert_eq!(ids(s.engine.list(&s.b, &req).await.unwrap()), vec![sb.id.clone()]);
-    assert_eq!(ids(s.engine.list(&b2, &req).await.unwrap()), vec![sb.id.clone()]);
+    assert_eq!(
+        ids(s.engine.list(&s.a, &req).await.unwrap()),
+        vec![sa.id.clone()]
+    );
+    assert_eq!(
+        ids(s.engine.list(&s.b, &req).await.unwrap()),
+        vec![sb.id.clone()]
+    );
+    assert_eq!(
+        ids(s.engine.list(&b2, &req).await.unwrap()),
+        vec![sb.id.clone()]
+    );
     assert_eq!(s.engine.list(&s.a, &req).await.unwrap().total_running, 1);
 
     // Another team's sandbox does not exist for you: get, kill, timeout, pause, metrics 404.
@@ -98,29 +107,57 @@ async fn sandboxes_are_visible_only_to_their_team() {
         let e = s.engine.usage(who, other).await.unwrap_err();
         assert!(matches!(e, EngineError::SandboxNotFound(_)), "{e:?}");
     }
-    assert!(s.engine.is_live(&sa.id) && s.engine.is_live(&sb.id), "nothing was killed");
+    assert!(
+        s.engine.is_live(&sa.id) && s.engine.is_live(&sb.id),
+        "nothing was killed"
+    );
     // Snapshots are the team's: not listed, used, replaced or deleted by another team.
     let snap = s
         .engine
         .create_snapshot(&s.a, &sa.id, Some("snap-a"), true)
         .await
         .unwrap();
-    assert!(s.engine.list_snapshots(&s.b, None, None, None, None).await.unwrap().items.is_empty());
+    assert!(
+        s.engine
+            .list_snapshots(&s.b, None, None, None, None)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     assert_eq!(
-        s.engine.list_snapshots(&s.a, None, None, None, None).await.unwrap().items.len(),
+        s.engine
+            .list_snapshots(&s.a, None, None, None, None)
+            .await
+            .unwrap()
+            .items
+            .len(),
         1
     );
     let e = s
         .engine
-        .create(&s.b, CreateRequest { template: "snap-a".into(), ..base(60) })
+        .create(
+            &s.b,
+            CreateRequest {
+                template: "snap-a".into(),
+                ..base(60)
+            },
+        )
         .await
         .unwrap_err();
     assert!(matches!(e, EngineError::TemplateNotFound(_)), "{e:?}");
-    let e = s.engine.create_snapshot(&s.b, &sb.id, Some("snap-a"), true).await.unwrap_err();
+    let e = s
+        .engine
+        .create_snapshot(&s.b, &sb.id, Some("snap-a"), true)
+        .await
+        .unwrap_err();
     assert!(matches!(e, EngineError::Conflict(_)), "{e:?}");
     let e = s.engine.delete_snapshot(&s.b, "snap-a").await.unwrap_err();
     assert!(matches!(e, EngineError::SnapshotNotFound(_)), "{e:?}");
-    s.engine.delete_snapshot(&s.a, &snap.snapshot_id).await.unwrap();
+    s.engine
+        .delete_snapshot(&s.a, &snap.snapshot_id)
+        .await
+        .unwrap();
     s.engine.get(&b2, &sb.id).await.unwrap();
     s.engine.kill(&b2, &sb.id).await.unwrap();
     s.engine.kill(&s.a, &sa.id).await.unwrap();
@@ -141,7 +178,11 @@ async fn quotas_refuse_with_the_limit_named() {
     .await;
     let e = s.engine.create(&s.b, base(60)).await.unwrap_err();
     assert_eq!(quota_limit(&e), Some(Limit::MaxVcpus), "{e:?}");
-    assert!(e.to_string().contains("bulkhead teams set-quota b --max-vcpus 2"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("bulkhead teams set-quota b --max-vcpus 2"),
+        "{e}"
+    );
     // Other teams are not limited by it.
     let sa = s.engine.create(&s.a, base(60)).await.unwrap();
 
@@ -354,7 +395,12 @@ async fn metering_records_usage_and_credits_run_out() {
     assert_eq!(all.sandboxes.len(), 2, "{all:?}");
     assert!(all.sandboxes.iter().any(|u| u.sandbox_id == sa.id));
     assert_eq!(
-        s.engine.get(&s.a, &sa.id).await.map(|_| ()).unwrap_err().to_string(),
+        s.engine
+            .get(&s.a, &sa.id)
+            .await
+            .map(|_| ())
+            .unwrap_err()
+            .to_string(),
         EngineError::SandboxNotFound(sa.id.clone()).to_string()
     );
     let _ = SandboxState::Dead;

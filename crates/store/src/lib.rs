@@ -259,5 +259,5 @@ mod persistence;
 mod sql;
 mod tenancy;
 pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};
-pub use tenancy::{DEFAULT_TEAM, TeamQuotas, TeamRow, UsageFilter, UsageRow, UsageSum};
 pub use sql::Store;
+pub use tenancy::{DEFAULT_TEAM, TeamQuotas, TeamRow, UsageFilter, UsageRow, UsageSum};

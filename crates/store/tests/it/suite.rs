@@ -765,7 +765,12 @@ pub async fn snapshots_crud_and_pagination(h: &Harness) {
         team_id: Some("team_other".into()),
         ..named.clone()
     };
-    assert!(s.list_snapshots(&other_team, 10, None).await.unwrap().is_empty());
+    assert!(
+        s.list_snapshots(&other_team, 10, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(s.delete_snapshot("s1").await.unwrap());
     assert!(!s.delete_snapshot("s1").await.unwrap());
 }
@@ -871,7 +876,10 @@ pub async fn teams_credits_and_quotas(h: &Harness) {
     let s = &h.store;
     // The migration made the default team; keys and sandboxes land in it by default.
     let default = s.get_team(DEFAULT_TEAM).await.unwrap().unwrap();
-    assert_eq!((default.name.as_str(), default.credits_micro), ("default", None));
+    assert_eq!(
+        (default.name.as_str(), default.credits_micro),
+        ("default", None)
+    );
     let t = TeamRow {
         id: "team_x".into(),
         name: "acme".into(),
@@ -902,11 +910,20 @@ pub async fn teams_credits_and_quotas(h: &Harness) {
     );
 
     // Credits: relative updates, a team without a balance starts at 0.
-    assert_eq!(s.add_team_credits("team_x", 5_000).await.unwrap(), Some(5_000));
-    assert_eq!(s.add_team_credits("team_x", -7_000).await.unwrap(), Some(-2_000));
+    assert_eq!(
+        s.add_team_credits("team_x", 5_000).await.unwrap(),
+        Some(5_000)
+    );
+    assert_eq!(
+        s.add_team_credits("team_x", -7_000).await.unwrap(),
+        Some(-2_000)
+    );
     assert_eq!(s.add_team_credits("missing", 1).await.unwrap(), None);
     assert!(s.clear_team_credits("team_x").await.unwrap());
-    assert_eq!(s.get_team("team_x").await.unwrap().unwrap().credits_micro, None);
+    assert_eq!(
+        s.get_team("team_x").await.unwrap().unwrap().credits_micro,
+        None
+    );
 
     let q = TeamQuotas {
         max_sandboxes: Some(3),
@@ -925,8 +942,15 @@ pub async fn teams_credits_and_quotas(h: &Harness) {
     k.team_id = "team_x".into();
     s.insert_api_key(&k).await.unwrap();
     s.touch_api_key("kx", 1234).await.unwrap();
-    let got = s.find_active_api_key_by_hash(&k.hash).await.unwrap().unwrap();
-    assert_eq!((got.team_id.as_str(), got.last_used_at), ("team_x", Some(1234)));
+    let got = s
+        .find_active_api_key_by_hash(&k.hash)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (got.team_id.as_str(), got.last_used_at),
+        ("team_x", Some(1234))
+    );
 
     // Sandboxes filter by team.
     let mut sb = sandbox("sx", 10);
@@ -939,7 +963,10 @@ pub async fn teams_credits_and_quotas(h: &Harness) {
     };
     let rows = s.list_sandboxes(&only_x, None, false, None).await.unwrap();
     assert_eq!(rows.len(), 1);
-    assert_eq!((rows[0].id.as_str(), rows[0].team_id.as_str()), ("sx", "team_x"));
+    assert_eq!(
+        (rows[0].id.as_str(), rows[0].team_id.as_str()),
+        ("sx", "team_x")
+    );
     assert_eq!(s.count_sandboxes(&only_x).await.unwrap(), 1);
     assert_eq!(
         s.get_sandbox("sd").await.unwrap().unwrap().team_id,
