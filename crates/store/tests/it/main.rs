@@ -5,6 +5,7 @@
 
 mod harness;
 mod suite;
+mod suite_teams;
 
 /// Generates one SQLite and one PostgreSQL test per suite function.
 macro_rules! store_tests {
