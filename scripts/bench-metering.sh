@@ -31,5 +31,5 @@ run() { # run LABEL BIN PORT UIDBASE EXTRA...
   rm -rf "$dir"
 }
 run "baseline ($BASELINE)" "$BASELINE" 39611 310000000
-run "teams11, metering every 15 s (default)" "$BIN" 39612 320000000
-SETQ=1 run "teams11, metering every 0.2 s, team quotas + rate limit set" "$BIN" 39613 330000000 --metering-interval 0.2 --price-vcpu-hour 1
+run "this tree, metering every 15 s (default)" "$BIN" 39612 320000000
+SETQ=1 run "this tree, metering every 0.2 s, team quotas, rate limit and credits set" "$BIN" 39613 330000000 --metering-interval 0.2 --price-vcpu-hour 1
