@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::admission::AdmissionLimits;
+use crate::metering::MeteringConfig;
 use crate::pool_policy::PoolConfig;
 
 #[derive(Debug, Clone)]
@@ -60,6 +61,8 @@ pub struct EngineConfig {
     /// OCI registries that builds `from_image(...)` pull from (`--registry-*`): allow list,
     /// mirrors, operator credentials, pull limits.
     pub registry: bulkhead_images::oci::RegistryConfig,
+    /// Usage metering, prices and what happens when a team's credits run out.
+    pub metering: MeteringConfig,
 }
 
 /// Limits of a template build: each step's build sandbox gets the template's CPU and memory.
@@ -161,6 +164,7 @@ impl Default for EngineConfig {
             image_cache: PathBuf::from("/var/cache/bulkhead/images"),
             build_limits: BuildLimits::default(),
             registry: Default::default(),
+            metering: MeteringConfig::default(),
         }
     }
 }

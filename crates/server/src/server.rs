@@ -294,6 +294,7 @@ impl Prepared {
                 volume_max_bytes: config.volume_max_bytes,
                 sandbox_domain: config.sandbox_domain.clone(),
                 registry: config.registry.clone(),
+                metering: config.metering,
                 ..EngineConfig::default()
             },
         );
