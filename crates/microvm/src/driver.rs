@@ -479,7 +479,6 @@ impl Driver for MicrovmDriver {
             network: NetworkLink::VmNic,
             checkpoint: true,
             snapshot: true,
-            ..Capabilities::default()
         }
     }
 
