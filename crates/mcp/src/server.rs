@@ -100,25 +100,13 @@ impl BulkheadMcp {
                 is_default: false,
             });
         }
-        if let Some(id) = self.session.default_sandbox() {
-            let token = self.token(&caller, &id).await?;
-            return Ok(Resolved {
-                caller,
-                id,
-                token,
-                is_default: true,
-            });
+        if let Some(r) = self.existing_default(&caller).await? {
+            return Ok(r);
         }
         let _creating = self.session.creating().await;
         // Another call may have created it while this one waited.
-        if let Some(id) = self.session.default_sandbox() {
-            let token = self.token(&caller, &id).await?;
-            return Ok(Resolved {
-                caller,
-                id,
-                token,
-                is_default: true,
-            });
+        if let Some(r) = self.existing_default(&caller).await? {
+            return Ok(r);
         }
         let info = self
             .engine
@@ -141,6 +129,20 @@ impl BulkheadMcp {
             token: info.envd_access_token,
             is_default: true,
         })
+    }
+
+    /// The session's default sandbox, if it has one yet.
+    async fn existing_default(&self, caller: &Caller) -> Result<Option<Resolved>> {
+        let Some(id) = self.session.default_sandbox() else {
+            return Ok(None);
+        };
+        let token = self.token(caller, &id).await?;
+        Ok(Some(Resolved {
+            caller: caller.clone(),
+            id,
+            token,
+            is_default: true,
+        }))
     }
 
     async fn token(&self, caller: &Caller, id: &str) -> Result<Option<String>> {
