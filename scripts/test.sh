@@ -19,7 +19,7 @@
 #   BULKHEAD_IMAGE_CACHE   template images                      (default $BULKHEAD_CACHE_DIR/images)
 #   PYTEST_ADDOPTS         extra pytest options, e.g. -m "not slow" to skip the leak test locally
 #   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk microvm js
-#                          interpreter-module interpreter-python interpreter-js
+#                          interpreter-module interpreter-python interpreter-js mcp
 #                          (local use only: listed as SKIP in the summary; .ci/run unsets it)
 #   BULKHEAD_TEST_EXTRA_CA PEM CA for the images extra-CA test (default: the top certificate of
 #                          the chain this host is served for pypi.org)
@@ -129,6 +129,7 @@ section "Test environments"
 VENV="$(make_venv tests/sdk/python/requirements.txt)"
 OLD_VENV="$(make_venv tests/sdk/python_old/requirements-old.txt)"
 CI_VENV="$(make_venv tests/sdk/interpreter/requirements.txt)"
+MCP_VENV="$(make_venv tests/sdk/mcp/requirements.txt)"
 # Real kernels for the agent's interpreter tests (cargo test; `#[requires(KernelVenv)]`).
 BULKHEAD_TEST_KERNEL_VENV="$(make_venv crates/agent/tests/kernel-requirements.txt)"
 export BULKHEAD_TEST_KERNEL_VENV
@@ -157,6 +158,7 @@ echo "extra CA bundle: ${BULKHEAD_TEST_EXTRA_CA:-none}"
 echo "python SDK venv: $VENV (e2b $("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "old SDK venv:    $OLD_VENV (e2b $("$OLD_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "interpreter venv: $CI_VENV (e2b-code-interpreter $("$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))'))"
+echo "MCP venv:        $MCP_VENV (mcp $("$MCP_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))'))"
 (cd tests/sdk/js && npm ci --no-audit --no-fund --loglevel=error)
 echo "js SDK: e2b $(node -p 'require("./tests/sdk/js/node_modules/e2b/package.json").version')"
 (cd tests/sdk/js-interpreter && npm ci --no-audit --no-fund --loglevel=error)
@@ -295,6 +297,9 @@ if [ -x crates/images/interpreter/python/tests/run.sh ] && ! skipped interpreter
 fi
 if ! skipped interpreter-python; then
     pytest_step "Python code-interpreter SDK (tests/sdk/interpreter)" "$CI_VENV" 2400 tests/sdk/interpreter
+fi
+if ! skipped mcp; then
+    pytest_step "MCP server, official Python mcp client (tests/sdk/mcp)" "$MCP_VENV" 1500 tests/sdk/mcp
 fi
 if ! skipped interpreter-js; then
     # (tests/sdk/js-interpreter/env.mjs points the readiness probe at code-interpreter-v1)

@@ -26,6 +26,7 @@ from bulkhead_testlib import (  # noqa: E402
     kill_quietly,
 )
 import egresslab  # noqa: E402
+import registrylab  # noqa: E402
 
 RUN_ID = os.urandom(4).hex()
 _SERVER: BulkheadServer | None = None
@@ -51,8 +52,21 @@ def server():
     if not os.environ.get("BULKHEAD_TEST_URL") and egresslab.missing_tools() is None:
         pki = egresslab.TestPki()
         extra = egresslab.serve_args(pki)
+    # Image pulls go to a registry on loopback (docker.io included, so `from_debian_image()`
+    # never leaves the machine); `unreachable.invalid` names a port nobody listens on.
+    registry = None
+    if not os.environ.get("BULKHEAD_TEST_URL"):
+        if registrylab.missing() is None:
+            registry = registrylab.Registry()
+        hub = registry.host if registry else f"127.0.0.1:{registrylab.free_port()}"
+        extra += [
+            "--registry-mirror", f"docker.io=http://{hub}",
+            "--registry-mirror", f"unreachable.invalid=http://127.0.0.1:{registrylab.free_port()}",
+            "--registry-connect-timeout", "3",
+        ]
     srv = BulkheadServer.from_env(extra_args=extra)
     srv.egress_pki = pki
+    srv.registry = registry
     _SERVER = srv
     os.environ["E2B_API_URL"] = srv.url
     os.environ["E2B_SANDBOX_URL"] = srv.url
@@ -66,6 +80,8 @@ def server():
     srv.stop()
     if pki is not None:
         pki.cleanup()
+    if registry is not None:
+        registry.stop()
     _SESSION_LOG_TAIL = srv.log_tail(150)
     session_failed = failed or _SESSION_FAILED[0]
     if srv.owned:

@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use bulkhead_envd::protocol::AgentInfo;
+use bulkhead_envd::protocol::{AgentInfo, CLONED_PATH, ClonedRequest};
 use bulkhead_envd::rest::InitRequest;
 
 use crate::http::{error_json, json_response};
@@ -110,10 +110,38 @@ pub async fn warm(interpreter: Option<Arc<Interpreter>>) -> Response {
 }
 
 /// `POST` [`CLONED_PATH`](bulkhead_envd::protocol::CLONED_PATH) (host-only): this sandbox was
-/// restored as one of several clones of one checkpoint; re-seed what the kernels drew before
-/// the checkpoint (see [`Interpreter::reseed`]). The agent's own ids come from the OS RNG per
-/// use and need nothing.
-pub async fn cloned(interpreter: Option<Arc<Interpreter>>) -> Response {
+/// restored as one of several clones of one checkpoint or VM snapshot. A VM clone's body
+/// ([`ClonedRequest`]) carries fresh entropy and the host's clock for the guest kernel (see
+/// [`crate::reseed`]); then what the kernels drew before the checkpoint is re-seeded (see
+/// [`Interpreter::reseed`]). The agent's own ids come from the OS RNG per use and need nothing.
+pub async fn cloned(interpreter: Option<Arc<Interpreter>>, body: Body) -> Response {
+    let request: ClonedRequest = match axum::body::to_bytes(body, 64 << 10).await {
+        Ok(b) if b.iter().all(u8::is_ascii_whitespace) => ClonedRequest::default(),
+        Ok(b) => match serde_json::from_slice(&b) {
+            Ok(r) => r,
+            Err(e) => {
+                return error_json(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid {CLONED_PATH} body: {e}"),
+                );
+            }
+        },
+        Err(e) => {
+            return error_json(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            );
+        }
+    };
+    if let Err(e) = crate::reseed::apply(&request) {
+        return error_json(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(
+                "could not re-seed a cloned VM: {}",
+                crate::report::error_chain(&e)
+            ),
+        );
+    }
     let Some(interpreter) = interpreter else {
         return StatusCode::NO_CONTENT.into_response();
     };

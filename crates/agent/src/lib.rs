@@ -42,6 +42,7 @@ pub mod port_forward;
 pub mod process;
 pub mod reconfine;
 pub mod report;
+pub mod reseed;
 pub mod server;
 pub mod state;
 pub mod users;

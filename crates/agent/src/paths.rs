@@ -12,7 +12,9 @@
 //!
 //! A leaf: it imports nothing from the crate.
 
+use std::ffi::CString;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Component, Path, PathBuf};
 
@@ -112,25 +114,75 @@ pub fn create_dirs(path: &Path) -> io::Result<()> {
 
 /// Creates the missing directories of `path` one by one with mode 0755, each handed to
 /// `uid:gid`, as envd's `EnsureDirs` does: the agent's own (sandbox root) credentials create
-/// them, so a user can write `/0/x.txt` as on E2B, and the new directories belong to that user.
-/// Existing directories are left as they are; an existing non-directory is an error.
+/// them, so a user can write `/0/x.txt` or make `/newtop/a/b` as on E2B, and the new
+/// directories belong to that user. Existing directories are left as they are (a symlink to
+/// one is followed, as envd's `os.Stat` does); an existing non-directory is `ENOTDIR`.
+///
+/// The walk holds a descriptor of each directory and names only the next component, and the
+/// ownership goes to the directory it just made, opened without following a symlink: a user
+/// who swaps a parent or the new directory for a symlink meanwhile cannot make the agent chown
+/// anything else (a path-based `chown` would follow the swapped link, to `/etc/passwd` say).
 pub fn ensure_dirs_owned(path: &Path, uid: u32, gid: u32) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    let mut prefix = PathBuf::new();
+    let mut dir = open_dir(libc::AT_FDCWD, Path::new("/"), true)?;
     for component in path.components() {
-        prefix.push(component);
-        match std::fs::metadata(&prefix) {
-            Ok(meta) if meta.is_dir() => continue,
-            Ok(_) => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            Err(_) => {}
-        }
-        match std::fs::DirBuilder::new().mode(0o755).create(&prefix) {
-            Ok(()) => std::os::unix::fs::chown(&prefix, Some(uid), Some(gid))?,
-            // Another writer created it meanwhile: theirs, so it keeps its owner.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        let Component::Normal(name) = component else {
+            continue; // `path` is absolute and clean: only the root before the names
+        };
+        let name = Path::new(name);
+        dir = match open_dir(dir.as_raw_fd(), name, true) {
+            Ok(next) => next,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                match mkdir_at(dir.as_raw_fd(), name) {
+                    Ok(()) => {
+                        let made = open_dir(dir.as_raw_fd(), name, false)?;
+                        chown_fd(made.as_raw_fd(), uid, gid)?;
+                        made
+                    }
+                    // Another writer created it meanwhile: theirs, so it keeps its owner.
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                        open_dir(dir.as_raw_fd(), name, true)?
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             Err(e) => return Err(e),
-        }
+        };
+    }
+    Ok(())
+}
+
+/// `openat(dir, name, O_PATH | O_DIRECTORY)`, following a final symlink only when asked.
+fn open_dir(dir: RawFd, name: &Path, follow: bool) -> io::Result<OwnedFd> {
+    let c = CString::new(name.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+    if !follow {
+        flags |= libc::O_NOFOLLOW;
+    }
+    // SAFETY: `c` is a valid C string; the kernel returns a new descriptor or -1.
+    let fd = unsafe { libc::openat(dir, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn mkdir_at(dir: RawFd, name: &Path) -> io::Result<()> {
+    let c = CString::new(name.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `c` is a valid C string.
+    if unsafe { libc::mkdirat(dir, c.as_ptr(), 0o755) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `fchownat(fd, "", uid, gid, AT_EMPTY_PATH)`: the `O_PATH` descriptor's own inode.
+fn chown_fd(fd: RawFd, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: a static empty C string; AT_EMPTY_PATH makes the call act on `fd` itself.
+    if unsafe { libc::fchownat(fd, c"".as_ptr(), uid, gid, libc::AT_EMPTY_PATH) } < 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -212,6 +264,95 @@ mod tests {
         assert_eq!(relative_name(root, Path::new("/w/a/b")), "a/b");
         assert_eq!(relative_name(root, Path::new("/w")), ".");
         assert_eq!(relative_name(root, Path::new("/elsewhere")), "/elsewhere");
+    }
+
+    /// The owner the tests hand new directories to: another one when running as root (so
+    /// that a chown of an existing directory would show), else our own (all we may chown to).
+    fn new_owner() -> (u32, u32) {
+        // SAFETY: plain getters.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        if uid == 0 { (4242, 4343) } else { (uid, gid) }
+    }
+
+    fn owner(p: &Path) -> (u32, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.uid(), m.gid())
+    }
+
+    #[test]
+    fn ensure_dirs_owned_creates_missing_dirs_for_the_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path();
+        let before = owner(base);
+        let (uid, gid) = new_owner();
+        let deep = base.join("a/b/c");
+        ensure_dirs_owned(&deep, uid, gid).unwrap();
+        for d in ["a", "a/b", "a/b/c"] {
+            let p = base.join(d);
+            assert!(p.is_dir(), "{d}");
+            assert_eq!(owner(&p), (uid, gid), "{d}");
+            let mode = std::fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            // 0755 less the process umask, as envd's os.Mkdir.
+            assert_eq!(mode & !0o755, 0, "{d}: {mode:o}");
+        }
+        // Existing directories keep their owner; doing it again changes nothing.
+        assert_eq!(owner(base), before);
+        ensure_dirs_owned(&deep, uid, gid).unwrap();
+        ensure_dirs_owned(base, uid, gid).unwrap();
+        assert_eq!(owner(base), before);
+    }
+
+    #[test]
+    fn ensure_dirs_owned_refuses_a_file_in_the_way() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("f");
+        std::fs::write(&file, "x").unwrap();
+        let (uid, gid) = new_owner();
+        let e = ensure_dirs_owned(&file.join("sub"), uid, gid).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR));
+        assert!(!file.join("sub").exists());
+    }
+
+    #[test]
+    fn ensure_dirs_owned_follows_a_symlink_to_a_directory_but_never_chowns_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path();
+        let target = base.join("target");
+        std::fs::create_dir(&target).unwrap();
+        let target_owner = owner(&target);
+        std::os::unix::fs::symlink(&target, base.join("link")).unwrap();
+        let (uid, gid) = new_owner();
+        // An existing link to a directory is followed, as envd's os.Stat does; the link and
+        // its target keep their owners, the new directory inside is the user's.
+        ensure_dirs_owned(&base.join("link/new"), uid, gid).unwrap();
+        assert_eq!(owner(&target.join("new")), (uid, gid));
+        assert_eq!(owner(&target), target_owner);
+        // A dangling link is neither replaced nor followed into a new directory.
+        std::os::unix::fs::symlink(base.join("nowhere/deeper"), base.join("dangling")).unwrap();
+        let e = ensure_dirs_owned(&base.join("dangling/x"), uid, gid).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        assert!(!base.join("nowhere").exists());
+        assert!(
+            std::fs::symlink_metadata(base.join("dangling"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+    }
+
+    #[test]
+    fn the_new_directory_is_opened_without_following_a_link() {
+        // What keeps a swapped-in symlink from being chowned: the directory just made is
+        // opened with O_NOFOLLOW, which refuses a link where a directory was expected (with
+        // O_PATH the link itself is found, and it is not a directory).
+        let tmp = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(tmp.path(), tmp.path().join("swapped")).unwrap();
+        let dir = open_dir(libc::AT_FDCWD, tmp.path(), true).unwrap();
+        let e = open_dir(dir.as_raw_fd(), Path::new("swapped"), false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR));
+        assert!(open_dir(dir.as_raw_fd(), Path::new("swapped"), true).is_ok());
     }
 
     mod properties {

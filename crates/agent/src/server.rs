@@ -110,7 +110,7 @@ pub fn envd_router(
         )
         .route(
             CLONED_PATH,
-            post(move || crate::control::cloned(interpreter.clone())),
+            post(move |body: axum::body::Body| crate::control::cloned(interpreter.clone(), body)),
         )
         .route("/health", get(crate::control::health))
         .route(

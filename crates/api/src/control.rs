@@ -66,7 +66,11 @@ async fn not_found(req: Request) -> ApiError {
     ))
 }
 
-async fn require_api_key(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn require_api_key(
+    State(st): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     // `X-API-Key` (the SDKs), else `Authorization: Bearer <key>` (what Prometheus and most
     // HTTP tooling send).
     let headers = req.headers();

@@ -6,7 +6,7 @@
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bulkhead_engine::volume_fs::VolumeFsError;
-use bulkhead_engine::{ChangesError, EngineError, Operation, VolumeError};
+use bulkhead_engine::{ChangesError, EngineError, Limit, Operation, VolumeError};
 
 /// An error in E2B's shape: `{"code": <status>, "message": "...", "error_code"?: "..."}`.
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +103,16 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
             ChangesError::SnapshotNotFound(_) => (StatusCode::NOT_FOUND, None),
         },
         EngineError::VolumeFs(f) => volume_fs_status(f),
+        // The SDKs raise their rate-limit error on 429 (a retry later may pass) and their
+        // generic error with the status and message otherwise.
+        EngineError::Quota(q) => match q.limit {
+            Limit::Credits => (StatusCode::PAYMENT_REQUIRED, Some("credits_exhausted")),
+            Limit::CreateRate => (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited")),
+            Limit::MaxSandboxes => (StatusCode::TOO_MANY_REQUESTS, Some("team_sandbox_limit")),
+            Limit::MaxVcpus | Limit::MaxMemory | Limit::MaxTimeout => {
+                (StatusCode::FORBIDDEN, Some("team_quota"))
+            }
+        },
         EngineError::TemplateBuild(t) => {
             use bulkhead_engine::template_builds::TemplateBuildError as T;
             match t {

@@ -13,6 +13,7 @@ mod persist;
 mod proxy;
 mod state;
 mod templates;
+mod usage;
 mod volumes;
 pub mod wire;
 
@@ -32,8 +33,18 @@ pub fn router(engine: Arc<Engine>) -> Router {
     let keyed = volumes::rest_routes()
         .merge(changes::routes())
         .merge(metrics::routes())
-        .merge(templates::routes());
+        .merge(templates::routes())
+        .merge(usage::routes());
+    // MCP (Streamable HTTP) behind the same API-key check as the REST API; the check puts the
+    // caller in the request's extensions, where the tools read it.
+    let mcp = Router::new()
+        .nest_service("/mcp", bulkhead_mcp::http_service(state.engine.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            control::require_api_key,
+        ));
     control::routes(state.clone(), keyed)
+        .merge(mcp)
         .merge(volumes::content_routes())
         .merge(templates::upload_routes())
         .layer(axum::middleware::from_fn_with_state(

@@ -8,7 +8,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use bulkhead_engine::template_builds::{BuildLogEntry, BuildRequest, BuildStart, MAX_UPLOAD_BYTES};
+use bulkhead_engine::template_builds::{
+    BuildLogEntry, BuildRequest, BuildStart, MAX_UPLOAD_BYTES, RegistryCredentials,
+};
 use bulkhead_engine::template_spec::{BuildStep, StepKind};
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -145,10 +147,12 @@ async fn upload(
     Ok(StatusCode::OK.into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct StartBody {
     from_image: Option<String>,
+    /// Credentials for this build's pull (never logged: no `Debug` on this body).
+    from_image_registry: Option<RegistryBody>,
     from_template: Option<String>,
     #[serde(default)]
     force: Option<bool>,
@@ -156,6 +160,49 @@ struct StartBody {
     steps: Vec<StepBody>,
     start_cmd: Option<String>,
     ready_cmd: Option<String>,
+}
+
+/// E2B's `fromImageRegistry`: `{"type": "registry", username, password}`, `{"type": "gcp",
+/// serviceAccountJson}` or `{"type": "aws", awsAccessKeyId, awsSecretAccessKey, awsRegion}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RegistryBody {
+    #[serde(rename = "type")]
+    kind: String,
+    username: Option<String>,
+    password: Option<String>,
+    service_account_json: Option<String>,
+}
+
+impl RegistryBody {
+    fn credentials(self) -> Result<RegistryCredentials, ApiError> {
+        match self.kind.as_str() {
+            "registry" => match (self.username, self.password) {
+                (Some(u), Some(p)) if !u.is_empty() && !p.is_empty() => {
+                    Ok(RegistryCredentials::basic(u, p))
+                }
+                _ => Err(ApiError::bad_request(
+                    "fromImageRegistry of type registry needs a username and a password",
+                )),
+            },
+            "gcp" => self
+                .service_account_json
+                .filter(|j| !j.is_empty())
+                .map(RegistryCredentials::gcp_service_account)
+                .ok_or_else(|| {
+                    ApiError::bad_request("fromImageRegistry of type gcp needs serviceAccountJson")
+                }),
+            // ECR wants a signed token exchange with AWS's API, which this server does not do.
+            "aws" => Err(ApiError::bad_request(
+                "AWS ECR credentials (from_aws_registry) are not supported by this server: use \
+                 from_image(image, username=\"AWS\", password=<the output of `aws ecr \
+                 get-login-password --region REGION`>) instead",
+            )),
+            other => Err(ApiError::bad_request(format!(
+                "fromImageRegistry: unknown type {other:?} (registry, gcp, aws)"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -176,6 +223,10 @@ async fn start_build(
     body: Bytes,
 ) -> ApiResult<Response> {
     let b: StartBody = parse_body(&body)?;
+    let registry_credentials = b
+        .from_image_registry
+        .map(RegistryBody::credentials)
+        .transpose()?;
     let mut steps = Vec::with_capacity(b.steps.len());
     for (i, s) in b.steps.into_iter().enumerate() {
         let kind = StepKind::parse(&s.kind).ok_or_else(|| {
@@ -198,6 +249,7 @@ async fn start_build(
             &build,
             BuildStart {
                 from_image: b.from_image,
+                registry_credentials,
                 from_template: b.from_template,
                 force: b.force.unwrap_or(false),
                 steps,

@@ -10,8 +10,11 @@ pub enum KeysCmd {
     Create {
         #[arg(long, default_value = "cli")]
         name: String,
+        /// The team (id or name) the key belongs to; its sandboxes are the team's.
+        #[arg(long, default_value = bulkhead_engine::teams::DEFAULT_TEAM)]
+        team: String,
     },
-    /// List keys (id, prefix, name, created, revoked).
+    /// List keys (id, prefix, name, team, created, last used, revoked).
     List,
     /// Revoke a key by id or prefix.
     Revoke { id: String },
@@ -20,26 +23,34 @@ pub enum KeysCmd {
 pub async fn run(data: DataArgs, cmd: KeysCmd) -> anyhow::Result<ExitCode> {
     let store = data.open_store().await?;
     match cmd {
-        KeysCmd::Create { name } => {
-            let (row, key) = bulkhead_engine::keys::create(&store, &name).await?;
+        KeysCmd::Create { name, team } => {
+            let (row, key) = bulkhead_engine::keys::create_in(&store, &name, &team).await?;
             eprintln!(
-                "Created key {} ({}). It is shown only once:",
-                row.id, row.name
+                "Created key {} ({}) in team {}. It is shown only once:",
+                row.id, row.name, row.team_id
             );
             println!("{key}");
         }
         KeysCmd::List => {
+            let names: std::collections::HashMap<String, String> =
+                bulkhead_engine::teams::list(&store)
+                    .await?
+                    .into_iter()
+                    .map(|t| (t.id, t.name))
+                    .collect();
             println!(
-                "{:<18} {:<12} {:<20} {:<25} REVOKED",
-                "ID", "PREFIX", "NAME", "CREATED"
+                "{:<18} {:<12} {:<20} {:<16} {:<21} {:<21} REVOKED",
+                "ID", "PREFIX", "NAME", "TEAM", "CREATED", "LAST USED"
             );
             for k in bulkhead_engine::keys::list(&store).await? {
                 println!(
-                    "{:<18} {:<12} {:<20} {:<25} {}",
+                    "{:<18} {:<12} {:<20} {:<16} {:<21} {:<21} {}",
                     k.id,
                     k.prefix,
                     k.name,
+                    names.get(&k.team_id).unwrap_or(&k.team_id),
                     fmt_dt(k.created_at),
+                    k.last_used_at.map(fmt_dt).unwrap_or_else(|| "-".into()),
                     k.revoked_at.map(fmt_dt).unwrap_or_else(|| "-".into())
                 );
             }

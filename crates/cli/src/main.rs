@@ -1,4 +1,4 @@
-//! `bulkhead`: the server (`serve`), operator commands (`keys`, `template`) and a small client
+//! `bulkhead`: the server (`serve`), operator commands (`keys`, `teams`, `usage`, `template`) and a small client
 //! (`sandbox`). The hidden `__jail-launch` subcommand is the jail driver's launcher: it must run
 //! in a fresh single-threaded process, so it is dispatched before anything else starts.
 
@@ -10,11 +10,13 @@ mod bench_stats;
 mod client;
 mod doctor;
 mod keys;
+mod mcp;
 mod netargs;
 mod registryargs;
 mod sandbox;
 mod secrets;
 mod serve;
+mod teams;
 mod template;
 
 use clap::{Parser, Subcommand};
@@ -43,6 +45,15 @@ enum Cmd {
         #[command(subcommand)]
         cmd: keys::KeysCmd,
     },
+    /// Manage teams: credits and quotas (keys belong to a team).
+    Teams {
+        #[command(flatten)]
+        data: DataArgs,
+        #[command(subcommand)]
+        cmd: teams::TeamsCmd,
+    },
+    /// Metered usage (vCPU, memory and storage seconds, cost) per sandbox.
+    Usage(teams::UsageArgs),
     /// Create, list, run commands in and kill sandboxes on a running server.
     Sandbox {
         #[command(flatten)]
@@ -69,6 +80,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Which drivers this host can run (jail, microvm with KVM or TCG), and why not.
     Doctor(doctor::DoctorArgs),
+    /// Serve MCP on stdin/stdout for local agent clients, relayed to a running server.
+    Mcp(mcp::McpArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -93,11 +106,14 @@ fn main() -> std::process::ExitCode {
         match cli.cmd {
             Cmd::Serve(args) => serve::run(*args).await,
             Cmd::Keys { data, cmd } => keys::run(data, cmd).await,
+            Cmd::Teams { data, cmd } => teams::run(data, cmd).await,
+            Cmd::Usage(args) => teams::usage(args).await,
             Cmd::Sandbox { client, cmd } => sandbox::run(client, cmd).await,
             Cmd::Secrets { client, cmd } => secrets::run(client, cmd).await,
             Cmd::Template { data, cmd } => template::run(data, cmd).await,
             Cmd::Bench(args) => bench::run(args).await,
             Cmd::Doctor(args) => doctor::run(args),
+            Cmd::Mcp(args) => mcp::run(args).await,
         }
     });
     match result {

@@ -135,6 +135,48 @@ pub struct ServeArgs {
     /// proxy in front of this server (README: "Sandbox ports on your own domain").
     #[arg(long, env = "BULKHEAD_SANDBOX_DOMAIN")]
     pub sandbox_domain: Option<String>,
+    #[command(flatten)]
+    pub metering: MeteringArgs,
+}
+
+/// Usage metering and credits (README "Operating Bulkhead").
+#[derive(clap::Args, Debug)]
+pub struct MeteringArgs {
+    /// How often each sandbox's usage is written to the store, in seconds (a crash loses at
+    /// most one interval; credits are drawn at each).
+    #[arg(long, env = "BULKHEAD_METERING_INTERVAL", default_value_t = 15.0)]
+    pub metering_interval: f64,
+    /// Credits per vCPU-hour of a running sandbox.
+    #[arg(long, env = "BULKHEAD_PRICE_VCPU_HOUR", default_value_t = 0.0)]
+    pub price_vcpu_hour: f64,
+    /// Credits per GiB-hour of a running sandbox's memory limit.
+    #[arg(long, env = "BULKHEAD_PRICE_GIB_HOUR", default_value_t = 0.0)]
+    pub price_gib_hour: f64,
+    /// Credits per GiB-hour of a paused sandbox's checkpoint on disk.
+    #[arg(long, env = "BULKHEAD_PRICE_PAUSED_GIB_HOUR", default_value_t = 0.0)]
+    pub price_paused_gib_hour: f64,
+    /// Seconds a team's sandboxes keep running once its balance reached zero.
+    #[arg(long, env = "BULKHEAD_CREDITS_GRACE", default_value_t = 60)]
+    pub credits_grace: u64,
+    /// What then happens to them: `pause` (kept, resumable after a top-up) or `kill`.
+    #[arg(long, env = "BULKHEAD_CREDITS_EXHAUSTED", default_value = "pause")]
+    pub credits_exhausted: bulkhead_engine::ExhaustedAction,
+}
+
+impl MeteringArgs {
+    fn config(&self) -> bulkhead_engine::MeteringConfig {
+        bulkhead_engine::MeteringConfig {
+            // At least 100 ms: a zero interval would spin.
+            interval: Duration::from_secs_f64(self.metering_interval.max(0.1)),
+            prices: bulkhead_engine::Prices {
+                vcpu_hour: self.price_vcpu_hour.max(0.0),
+                gib_hour: self.price_gib_hour.max(0.0),
+                paused_gib_hour: self.price_paused_gib_hour.max(0.0),
+            },
+            grace: Duration::from_secs(self.credits_grace),
+            on_exhausted: self.credits_exhausted,
+        }
+    }
 }
 
 /// `TEMPLATE=DRIVER`.
@@ -218,6 +260,7 @@ impl ServeArgs {
             // Filled by `run` from `--registry-*`: reading the auth file can fail.
             registry: Default::default(),
             sandbox_domain: self.sandbox_domain.clone(),
+            metering: self.metering.config(),
             driver: self.driver.kind(),
             driver_for: self
                 .driver_for

@@ -111,6 +111,8 @@ pub struct FakeDriver {
     /// `checkpoint` and `restore` calls made through this driver.
     pub checkpoints: AtomicI32,
     pub restores: AtomicI32,
+    /// Restores begun (counted before the delay), so tests can act while one is in flight.
+    pub restores_started: AtomicI32,
     /// How long `restore` takes (to let tests overlap concurrent resumes).
     pub restore_delay: Mutex<std::time::Duration>,
     /// How long `start` takes (to let tests overlap concurrent creates).
@@ -143,6 +145,7 @@ impl FakeDriver {
             fail_restore: Mutex::default(),
             checkpoints: AtomicI32::new(0),
             restores: AtomicI32::new(0),
+            restores_started: AtomicI32::new(0),
             restore_delay: Mutex::default(),
             start_delay: Mutex::default(),
             checkpoint_key: Mutex::new(Some("fake-agent-1".into())),
@@ -508,6 +511,7 @@ impl Driver for FakeDriver {
         dir: &Path,
         opts: RestoreOptions,
     ) -> Result<DriverHandle, DriverError> {
+        self.restores_started.fetch_add(1, Ordering::SeqCst);
         let delay = *self.restore_delay.lock().unwrap();
         if !delay.is_zero() {
             tokio::time::sleep(delay).await;

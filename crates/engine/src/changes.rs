@@ -65,7 +65,8 @@ impl Engine {
 
     /// What a sandbox id's changes are read from: a running sandbox live, a paused one from
     /// its pause checkpoint.
-    async fn change_source(&self, _caller: &Caller, id: &str) -> Result<ChangeSource> {
+    async fn change_source(&self, caller: &Caller, id: &str) -> Result<ChangeSource> {
+        self.authorize(caller, id).await?;
         let row = self.running_row(id, Operation::Get).await?;
         if let Ok(h) = self.handle(&row.id) {
             return Ok(ChangeSource::Running(h));

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::admission::AdmissionLimits;
+use crate::metering::MeteringConfig;
 use crate::pool_policy::PoolConfig;
 
 #[derive(Debug, Clone)]
@@ -57,6 +58,11 @@ pub struct EngineConfig {
     pub image_cache: PathBuf,
     /// Limits of one template build.
     pub build_limits: BuildLimits,
+    /// OCI registries that builds `from_image(...)` pull from (`--registry-*`): allow list,
+    /// mirrors, operator credentials, pull limits.
+    pub registry: bulkhead_images::oci::RegistryConfig,
+    /// Usage metering, prices and what happens when a team's credits run out.
+    pub metering: MeteringConfig,
 }
 
 /// Limits of a template build: each step's build sandbox gets the template's CPU and memory.
@@ -157,6 +163,8 @@ impl Default for EngineConfig {
             template_dir: None,
             image_cache: PathBuf::from("/var/cache/bulkhead/images"),
             build_limits: BuildLimits::default(),
+            registry: Default::default(),
+            metering: MeteringConfig::default(),
         }
     }
 }

@@ -23,16 +23,22 @@ impl Engine {
     /// on a paused one resume it. Returns the info and whether it was resumed (E2B: 201).
     pub async fn connect(
         self: &Arc<Self>,
-        _caller: &Caller,
+        caller: &Caller,
         id: &str,
         req: ResumeRequest,
     ) -> Result<(SandboxInfo, bool)> {
+        self.authorize(caller, id).await?;
+        self.admit_resume(caller, id, &req).await?;
         self.resume_or_extend(id, Operation::Connect, req).await
     }
 
     /// `POST /sandboxes/{id}/refreshes`: extend a running sandbox's TTL (never shorten it); a
     /// paused one is refused (it is resumed with connect).
-    pub async fn refresh(&self, _caller: &Caller, id: &str, secs: Option<u64>) -> Result<()> {
+    pub async fn refresh(&self, caller: &Caller, id: &str, secs: Option<u64>) -> Result<()> {
+        self.authorize(caller, id).await?;
+        if let Some(s) = secs {
+            self.check_team_timeout(caller, s).await?;
+        }
         let (id, _) = self.enter(id, Operation::SetTimeout)?;
         self.extend(id, secs).await.map(|_| ())
     }

@@ -20,6 +20,7 @@ use crate::ids;
 use crate::lifecycle::{self, Operation};
 use crate::live::LiveExtra;
 use crate::network;
+use crate::quota::Ask;
 use crate::telemetry;
 use crate::types::{Caller, CreateRequest, SandboxInfo, TemplateInfo};
 use crate::validate::{validate_env, validate_metadata};
@@ -102,7 +103,7 @@ impl Engine {
         let source = match self.template(template_name) {
             Some(t) => Source::Template(t),
             // E2B: a snapshot is a template; creating from it restores it.
-            None => match self.snapshot_source(template_name).await? {
+            None => match self.snapshot_source(caller, template_name).await? {
                 Some(s) => Source::Checkpoint(s),
                 None => return Err(EngineError::TemplateNotFound(template_name.to_string())),
             },
@@ -123,6 +124,18 @@ impl Engine {
         };
         let timeout =
             self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
+        // Held until the sandbox is tracked: it counts toward the team's running sandboxes.
+        let _team_slot = self
+            .admit_team(
+                caller,
+                Ask {
+                    vcpus: template.cpu_count as i64,
+                    memory_mb: template.memory_mb as i64,
+                    timeout_secs: timeout.as_secs(),
+                },
+                true,
+            )
+            .await?;
         validate_env(&req.env_vars)?;
         validate_metadata(&req.metadata)?;
         let allow_internet = req
@@ -247,6 +260,7 @@ impl Engine {
             alias: template.aliases.first().cloned(),
             state: created.after,
             owner_key_id: caller.key_id.clone(),
+            team_id: caller.team_id.clone(),
             metadata: req.metadata.clone(),
             env_vars: stored_env,
             envd_access_token: token.clone(),

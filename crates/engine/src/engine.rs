@@ -55,6 +55,8 @@ pub struct Engine {
     pub(crate) volumes_mounting: Mutex<HashMap<String, usize>>,
     /// Template builds through the Template API (`template_builds`).
     pub(crate) builds: crate::template_types::TemplateBuilds,
+    /// Per-team rate limits, creates in flight, key last-use and credit state (`tenancy`).
+    pub(crate) tenants: crate::tenants::Tenants,
 }
 
 impl Engine {
@@ -79,6 +81,7 @@ impl Engine {
             volume_storage: OnceLock::new(),
             volumes_mounting: Mutex::new(HashMap::new()),
             builds: Default::default(),
+            tenants: Default::default(),
         })
     }
 
@@ -91,8 +94,22 @@ impl Engine {
         }
     }
 
-    /// Check an `X-API-Key` value; the caller every other verb is given.
+    /// Check an `X-API-Key` value; the caller every other verb is given. The key's last use
+    /// is written in the background, at most once a minute per key (not a write per request).
     pub async fn authenticate(&self, key: &str) -> Result<Option<Caller>> {
-        Ok(keys::authenticate(&self.store, key).await?)
+        let caller = keys::authenticate(&self.store, key).await?;
+        if let Some(c) = &caller {
+            let now = crate::clock::now_ms();
+            if self.tenants.touch_due(&c.key_id, now) {
+                let store = self.store.clone();
+                let id = c.key_id.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = store.touch_api_key(&id, now).await {
+                        tracing::warn!(key = %id, error = %e, "recording the key's last use failed");
+                    }
+                });
+            }
+        }
+        Ok(caller)
     }
 }

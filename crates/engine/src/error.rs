@@ -155,6 +155,9 @@ pub enum EngineError {
     /// A volume content operation failed.
     #[error(transparent)]
     VolumeFs(#[from] crate::volume_fs::VolumeFsError),
+    /// A team limit (credits, create rate, a quota) refused the request.
+    #[error(transparent)]
+    Quota(#[from] crate::quota::QuotaError),
 }
 
 impl EngineError {

@@ -35,6 +35,7 @@ impl Engine {
                 "count must be from 1 to {MAX_FORKS} (got {count})"
             )));
         }
+        self.authorize(caller, id).await?;
         let secs = timeout.unwrap_or(DEFAULT_FORK_TIMEOUT_SECS);
         self.check_timeout(secs)?;
         let (id, step) = self.enter(id, Operation::Fork)?;

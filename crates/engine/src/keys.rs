@@ -47,7 +47,7 @@ mod tests {
     }
 }
 
-use bulkhead_store::{ApiKeyRow, Store, StoreError};
+use bulkhead_store::{ApiKeyRow, DEFAULT_TEAM, Store, StoreError};
 
 use crate::types::{ApiKey, Caller};
 
@@ -57,6 +57,10 @@ pub enum KeyError {
         "API key must be e2b_ followed by 40 lowercase hex characters (got {0} characters); create one with `bulkhead keys create`"
     )]
     Malformed(usize),
+    #[error(
+        "Team {0:?} not found: list teams with `bulkhead teams list`, or create it with `bulkhead teams create {0}`"
+    )]
+    NoTeam(String),
     #[error("Key storage failed")]
     Store(#[from] StoreError),
 }
@@ -65,7 +69,11 @@ fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-async fn insert(store: &Store, name: &str, key: &str) -> Result<ApiKeyRow, KeyError> {
+async fn insert(store: &Store, name: &str, key: &str, team: &str) -> Result<ApiKeyRow, KeyError> {
+    let team = store
+        .get_team(team)
+        .await?
+        .ok_or_else(|| KeyError::NoTeam(team.to_owned()))?;
     let row = ApiKeyRow {
         id: random_hex(8),
         name: name.to_string(),
@@ -73,15 +81,26 @@ async fn insert(store: &Store, name: &str, key: &str) -> Result<ApiKeyRow, KeyEr
         prefix: display_prefix(key),
         created_at: now_ms(),
         revoked_at: None,
+        team_id: team.id,
+        last_used_at: None,
     };
     store.insert_api_key(&row).await?;
     Ok(row)
 }
 
-/// Create a new key; the plaintext is returned once and never stored.
+/// Create a new key in the default team; the plaintext is returned once and never stored.
 pub async fn create(store: &Store, name: &str) -> Result<(ApiKey, String), KeyError> {
+    create_in(store, name, DEFAULT_TEAM).await
+}
+
+/// Create a new key in `team` (id or name); the plaintext is returned once and never stored.
+pub async fn create_in(
+    store: &Store,
+    name: &str,
+    team: &str,
+) -> Result<(ApiKey, String), KeyError> {
     let key = generate_key();
-    Ok((ApiKey::from(&insert(store, name, &key).await?), key))
+    Ok((ApiKey::from(&insert(store, name, &key, team).await?), key))
 }
 
 /// Every key, revoked ones included.
@@ -99,7 +118,8 @@ pub async fn revoke(store: &Store, id_or_prefix: &str) -> Result<bool, KeyError>
     Ok(store.revoke_api_key(id_or_prefix).await?)
 }
 
-/// Ensure a given key (e.g. from `BULKHEAD_API_KEY`) is accepted. Returns true if it was added.
+/// Ensure a given key (e.g. from `BULKHEAD_API_KEY`) is accepted, in the default team.
+/// Returns true if it was added.
 pub async fn seed(store: &Store, key: &str, name: &str) -> Result<bool, KeyError> {
     if !is_well_formed(key) {
         return Err(KeyError::Malformed(key.len()));
@@ -111,11 +131,11 @@ pub async fn seed(store: &Store, key: &str, name: &str) -> Result<bool, KeyError
     {
         return Ok(false);
     }
-    insert(store, name, key).await?;
+    insert(store, name, key, DEFAULT_TEAM).await?;
     Ok(true)
 }
 
-/// The active key matching `key`, if any.
+/// The active key matching `key`, if any, as the caller it acts as (its id and team).
 pub async fn authenticate(store: &Store, key: &str) -> Result<Option<Caller>, StoreError> {
     if !key.starts_with(KEY_PREFIX) || key.len() > 128 {
         return Ok(None);

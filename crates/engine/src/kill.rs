@@ -14,7 +14,8 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
     /// Kill a sandbox; not found when it is not running (or already being killed).
-    pub async fn kill(&self, _caller: &Caller, id: &str) -> Result<()> {
+    pub async fn kill(&self, caller: &Caller, id: &str) -> Result<()> {
+        self.authorize(caller, id).await?;
         let id = ids::normalize_sandbox_id(id);
         if self.finish(id, "killed").await {
             Ok(())
@@ -40,6 +41,8 @@ impl Engine {
             (l.handle.clone(), l.cancel.clone())
         };
         cancel.cancel();
+        // Its last partial interval, while it is still in the live set.
+        self.meter_one(id).await;
         // Unconditionally (idempotent): a concurrent network update may have attached a link
         // after this sandbox left the live set.
         self.detach_link(id);

@@ -8,7 +8,7 @@
 //! in which state is decided by [`lifecycle::transition`] alone.
 //!
 //! Layout: leaf modules hold shared state and types (`config`, `types`, `clock`, `validate`,
-//! `live`, `lifecycle`, `error`); [`engine`](crate::Engine) holds the `Engine` value; each verb
+//! `live`, `lifecycle`, `error`, `quota`, `metering`, `tenants`, `teams`); [`engine`](crate::Engine) holds the `Engine` value; each verb
 //! module adds its own `impl Engine` block and imports only leaves.
 
 mod admission;
@@ -25,8 +25,12 @@ pub mod ids;
 pub mod keys;
 pub mod lifecycle;
 mod live;
+pub mod metering;
 pub mod network;
 mod pool_policy;
+pub mod quota;
+pub mod teams;
+mod tenants;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod types;
@@ -42,6 +46,7 @@ mod create;
 mod filler;
 mod fork;
 mod kill;
+mod meter;
 mod network_ops;
 mod pause;
 mod pool_source;
@@ -57,25 +62,29 @@ pub mod telemetry;
 mod template_builder;
 pub mod template_builds;
 mod template_exec;
+mod template_image;
 pub mod template_spec;
 mod template_types;
 mod templates;
+mod tenancy;
 mod timeout;
 mod usage;
 mod volume_content;
 mod volumes;
 
 pub use admission::AdmissionLimits;
-pub use bulkhead_store::VolumeRow;
+pub use bulkhead_store::{UsageFilter, VolumeRow};
 pub use checkpoints::CheckpointError;
 pub use config::{BuildLimits, CheckpointPools, EngineConfig};
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use lifecycle::{Operation, Refusal, SandboxState};
+pub use metering::{ExhaustedAction, MeteringConfig, Prices, UsageReport};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use pool_policy::{PoolConfig, PoolLimits};
 pub use pool_source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
+pub use quota::{Limit, QuotaError};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::driver::DriverHandle;
 use crate::lifecycle::{self, Operation, Refusal, SandboxState, Step};
+use crate::metering::Meter;
 use crate::types::{LifecyclePolicy, Usage};
 
 pub(crate) struct Live {
@@ -38,6 +39,8 @@ pub(crate) struct Live {
     pub(crate) extra: LiveExtra,
     /// Cancelled to cut every proxied stream to the agent (before a checkpoint).
     pub(crate) traffic: CancellationToken,
+    /// Its team and metering state (see `meter`).
+    pub(crate) meter: Meter,
 }
 
 /// The persistence side of a live sandbox.

@@ -73,11 +73,12 @@ impl Engine {
     /// loses it.
     pub async fn update_network(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         id: &str,
         allow_internet_access: Option<bool>,
         net: SandboxNetwork,
     ) -> Result<()> {
+        self.authorize(caller, id).await?;
         let row = self.running_row(id, Operation::UpdateNetwork).await?;
         let allow_internet = allow_internet_access.unwrap_or(self.cfg.network_default_allow);
         let policy = self.check_network(allow_internet, Some(&net))?;
@@ -132,10 +133,11 @@ impl Engine {
     /// The newest `limit` egress decisions of a sandbox (running or ended), oldest first.
     pub async fn network_events(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         id: &str,
         limit: usize,
     ) -> Result<Vec<EgressEvent>> {
+        self.authorize(caller, id).await?;
         let id = ids::normalize_sandbox_id(id);
         if !ids::is_valid_sandbox_id(id) {
             return Err(EngineError::SandboxNotFound(id.to_string()));

@@ -22,7 +22,8 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 impl Engine {
     /// `POST /sandboxes/{id}/pause`. `memory: false` keeps only the filesystem (a resume boots
     /// afresh on it). A paused sandbox answers 409 (E2B: "already paused").
-    pub async fn pause(self: &Arc<Self>, _caller: &Caller, id: &str, memory: bool) -> Result<()> {
+    pub async fn pause(self: &Arc<Self>, caller: &Caller, id: &str, memory: bool) -> Result<()> {
+        self.authorize(caller, id).await?;
         let (id, _) = self.enter(id, Operation::Pause)?;
         self.pause_entered(id, memory, Operation::Pause).await
     }
@@ -35,6 +36,8 @@ impl Engine {
         memory: bool,
         op: Operation,
     ) -> Result<()> {
+        // Running until now: metered at the running rate, the checkpoint from here on.
+        self.meter_one(id).await;
         let result = self.checkpoint_and_stop(id, memory, op).await;
         if result.is_err()
             && self.live.lock().get(id).map(|l| l.state) == Some(SandboxState::Pausing)

@@ -14,12 +14,14 @@ use crate::types::OnTimeout;
 const AUTO_PAUSE_RETRY_MS: i64 = 60_000;
 
 impl Engine {
-    /// Start the reaper, the metrics sampler and the warm-pool filler.
+    /// Start the reaper, the metrics sampler, the usage meter and the warm-pool filler.
     pub fn start_background(self: &Arc<Self>) {
         let engine = Arc::clone(self);
         tokio::spawn(async move { engine.reaper().await });
         let engine = Arc::clone(self);
         tokio::spawn(async move { engine.sampler().await });
+        let engine = Arc::clone(self);
+        tokio::spawn(engine.metering_loop());
         let engine = Arc::clone(self);
         let filler = tokio::spawn(async move { engine.pool_filler().await });
         *self.filler.lock().expect("filler lock") = Some(filler);

@@ -171,6 +171,7 @@ impl Engine {
         if reclaimed > 0 {
             tracing::info!(reclaimed, "cleaned up leftover sandboxes");
         }
+        self.resume_metering().await?;
         Ok(keep.len())
     }
 

@@ -28,10 +28,12 @@ impl Engine {
     /// The older `POST /sandboxes/{id}/resume`: a running sandbox is a 409 (as E2B).
     pub async fn resume(
         self: &Arc<Self>,
-        _caller: &Caller,
+        caller: &Caller,
         id: &str,
         req: ResumeRequest,
     ) -> Result<SandboxInfo> {
+        self.authorize(caller, id).await?;
+        self.admit_resume(caller, id, &req).await?;
         Ok(self.resume_or_extend(id, Operation::Resume, req).await?.0)
     }
 
@@ -80,6 +82,8 @@ impl Engine {
         id: &str,
         req: ResumeRequest,
     ) -> Result<()> {
+        // Paused until now: its checkpoint is metered up to here, the running sandbox after.
+        self.meter_one(id).await;
         let result = self.restore_paused(id, req).await;
         if result.is_err()
             && self.live.lock().get(id).map(|l| l.state) == Some(SandboxState::Resuming)

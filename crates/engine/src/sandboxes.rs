@@ -14,6 +14,7 @@ use crate::driver::DriverHandle;
 use crate::ids;
 use crate::lifecycle::{self, Operation, Step};
 use crate::live::{Live, LiveExtra};
+use crate::metering::Meter;
 use crate::types::{Caller, ListPage, ListRequest, SandboxInfo};
 use crate::validate::{decode_token, encode_token};
 
@@ -83,6 +84,17 @@ impl Engine {
             agent,
             extra,
             traffic: CancellationToken::new(),
+            // Metered from its start; a re-adopted sandbox from where its metering stopped
+            // (`recover` moves `since_ms` up to the last recorded interval).
+            meter: Meter {
+                team_id: row.team_id.clone(),
+                key_id: row.owner_key_id.clone(),
+                vcpus: row.cpu_count,
+                memory_mb: row.memory_mb,
+                since_ms: row.started_at,
+                carry: 0.0,
+                paused_bytes: None,
+            },
         };
         self.live.lock().insert(row.id.clone(), live);
         if let Some(handle) = handle {
@@ -151,14 +163,15 @@ impl Engine {
         }
     }
 
-    pub async fn get(&self, _caller: &Caller, id: &str) -> Result<SandboxInfo> {
+    pub async fn get(&self, caller: &Caller, id: &str) -> Result<SandboxInfo> {
+        self.authorize(caller, id).await?;
         let row = self.running_row(id, Operation::Get).await?;
         Ok(self.info_from_row(&row))
     }
 
-    /// One page of sandboxes. Every key of a server without teams sees every sandbox; a
-    /// per-team filter attaches here, on `caller.team_id`.
-    pub async fn list(&self, _caller: &Caller, req: &ListRequest) -> Result<ListPage> {
+    /// One page of the caller's team's sandboxes (E2B: every key of a team sees the team's
+    /// sandboxes, and no others).
+    pub async fn list(&self, caller: &Caller, req: &ListRequest) -> Result<ListPage> {
         let asked = if req.states.is_empty() {
             vec![SandboxState::Running, SandboxState::Paused]
         } else {
@@ -184,6 +197,7 @@ impl Engine {
                 .map(|t| self.template(t).map(|t| t.id.clone()).unwrap_or(t.clone())),
             started_after: req.started_after.map(|d| d.timestamp_millis()),
             owner_key_id: None,
+            team_id: Some(caller.team_id.clone()),
         };
         let limit = req.limit.unwrap_or(100).clamp(1, 100);
         let after = match &req.next_token {
@@ -204,6 +218,7 @@ impl Engine {
             .store
             .count_sandboxes(&SandboxFilter {
                 states: vec![SandboxState::Running],
+                team_id: Some(caller.team_id.clone()),
                 ..Default::default()
             })
             .await?;

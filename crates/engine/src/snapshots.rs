@@ -61,11 +61,12 @@ impl Engine {
     /// that name already there is replaced (E2B: a new build of the same template).
     pub async fn create_snapshot(
         self: &Arc<Self>,
-        _caller: &Caller,
+        caller: &Caller,
         id: &str,
         name: Option<&str>,
         memory: bool,
     ) -> Result<SnapshotInfo> {
+        self.authorize(caller, id).await?;
         let name = name.map(bare_name).filter(|n| !n.is_empty());
         if let Some(n) = name {
             validate_name(n)?;
@@ -100,10 +101,18 @@ impl Engine {
             env_vars: row.env_vars.clone(),
             envd_access_token: row.envd_access_token.clone(),
             created_at: now_ms(),
+            team_id: row.team_id.clone(),
         };
         if let Some(n) = name
             && let Some(old) = self.store.get_snapshot(n).await?
         {
+            // Names are server-wide: another team's snapshot is never replaced.
+            if old.team_id != row.team_id {
+                checkpoints::remove(&dir);
+                return Err(EngineError::Conflict(format!(
+                    "Snapshot name '{n}' (of another team: choose another name)"
+                )));
+            }
             // The name keeps its template id; the new checkpoint replaces the old one.
             self.store.delete_snapshot(&old.id).await?;
             checkpoints::remove(&PathBuf::from(&old.checkpoint_dir));
@@ -189,7 +198,7 @@ impl Engine {
     /// `GET /snapshots`: newest first, optionally of one sandbox or with one name.
     pub async fn list_snapshots(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         sandbox_id: Option<&str>,
         name: Option<&str>,
         limit: Option<usize>,
@@ -202,6 +211,7 @@ impl Engine {
             name: name
                 .filter(|n| !n.is_empty())
                 .map(|n| bare_name(n).to_string()),
+            team_id: Some(caller.team_id.clone()),
         };
         let limit = limit.unwrap_or(100).clamp(1, 100);
         let after = match next_token {
@@ -225,12 +235,13 @@ impl Engine {
     }
 
     /// `DELETE /templates/{id}` of a snapshot (by id or name, with or without its tag).
-    pub async fn delete_snapshot(&self, _caller: &Caller, reference: &str) -> Result<()> {
+    pub async fn delete_snapshot(&self, caller: &Caller, reference: &str) -> Result<()> {
         let key = bare_name(reference);
         let row = self
             .store
             .get_snapshot(key)
             .await?
+            .filter(|r| r.team_id == caller.team_id)
             .ok_or_else(|| EngineError::SnapshotNotFound(reference.to_string()))?;
         self.store.delete_snapshot(&row.id).await?;
         checkpoints::remove(&PathBuf::from(&row.checkpoint_dir));
@@ -239,11 +250,19 @@ impl Engine {
     }
 
     /// The snapshot a create names as its template, ready to restore.
+    /// The checkpoint of the caller's team's snapshot `reference`; another team's is as
+    /// unknown as a missing one.
     pub(crate) async fn snapshot_source(
         &self,
+        caller: &Caller,
         reference: &str,
     ) -> Result<Option<CheckpointSource>> {
-        let Some(row) = self.store.get_snapshot(bare_name(reference)).await? else {
+        let Some(row) = self
+            .store
+            .get_snapshot(bare_name(reference))
+            .await?
+            .filter(|r| r.team_id == caller.team_id)
+        else {
             return Ok(None);
         };
         let template = self

@@ -18,6 +18,13 @@ pub mod names {
     pub const SANDBOXES: &str = "bulkhead_sandboxes";
     pub const POOL_MEMBERS: &str = "bulkhead_pool_members";
     pub const CREATES_IN_FLIGHT: &str = "bulkhead_creates_in_flight";
+    pub const REFUSALS: &str = "bulkhead_quota_refusals_total";
+}
+
+/// A team limit refused a request: which limit (`credits`, `create_rate`, `max_sandboxes`,
+/// ...). Never labelled by team: tenants come and go, series should not.
+pub(crate) fn refused(limit: crate::quota::Limit) {
+    metrics::counter!(names::REFUSALS, "limit" => limit.label()).increment(1);
 }
 
 /// A create ended: its outcome (`ok` or the error's kind) and, when it succeeded, how long the
@@ -60,6 +67,7 @@ pub(crate) fn error_kind(e: &EngineError) -> &'static str {
         EngineError::Network { .. } => "network",
         EngineError::Store(_) => "store",
         EngineError::Volume(_) | EngineError::VolumeFs(_) => "volume",
+        EngineError::Quota(_) => "quota",
         EngineError::RestoreFailed { .. } | EngineError::Checkpoint { .. } => "checkpoint",
         _ => "other",
     }

@@ -17,19 +17,10 @@ use crate::lifecycle::Operation;
 use crate::template_exec::{self, Command};
 use crate::template_spec::{self, BuildStep, RunState, StepKind};
 use crate::template_types::{BuildFailure, BuildRecord, BuildStart, BuiltTemplate};
-use crate::types::{TemplateInfo, TemplateRuntime};
+use crate::types::TemplateRuntime;
 
 /// A failed build: the message and the step it names (`base`, `1`…, `finalize`).
 struct Failed(String, String);
-
-/// Images that map to a template this server has without a registry.
-fn image_template(image: &str) -> Option<&'static str> {
-    match image.trim_start_matches("docker.io/") {
-        "e2bdev/base" | "e2bdev/base:latest" => Some("base"),
-        "e2bdev/code-interpreter" | "e2bdev/code-interpreter:latest" => Some("code-interpreter-v1"),
-        _ => None,
-    }
-}
 
 impl Engine {
     pub(crate) async fn run_template_build(
@@ -77,47 +68,48 @@ impl Engine {
         }
     }
 
-    fn parent_template(&self, spec: &BuildStart) -> Result<Arc<TemplateInfo>, Failed> {
-        let base = |m: String| Failed(m, "base".into());
-        let name = match (&spec.from_template, &spec.from_image) {
-            (Some(t), _) => t.clone(),
-            (None, Some(image)) => image_template(image).map(str::to_owned).ok_or_else(|| {
-                base(format!(
-                    "pulling images from a registry is not available yet on this server \
-                     (image {image:?}); start from from_base_image() or from_template(...)"
-                ))
-            })?,
-            (None, None) => return Err(base("no base image or template given".into())),
-        };
-        self.template(&name)
-            .ok_or_else(|| base(format!("template {name:?} not found on this server")))
-    }
-
     async fn build_steps(
         &self,
         record: &BuildRecord,
         spec: &BuildStart,
     ) -> Result<BuiltTemplate, Failed> {
-        let parent = self.parent_template(spec)?;
+        let parent = self
+            .build_parent(record, spec)
+            .await
+            .map_err(|m| Failed(m, "base".into()))?;
         let layers = LayerStore::new(&self.cfg.image_cache);
-        let mut state = match &parent.runtime {
-            Some(rt) => RunState {
-                user: rt.user.clone(),
-                workdir: rt.workdir.clone(),
-                envs: rt.envs.clone(),
-            },
-            None => RunState::default(),
-        };
+        let mut state = parent.state.clone();
         let mut key = template_spec::base_key(&parent.content_hash);
         let mut tree = parent.rootfs.clone();
         record.log(
             "info",
             Some("base"),
-            format!(
-                "[base] FROM template {}",
-                parent.aliases.first().unwrap_or(&parent.id)
-            ),
+            format!("[base] FROM {}", parent.label),
         );
+        if let Some(step) = &parent.provision {
+            // Part of the base: keyed from the image, so every build of it shares the layer.
+            key = template_spec::step_key(&key, step, None);
+            tree = match layers.get(&key) {
+                Some(cached) => {
+                    record.log("info", Some("base"), "CACHED [base] adding the user `user`");
+                    cached
+                }
+                None => {
+                    record.log("info", Some("base"), "[base] adding the user `user`");
+                    let changes = self
+                        .run_step(record, "base", step, &state, &tree)
+                        .await
+                        .map_err(|m| Failed(image_hint(m), "base".into()))?;
+                    let committed = layers
+                        .commit(&key, &tree, &changes, "provision: user `user`")
+                        .await;
+                    let _ = tokio::fs::remove_dir_all(&changes).await;
+                    committed.map_err(|e| {
+                        Failed(format!("saving the base layer failed: {e}"), "base".into())
+                    })?
+                }
+            };
+        }
         let total = spec.steps.len();
         let mut forced = spec.force;
         for (i, step) in spec.steps.iter().enumerate() {
@@ -142,9 +134,12 @@ impl Engine {
             record.log("info", Some(&n), format!("[{n}/{total}] {what}"));
             let started = Instant::now();
             let changes = self
-                .run_step(record, i, step, &state, &tree)
+                .run_step(record, &n, step, &state, &tree)
                 .await
-                .map_err(|m| Failed(m, n.clone()))?;
+                .map_err(|m| {
+                    let m = if parent.pulled { image_hint(m) } else { m };
+                    Failed(m, n.clone())
+                })?;
             let committed = layers.commit(&key, &tree, &changes, &what).await;
             let _ = tokio::fs::remove_dir_all(&changes).await;
             tree = committed.map_err(|e| {
@@ -240,16 +235,15 @@ impl Engine {
     async fn run_step(
         &self,
         record: &BuildRecord,
-        index: usize,
+        n: &str,
         step: &BuildStep,
         state: &RunState,
         tree: &Path,
     ) -> Result<PathBuf, String> {
-        let n = (index + 1).to_string();
         let (handle, id) = self
-            .build_sandbox(record, tree, step.kind == StepKind::Run, &n)
+            .build_sandbox(record, tree, step.kind == StepKind::Run, n)
             .await?;
-        let outcome = self.step_in(record, &n, &handle, step, state, tree).await;
+        let outcome = self.step_in(record, n, &handle, step, state, tree).await;
         self.detach_link(&id);
         if let Err(e) = outcome {
             let _ = self.driver.stop(&handle).await;
@@ -454,6 +448,19 @@ impl Engine {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+}
+
+/// A build sandbox on a pulled image whose agent does not come up: most likely the image's C
+/// library is older than the one the agent was built against.
+fn image_hint(m: String) -> String {
+    if m.contains("agent did not start") {
+        format!(
+            "{m} (the image's GNU C library may be older than the one Bulkhead's agent needs; \
+             start from a current Debian or Ubuntu based image)"
+        )
+    } else {
+        m
     }
 }
 

@@ -24,6 +24,8 @@ use crate::template_types::{
     BuildRecord, BuildState, BuiltTemplate, CustomTemplate, DEFAULT_TAG, UPLOAD_LINK_TTL, io_err,
 };
 use crate::types::TemplateInfo;
+/// Registry credentials a build request carries (redacted `Debug`).
+pub use bulkhead_images::oci::RegistryCredentials;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 

@@ -65,6 +65,9 @@ pub struct BuildCreated {
 #[derive(Debug, Clone, Default)]
 pub struct BuildStart {
     pub from_image: Option<String>,
+    /// `fromImageRegistry`: credentials for this build's pull only (never stored or logged;
+    /// their `Debug` is redacted).
+    pub registry_credentials: Option<bulkhead_images::oci::RegistryCredentials>,
     pub from_template: Option<String>,
     pub force: bool,
     pub steps: Vec<BuildStep>,

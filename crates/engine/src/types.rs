@@ -265,14 +265,15 @@ impl CreateRequest {
     }
 }
 
-/// Who is calling: the identity every engine verb is given, so limits and ownership (per key
-/// today, per team later) attach in the engine and not in the front ends.
+/// Who is calling: the identity every engine verb is given, so limits and ownership attach in
+/// the engine and not in the front ends. Sandboxes, volumes and usage belong to the team:
+/// every key of a team sees them, no key of another team does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
     /// Id of the API key that authenticated the request.
     pub key_id: String,
-    /// The team the key belongs to; `None` on a server without teams (every key is one team).
-    pub team_id: Option<String>,
+    /// The team the key belongs to (`default` for keys made before teams).
+    pub team_id: String,
 }
 
 /// An API key as listed (never the key itself, which is shown once at creation).
@@ -284,6 +285,9 @@ pub struct ApiKey {
     pub prefix: String,
     pub created_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    pub team_id: String,
+    /// Last request with it, to the minute (see `Engine::authenticate`).
+    pub last_used_at: Option<DateTime<Utc>>,
 }
 
 impl ApiKey {
@@ -291,7 +295,7 @@ impl ApiKey {
     pub fn caller(&self) -> Caller {
         Caller {
             key_id: self.id.clone(),
-            team_id: None,
+            team_id: self.team_id.clone(),
         }
     }
 }
@@ -304,6 +308,8 @@ impl From<&bulkhead_store::ApiKeyRow> for ApiKey {
             prefix: r.prefix.clone(),
             created_at: ms_to_dt(r.created_at),
             revoked_at: r.revoked_at.map(ms_to_dt),
+            team_id: r.team_id.clone(),
+            last_used_at: r.last_used_at.map(ms_to_dt),
         }
     }
 }

@@ -28,7 +28,8 @@ pub(crate) const MAX_SAMPLES: usize = 720;
 
 impl Engine {
     /// A fresh sample of the sandbox's usage, also appended to its series.
-    pub async fn usage(&self, _caller: &Caller, id: &str) -> Result<Usage> {
+    pub async fn usage(&self, caller: &Caller, id: &str) -> Result<Usage> {
+        self.authorize(caller, id).await?;
         self.sample(id).await
     }
 
@@ -101,6 +102,7 @@ impl Engine {
                 "Invalid time range for metrics: start ({s}) is after end ({e})"
             )));
         }
+        self.authorize(caller, id).await?;
         let row = self.running_row(id, Operation::Metrics).await?;
         let empty = self
             .live

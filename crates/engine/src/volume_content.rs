@@ -32,7 +32,7 @@ impl Engine {
             (Some(row), ContentAuth::Token(t)) => bulkhead_common::constant_time_eq(&row.token, t),
             (Some(row), ContentAuth::ApiKey(k)) => {
                 match keys::authenticate(&self.store, k).await? {
-                    Some(caller) => caller.team_id.as_deref().unwrap_or("") == row.team,
+                    Some(caller) => caller.team_id == row.team,
                     None => false,
                 }
             }

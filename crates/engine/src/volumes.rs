@@ -22,9 +22,9 @@ use crate::volume_types::{MountRequest, VolumeError, VolumeInfo, validate_mounts
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
-/// The team a caller's volumes belong to (`''` on a server without teams).
+/// The team a caller's volumes belong to.
 fn team(caller: &Caller) -> &str {
-    caller.team_id.as_deref().unwrap_or("")
+    &caller.team_id
 }
 
 /// Sandbox ids whose creates are mounting a volume right now (a delete must wait for them to

@@ -367,7 +367,7 @@ fn recover_readopts_live_and_buries_dead() {
 fn me() -> bulkhead_engine::Caller {
     bulkhead_engine::Caller {
         key_id: "test".into(),
-        team_id: None,
+        team_id: "default".into(),
     }
 }
 

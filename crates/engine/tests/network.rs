@@ -535,6 +535,6 @@ async fn default_sandbox_env_is_sent_and_overridable() {
 fn me() -> bulkhead_engine::Caller {
     bulkhead_engine::Caller {
         key_id: "test".into(),
-        team_id: None,
+        team_id: "default".into(),
     }
 }

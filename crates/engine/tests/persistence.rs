@@ -411,15 +411,23 @@ async fn concurrent_resumes_coalesce_into_one_restore() {
     let sb = s.base().await;
     s.engine.pause(&s.owner, &sb.id, true).await.unwrap();
     *s.driver.restore_delay.lock().unwrap() = Duration::from_millis(200);
+    // Traffic arriving once the resume is in flight (a resume first checks the caller's team,
+    // so it is not in flight the moment it is called).
+    let traffic = async {
+        while s.driver.restores_started.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        s.engine.agent_stream(&sb.id).await
+    };
     let (a, b, c) = tokio::join!(
         s.engine.connect(&s.owner, &sb.id, resume()),
         s.engine.connect(&s.owner, &sb.id, resume()),
-        s.engine.agent_stream(&sb.id),
+        traffic,
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert!(a.1 ^ b.1, "exactly one of them resumed it");
     // Traffic without auto-resume waits for the resume in flight, then reaches the agent.
-    assert!(c.is_ok());
+    assert!(c.is_ok(), "{:?}", c.as_ref().err());
     assert_eq!(s.driver.restores.load(Ordering::SeqCst), 1);
 }
 

@@ -327,6 +327,6 @@ impl Driver for PerPid {
 fn me() -> bulkhead_engine::Caller {
     bulkhead_engine::Caller {
         key_id: "test".into(),
-        team_id: None,
+        team_id: "default".into(),
     }
 }

@@ -37,6 +37,20 @@ pub const WARM_PATH: &str = "/bulkhead/warm";
 /// re-seed the generators running kernels seeded before the checkpoint. Answers `204` when done.
 pub const CLONED_PATH: &str = "/bulkhead/cloned";
 
+/// Body of a `POST` to [`CLONED_PATH`] from the microvm driver: a VM clone resumes with the
+/// snapshot's kernel RNG state and wall clock, so the host hands it fresh ones. Jail clones send
+/// no body (their kernel is the host's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClonedRequest {
+    /// Host randomness (hex) to mix into the guest kernel's pool, which is then reseeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<String>,
+    /// The host's wall clock when it sent the request, in nanoseconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock_unix_ns: Option<u64>,
+}
+
 /// What the agent says about itself: in the body of `POST /init` answers and on
 /// [`AGENT_INFO_PATH`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

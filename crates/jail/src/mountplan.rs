@@ -273,6 +273,17 @@ pub fn plan(spec: &StartSpec) -> Vec<Step> {
             path: Path::new("/proc").join(d),
         });
     }
+    // `/proc` and `/dev` take no writes (as `/sys`): the sandbox's Landlock ruleset allows
+    // everything beneath `/` so that new top-level directories work as on E2B, and these
+    // mounts are what keeps procfs files and the device directory unwritable, to every process
+    // and across a restore. Device nodes stay usable (a read-only mount refuses writes to
+    // files, not I/O on devices); `/dev/pts` and `/dev/shm` are mounts of their own.
+    for target in ["/proc", "/dev"] {
+        s.push(Step::ReadOnly {
+            target: PathBuf::from(target),
+            recursive: false,
+        });
+    }
     // Last, inside the sandbox's own root: a symlink planted in the upper layer (a resumed
     // sandbox) can only point within the sandbox, and attaching refuses to follow any.
     for (index, v) in spec.volumes.iter().enumerate() {
@@ -658,6 +669,14 @@ mod tests {
         assert!(!c.iter().any(|x| x.contains("/proc/scsi")));
         let sys_bind = position(c, "mount /proc/sys /proc/sys - 0x5000"); // MS_BIND|MS_REC
         assert!(position(c, "ro /proc/sys true") > sys_bind);
+        // /proc and /dev themselves read-only, after every mount beneath them.
+        let proc_ro = position(c, "ro /proc false");
+        let dev_ro = position(c, "ro /dev false");
+        assert!(proc_ro > keys && proc_ro > sys_bind && dev_ro > null && dev_ro > pivot);
+        assert!(
+            c[proc_ro..].iter().all(|x| !x.starts_with("mount")),
+            "{c:#?}"
+        );
     }
 
     #[test]

@@ -180,11 +180,39 @@ async fn sandbox_is_isolated_and_hardened() {
     assert!(env.rootfs.join("etc/hostname").exists());
     assert!(!env.rootfs.join("etc/hello").exists());
 
-    // Landlock: no new top-level entries; /tmp is fine.
-    let (st, _) = sh(&d, &h, "echo x > /newfile").await;
-    assert_ne!(st, "exit 0");
-    let (st, _) = sh(&d, &h, "echo x > /tmp/f && cat /tmp/f").await;
-    assert_eq!(st, "exit 0");
+    // New top-level entries are the sandbox's own (as on E2B); /proc, /dev and /sys are
+    // read-only mounts, their devices still usable.
+    let (st, out) = sh(
+        &d,
+        &h,
+        "echo x > /newfile && mkdir -p /newtop/a && echo y > /newtop/a/f && cat /newtop/a/f \
+         && echo x > /tmp/f && cat /tmp/f",
+    )
+    .await;
+    assert_eq!((st.as_str(), out.as_str()), ("exit 0", "y\nx\n"));
+    assert!(upper.join("newtop/a/f").is_file());
+    for w in [
+        "echo 500 > /proc/self/oom_score_adj",
+        "echo x > /dev/probe",
+        "mkdir /dev/probe-dir",
+        "ln -s /etc /dev/probe-link",
+        "echo x > /sys/probe",
+        "echo renamed > /proc/self/comm",
+    ] {
+        let (st, out) = sh(&d, &h, &format!("{w} 2>&1")).await;
+        assert_ne!(st, "exit 0", "{w}: {out}");
+        assert!(
+            out.contains("Read-only file system") || out.contains("ermission denied"),
+            "{w}: {out}"
+        );
+    }
+    let (st, out) = sh(
+        &d,
+        &h,
+        "echo x > /dev/null && head -c 3 /dev/zero | wc -c && echo x > /dev/shm/f && cat /dev/shm/f",
+    )
+    .await;
+    assert_eq!((st.as_str(), out.as_str()), ("exit 0", "3\nx\n"));
 
     // Limits as written on the host.
     let cg = h.data["cgroup"].as_str().unwrap().to_string();

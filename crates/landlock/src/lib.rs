@@ -1,6 +1,13 @@
-//! The sandbox's Landlock ruleset: read and execute everywhere, full access beneath each
-//! top-level directory except `/proc`, `/sys` and `/dev`, read-write on the device nodes
-//! programs expect to write. Built inside the sandbox (paths are sandbox paths).
+//! The sandbox's Landlock ruleset: every filesystem right beneath `/` except device ioctls,
+//! which only the terminal and null-style devices programs use allow. Built inside the sandbox
+//! (paths are sandbox paths).
+//!
+//! Why so little: E2B lets a sandbox create entries directly under `/` (`files.write("/0/x")`,
+//! `sudo mkdir /app`), and Landlock grants a right on a directory to everything beneath it, so
+//! a rule that allows new top-level directories also allows `/proc`, `/dev` and `/sys`. Their
+//! protection is therefore the mounts' (read-only `/proc`, `/dev` and `/sys`, see the jail's
+//! `mountplan`), which refuse writes to every process, restored ones included, where Landlock
+//! protected only processes started in a fresh sandbox (`docs/threat-model.md`).
 //!
 //! Two users: the jail applies it to the agent before `execve` ([`restrict_self`]), and the
 //! agent of a *restored* sandbox builds it ([`ruleset_fd`]) and applies it to every process
@@ -11,37 +18,34 @@
 //! sandbox's private pid and network namespaces already keep signals and abstract sockets
 //! inside it, which is what the scopes added.
 
-use std::fs;
 use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use landlock::{
-    ABI, Access, AccessFs, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
-    RulesetCreated, RulesetCreatedAttr, RulesetStatus,
+    ABI, Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+    RulesetAttr, RulesetCreated, RulesetCreatedAttr, RulesetStatus,
 };
 
-/// Device nodes (and their directories) writable under the ruleset.
-pub const WRITABLE_DEVICES: [&str; 9] = [
+/// Device nodes (and their directories) that allow ioctls under the ruleset.
+pub const IOCTL_DEVICES: [&str; 8] = [
     "/dev/null",
     "/dev/zero",
     "/dev/full",
     "/dev/tty",
     "/dev/ptmx",
     "/dev/pts",
-    "/dev/shm",
     "/dev/random",
     "/dev/urandom",
 ];
 
-/// Top-level directories that get full access: every entry of `/` except the kernel
-/// filesystems.
-pub fn writable_roots(entries: impl IntoIterator<Item = String>) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = entries
-        .into_iter()
-        .filter(|n| !matches!(n.as_str(), "proc" | "sys" | "dev"))
-        .map(|n| Path::new("/").join(n))
-        .collect();
-    v.sort();
+/// The ABI the ruleset is written for; older kernels enforce what they know (best effort).
+const ABI_VERSION: ABI = ABI::V6;
+
+/// The rules as data: a path and the rights granted beneath it.
+pub fn rules() -> Vec<(&'static Path, BitFlags<AccessFs>)> {
+    let all = AccessFs::from_all(ABI_VERSION);
+    let mut v = vec![(Path::new("/"), all & !AccessFs::IoctlDev)];
+    v.extend(IOCTL_DEVICES.iter().map(|d| (Path::new(*d), all)));
     v
 }
 
@@ -52,35 +56,23 @@ fn err(what: &str, e: &dyn std::fmt::Display) -> String {
 /// The ruleset, created and filled, not yet applied. Best effort: a kernel without Landlock
 /// yields a ruleset that restricts nothing.
 pub fn ruleset() -> Result<RulesetCreated, String> {
-    let abi = ABI::V6;
-    let all = AccessFs::from_all(abi);
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
-        .handle_access(all)
+        .handle_access(AccessFs::from_all(ABI_VERSION))
         .map_err(|e| err("handle_access", &e))?
         .create()
         .map_err(|e| err("create", &e))?;
-    let root = PathFd::new("/").map_err(|e| err("open /", &e))?;
-    ruleset = ruleset
-        .add_rule(PathBeneath::new(root, AccessFs::from_read(abi)))
-        .map_err(|e| err("rule /", &e))?;
-    let names = fs::read_dir("/")
-        .map_err(|e| err("read /", &e))?
-        .filter_map(Result::ok)
-        // metadata() follows symlinks, so merged-/usr links like /bin count as directories.
-        .filter(|e| fs::metadata(e.path()).is_ok_and(|m| m.is_dir()))
-        .map(|e| e.file_name().to_string_lossy().into_owned());
-    for dir in writable_roots(names) {
-        let fd = PathFd::new(&dir).map_err(|e| err(&format!("open {}", dir.display()), &e))?;
+    for (path, access) in rules() {
+        // A device this sandbox lacks needs no rule.
+        let Ok(fd) = PathFd::new(path) else {
+            if path == Path::new("/") {
+                return Err(err("open /", &"cannot open the root directory"));
+            }
+            continue;
+        };
         ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, all))
-            .map_err(|e| err(&format!("rule {}", dir.display()), &e))?;
-    }
-    for dev in WRITABLE_DEVICES {
-        let Ok(fd) = PathFd::new(dev) else { continue };
-        ruleset = ruleset
-            .add_rule(PathBeneath::new(fd, all))
-            .map_err(|e| err(&format!("rule {dev}"), &e))?;
+            .add_rule(PathBeneath::new(fd, access))
+            .map_err(|e| err(&format!("rule {}", path.display()), &e))?;
     }
     Ok(ruleset)
 }
@@ -108,13 +100,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writable_roots_skip_kernel_filesystems() {
-        let names = ["usr", "proc", "etc", "dev", "sys", "home", "app"].map(String::from);
-        assert_eq!(
-            writable_roots(names),
-            ["/app", "/etc", "/home", "/usr"]
-                .map(PathBuf::from)
-                .to_vec()
-        );
+    fn everything_beneath_root_but_device_ioctls() {
+        let rules = rules();
+        let all = AccessFs::from_all(ABI_VERSION);
+        let (root, access) = rules[0];
+        assert_eq!(root, Path::new("/"));
+        // New top-level entries need these beneath `/` (E2B's `/0/x.txt`).
+        for right in [
+            AccessFs::MakeDir,
+            AccessFs::MakeReg,
+            AccessFs::WriteFile,
+            AccessFs::Truncate,
+            AccessFs::RemoveDir,
+            AccessFs::Refer,
+        ] {
+            assert!(access.contains(right), "{right:?} beneath /");
+        }
+        assert!(!access.contains(AccessFs::IoctlDev));
+        assert!(rules[1..].iter().all(|(_, a)| *a == all));
+        let devices: Vec<_> = rules[1..].iter().map(|(p, _)| *p).collect();
+        assert!(devices.contains(&Path::new("/dev/pts")));
+        assert!(devices.iter().all(|p| p.starts_with("/dev")));
     }
 }

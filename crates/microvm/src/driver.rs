@@ -4,14 +4,14 @@ use std::collections::HashMap;
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bulkhead_driver::{
-    AgentExit, AgentStream, Capabilities, Driver, DriverError, DriverHandle, NetworkLink,
-    ResourceUsage, SandboxSpec, StartError,
+    AgentExit, AgentStream, Capabilities, CheckpointInfo, CheckpointOptions, Driver, DriverError,
+    DriverHandle, NetworkLink, ResourceUsage, RestoreOptions, SandboxSpec, StartError,
 };
 use bulkhead_vmchan::HostSession;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,8 +19,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::image::{self, ImageStore};
 use crate::jailer::{self, Jail};
 use crate::probe::{self, AccelReport};
-use crate::qemu::{self, VmSpec};
+use crate::qemu::{self, MemoryFile, VmSpec};
 use crate::qmp;
+use crate::snapshot::Snapshots;
 use crate::vm::{self, VmRecord};
 use crate::{MicrovmConfig, MicrovmError};
 
@@ -29,23 +30,43 @@ const NAME: &str = "microvm";
 const JAIL_ROOT: &str = "root";
 
 /// The host side of one running VM this driver instance knows.
-struct Vm {
-    record: VmRecord,
+pub(crate) struct Vm {
+    pub(crate) record: VmRecord,
     /// The agent channel, (re)connected on demand.
-    session: tokio::sync::Mutex<Option<Arc<HostSession>>>,
+    pub(crate) session: tokio::sync::Mutex<Option<Arc<HostSession>>>,
     /// Generation of the NIC's link to the egress stack: each `open_network` takes the next
     /// one, and only the current link may take the carrier down when it ends.
     link: tokio::sync::Mutex<u64>,
 }
 
 pub struct MicrovmDriver {
-    cfg: MicrovmConfig,
+    pub(crate) cfg: MicrovmConfig,
     accel: AccelReport,
-    images: ImageStore,
+    pub(crate) images: ImageStore,
     vms: Mutex<HashMap<u32, Arc<Vm>>>,
     /// What QEMU's jail holds, and the VMs' cgroups.
     qemu_files: jailer::QemuFiles,
     cgroups: jailer::Cgroups,
+    pub(crate) snapshots: Snapshots,
+    /// Per-snapshot-key state of snapshot taking (one build at a time, failures remembered).
+    pub(crate) snap_state: crate::snapshot::SnapState,
+}
+
+/// How a VM starts.
+pub(crate) enum Launch {
+    /// From scratch, with an empty writable disk.
+    Cold,
+    /// The template VM of a snapshot: its RAM on the file `ram` (shared mapping).
+    Template { ram: PathBuf },
+    /// A clone of snapshot `key`: RAM mapped privately from the sealed memfd, its own copy of
+    /// the snapshot's disk, the device state arriving over QMP.
+    Clone {
+        key: String,
+        ram: Arc<std::os::fd::OwnedFd>,
+    },
+    /// A restore of a checkpoint in `dir` (pause/resume, fork): its disk, RAM and devices all
+    /// from the checkpoint; `backend`: the VM had its RAM under the `mem0` backend (a clone).
+    Checkpoint { dir: PathBuf, backend: bool },
 }
 
 impl MicrovmDriver {
@@ -83,6 +104,7 @@ impl MicrovmDriver {
         // mount namespace); empty on the host.
         fs::create_dir_all(cfg.state_dir.join(JAIL_ROOT))
             .map_err(|e| MicrovmError::io("create the jail root", e))?;
+        let snapshots = Snapshots::new(cfg.snapshot_dir.clone());
         Ok(MicrovmDriver {
             cfg,
             accel,
@@ -90,6 +112,8 @@ impl MicrovmDriver {
             vms: Mutex::new(HashMap::new()),
             qemu_files,
             cgroups,
+            snapshots,
+            snap_state: Default::default(),
         })
     }
 
@@ -98,16 +122,16 @@ impl MicrovmDriver {
         &self.accel
     }
 
-    fn slot_dir(&self, slot: u32) -> PathBuf {
+    pub(crate) fn slot_dir(&self, slot: u32) -> PathBuf {
         self.cfg.state_dir.join("s").join(slot.to_string())
     }
 
-    fn vms(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Vm>>> {
+    pub(crate) fn vms(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Arc<Vm>>> {
         self.vms.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Claims a free slot by creating its directory.
-    fn claim_slot(&self) -> Result<(u32, PathBuf), DriverError> {
+    pub(crate) fn claim_slot(&self) -> Result<(u32, PathBuf), DriverError> {
         for slot in 0..self.cfg.max_slots {
             let dir = self.slot_dir(slot);
             match fs::create_dir(&dir) {
@@ -123,7 +147,7 @@ impl MicrovmDriver {
     }
 
     /// The record of a handle of this driver whose VM is still running.
-    fn live_record(&self, h: &DriverHandle) -> Option<VmRecord> {
+    pub(crate) fn live_record(&self, h: &DriverHandle) -> Option<VmRecord> {
         if h.driver != NAME || !h.is_readable() {
             return None;
         }
@@ -136,7 +160,7 @@ impl MicrovmDriver {
         .then_some(rec)
     }
 
-    fn vm_for(&self, rec: VmRecord) -> Arc<Vm> {
+    pub(crate) fn vm_for(&self, rec: VmRecord) -> Arc<Vm> {
         self.vms()
             .entry(rec.slot)
             .and_modify(|v| {
@@ -148,7 +172,7 @@ impl MicrovmDriver {
             .clone()
     }
 
-    async fn open_stream(&self, vm: &Vm) -> Result<AgentStream, DriverError> {
+    pub(crate) async fn open_stream(&self, vm: &Vm) -> Result<AgentStream, DriverError> {
         let mut guard = vm.session.lock().await;
         let session = match guard.as_ref().filter(|s| s.is_alive()) {
             Some(s) => s.clone(),
@@ -171,11 +195,12 @@ impl MicrovmDriver {
         }
     }
 
-    async fn boot(
+    pub(crate) async fn boot(
         &self,
         spec: &SandboxSpec,
         slot: u32,
         dir: PathBuf,
+        launch: &Launch,
     ) -> Result<VmRecord, DriverError> {
         if !spec.rootfs.is_dir() {
             return Err(StartError::RootfsMissing.into());
@@ -185,15 +210,51 @@ impl MicrovmDriver {
         let uid = self.cfg.uid_base + slot;
         let (agent_socket, qmp_socket, console_log, rw_disk) = vm::spec_paths(&dir);
         let setup = |e| DriverError::io("prepare the sandbox's slot directory", e);
-        // mkfs.ext4 is a process to wait for: not on a runtime worker.
+        // mkfs.ext4 (a process to wait for) or a copy: not on a runtime worker.
         let (disk, mb) = (rw_disk.clone(), self.cfg.disk_mb);
-        tokio::task::spawn_blocking(move || image::writable_disk(&disk, mb))
-            .await
-            .map_err(|e| setup(std::io::Error::other(e)))?
+        let made = match launch {
+            Launch::Clone { key, .. } => {
+                let snap = self.snapshots.path(key);
+                tokio::task::spawn_blocking(move || crate::snapshot::copy_disk(&snap, &disk)).await
+            }
+            _ => tokio::task::spawn_blocking(move || image::writable_disk(&disk, mb)).await,
+        };
+        made.map_err(|e| setup(std::io::Error::other(e)))?
             .map_err(setup)?;
         std::os::unix::fs::chown(&rw_disk, Some(uid), Some(uid)).map_err(setup)?;
         std::os::unix::fs::chown(&dir, Some(uid), Some(uid)).map_err(setup)?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).map_err(setup)?;
+        let (memory_file, inherit, snapshot) = match launch {
+            Launch::Cold => (None, None, None),
+            Launch::Template { ram } => (
+                Some(MemoryFile {
+                    path: Some(ram.clone()),
+                    shared: true,
+                }),
+                None,
+                None,
+            ),
+            Launch::Clone { key, ram } => {
+                let fd = crate::snapshot::raw(ram);
+                (
+                    Some(MemoryFile {
+                        path: Some(format!("/proc/self/fd/{fd}").into()),
+                        shared: false,
+                    }),
+                    Some(fd),
+                    Some(key.clone()),
+                )
+            }
+            Launch::Checkpoint { backend, .. } => (
+                backend.then_some(MemoryFile {
+                    path: None,
+                    shared: false,
+                }),
+                None,
+                None,
+            ),
+        };
+        let ram_backend = memory_file.is_some();
         let vm_spec = VmSpec {
             kernel: self.cfg.kernel.clone(),
             boot_disk,
@@ -209,17 +270,20 @@ impl MicrovmDriver {
             clock: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default(),
+            incoming: matches!(launch, Launch::Clone { .. } | Launch::Checkpoint { .. }),
+            memory_file,
         };
         let jail = self.jail(&vm_spec, slot, &dir)?;
-        let (mut child, pid) = vm::spawn(&self.cfg.qemu, &vm_spec, &dir, jail).map_err(|e| {
-            DriverError::io(
-                format!(
-                    "start {} (install qemu-system-x86)",
-                    self.cfg.qemu.display()
-                ),
-                e,
-            )
-        })?;
+        let (mut child, pid) = vm::spawn(&self.qemu_files.binary, &vm_spec, &dir, jail, inherit)
+            .map_err(|e| {
+                DriverError::io(
+                    format!(
+                        "start {} (install qemu-system-x86)",
+                        self.cfg.qemu.display()
+                    ),
+                    e,
+                )
+            })?;
         let pid_start_time = bulkhead_jail::sys::proc_start_time(pid)
             .map_err(|e| DriverError::io("read QEMU's start time", e))?;
         // Reap the jailer's intermediate (it exits at once); QEMU's liveness is judged from
@@ -236,6 +300,8 @@ impl MicrovmDriver {
             cpus: spec.cpu_count.max(1),
             disk_mb: self.cfg.disk_mb,
             accel: format!("{:?}", self.accel.accel).to_lowercase(),
+            snapshot,
+            ram_backend,
         };
         record
             .store()
@@ -264,7 +330,7 @@ impl MicrovmDriver {
     }
 
     /// Waits until the agent answers `GET /health` through the channel.
-    async fn wait_ready(&self, vm: &Vm) -> Result<(), DriverError> {
+    pub(crate) async fn wait_ready(&self, vm: &Vm) -> Result<(), DriverError> {
         let deadline = Instant::now() + self.cfg.start_timeout;
         let rec = &vm.record;
         loop {
@@ -294,9 +360,77 @@ impl MicrovmDriver {
             };
             match tokio::time::timeout(left.min(Duration::from_secs(5)), attempt).await {
                 Ok(Some(())) => return Ok(()),
-                _ => tokio::time::sleep(Duration::from_millis(50)).await,
+                // Short: a restored clone answers within milliseconds of its QEMU loading.
+                _ => tokio::time::sleep(Duration::from_millis(10)).await,
             }
         }
+    }
+
+    pub(crate) fn handle(&self, rec: &VmRecord) -> Result<DriverHandle, DriverError> {
+        let data = serde_json::to_value(rec)
+            .map_err(|e| DriverError::io("encode the handle", std::io::Error::other(e)))?;
+        Ok(DriverHandle::new(
+            NAME,
+            rec.pid,
+            rec.pid_start_time,
+            rec.slot,
+            data,
+        ))
+    }
+
+    /// Boots a VM from scratch and waits for its agent.
+    pub(crate) async fn start_cold(&self, spec: &SandboxSpec) -> Result<VmRecord, DriverError> {
+        self.launch_and_wait(spec, &Launch::Cold).await
+    }
+
+    /// Claims a slot, launches, waits for the agent; cleans up on failure.
+    pub(crate) async fn launch_and_wait(
+        &self,
+        spec: &SandboxSpec,
+        launch: &Launch,
+    ) -> Result<VmRecord, DriverError> {
+        let (slot, dir) = self.claim_slot()?;
+        let rec = match self.boot(spec, slot, dir.clone(), launch).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        let loaded = match launch {
+            Launch::Clone { key, .. } => Some((
+                self.load_state(
+                    &rec,
+                    self.snapshots.path(key).join(crate::snapshot::STATE),
+                    true,
+                )
+                .await,
+                format!("snapshot {key}"),
+            )),
+            Launch::Checkpoint { dir, .. } => Some((
+                self.load_state(&rec, dir.join(crate::snapshot::STATE), false)
+                    .await,
+                format!("checkpoint {}", dir.display()),
+            )),
+            _ => None,
+        };
+        if let Some((Err(e), what)) = loaded {
+            let e = DriverError::io(format!("restore {what} ({})", self.output(&rec)), e);
+            self.teardown(&rec).await;
+            return Err(e);
+        }
+        let vm = self.vm_for(rec.clone());
+        // The carrier stays down until the engine connects the NIC (`open_network`); a restored
+        // VM comes back with the carrier it was saved with.
+        let ready = match self.wait_ready(&vm).await {
+            Ok(()) => Self::set_link(&rec, false).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
+            self.teardown(&rec).await;
+            return Err(e);
+        }
+        Ok(rec)
     }
 
     /// Pauses (`stop`) or resumes (`cont`) every vCPU; both are idempotent in QEMU.
@@ -320,7 +454,7 @@ impl MicrovmDriver {
     /// The NIC's carrier (QMP `set_link`). Down while the NIC is not connected to the egress
     /// stack, so that the guest, which ignores routes over a link without carrier, fails
     /// connections at once ("network unreachable") instead of waiting for ARP answers.
-    async fn set_link(rec: &VmRecord, up: bool) -> Result<(), DriverError> {
+    pub(crate) async fn set_link(rec: &VmRecord, up: bool) -> Result<(), DriverError> {
         qmp::execute(
             &rec.dir.join(vm::QMP_SOCKET),
             &[(
@@ -333,14 +467,14 @@ impl MicrovmDriver {
         .map_err(|e| DriverError::io("set the VM's NIC link over QMP", e))
     }
 
-    fn output(&self, rec: &VmRecord) -> String {
+    pub(crate) fn output(&self, rec: &VmRecord) -> String {
         let qemu = vm::tail(&rec.dir.join(vm::QEMU_LOG), 1000);
         let console = vm::tail(&rec.dir.join(vm::CONSOLE_LOG), 2000);
         format!("qemu: {qemu}; console: {console}")
     }
 
     /// Kills the VM (if it still runs) and removes its slot directory.
-    async fn teardown(&self, rec: &VmRecord) {
+    pub(crate) async fn teardown(&self, rec: &VmRecord) {
         vm::kill(rec.pid, rec.pid_start_time).await;
         self.cgroups.remove(rec.slot);
         {
@@ -380,37 +514,14 @@ impl Driver for MicrovmDriver {
         Capabilities {
             freeze: true,
             network: NetworkLink::VmNic,
-            ..Capabilities::default()
+            checkpoint: true,
+            snapshot: true,
         }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
-        let (slot, dir) = self.claim_slot()?;
-        let rec = match self.boot(spec, slot, dir.clone()).await {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        };
-        let vm = self.vm_for(rec.clone());
-        let ready = match self.wait_ready(&vm).await {
-            Ok(()) => Self::set_link(&rec, false).await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = ready {
-            self.teardown(&rec).await;
-            return Err(e);
-        }
-        let data = serde_json::to_value(&rec)
-            .map_err(|e| DriverError::io("encode the handle", std::io::Error::other(e)))?;
-        Ok(DriverHandle::new(
-            NAME,
-            rec.pid,
-            rec.pid_start_time,
-            slot,
-            data,
-        ))
+        let rec = self.start_vm(spec).await?;
+        self.handle(&rec)
     }
 
     async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
@@ -482,6 +593,29 @@ impl Driver for MicrovmDriver {
 
     async fn thaw(&self, h: &DriverHandle) -> Result<(), DriverError> {
         self.qmp(h, "cont").await
+    }
+
+    async fn checkpoint(
+        &self,
+        h: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError> {
+        self.checkpoint_vm(h, dir, opts).await
+    }
+
+    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+        self.checkpoint_dir_info(dir)
+    }
+
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError> {
+        let rec = self.restore_vm(spec, dir, opts).await?;
+        self.handle(&rec)
     }
 
     async fn usage(&self, h: &DriverHandle) -> Result<ResourceUsage, DriverError> {

@@ -167,6 +167,11 @@ pub enum Step {
         exec: bool,
         dev: bool,
     },
+    /// A procfs of QEMU's pid namespace on `target`, read-only and holding only the process
+    /// directories (`subset=pid`): a clone's RAM is `mem-path=/proc/self/fd/N`.
+    Proc {
+        target: CString,
+    },
     /// `pivot_root` into `new_root`, the old root lazily detached.
     PivotRoot {
         new_root: CString,
@@ -190,7 +195,10 @@ struct Entry<'a> {
 }
 
 /// The mount steps for one VM: `root` is an empty directory to mount the new root on,
-/// `slot_dir` the VM's slot directory.
+/// `slot_dir` the VM's slot directory. A VM whose RAM is on a file also gets that file's
+/// directory read-write (a template VM writes the snapshot's RAM file in its staging
+/// directory), or `/proc` when the file is one of its inherited descriptors (a clone's sealed
+/// RAM memfd).
 pub fn plan(
     root: &Path,
     files: &QemuFiles,
@@ -235,6 +243,18 @@ pub fn plan(
         dev: false,
         dir: true,
     });
+    let ram = spec.memory_file.as_ref().and_then(|m| m.path.as_deref());
+    let proc = ram.is_some_and(|p| p.starts_with("/proc"));
+    if let Some(ram_dir) = ram.filter(|_| !proc).and_then(Path::parent) {
+        entries.push(Entry {
+            source: ram_dir,
+            inside: ram_dir,
+            writable: true,
+            exec: false,
+            dev: false,
+            dir: true,
+        });
+    }
 
     let at = |p: &Path| root.join(p.strip_prefix("/").unwrap_or(p));
     let mut steps = vec![
@@ -276,6 +296,17 @@ pub fn plan(
             writable: e.writable,
             exec: e.exec,
             dev: e.dev,
+        });
+    }
+    if proc {
+        let target = root.join("proc");
+        if !made.contains(&target) {
+            steps.push(Step::Mkdir {
+                path: cstr(&target)?,
+            });
+        }
+        steps.push(Step::Proc {
+            target: cstr(&target)?,
         });
     }
     steps.push(Step::PivotRoot {

@@ -9,6 +9,9 @@
 //! - [`jailer`]: QEMU's jail (cgroup, pid and mount namespaces, a root with only its files);
 //! - [`qmp`]: QEMU's control socket (freeze and thaw are `stop` and `cont`);
 //! - [`probe`]: which acceleration the host offers (hardware KVM, PVM-only, TCG);
+//! - [`snapshot`]: per-template snapshots (RAM file, device state, disk) sandboxes are cloned
+//!   from; `clone`: taking them and restoring clones; `persist`: checkpoints (pause, snapshot)
+//!   and their restores;
 //! - `driver`: [`MicrovmDriver`].
 //!
 //! The host reaches the agent through a virtio-serial port mapped to a Unix socket, with many
@@ -17,12 +20,16 @@
 //! A sandbox has a *slot*: `<state_dir>/s/<slot>` (writable disk, sockets, console log, the
 //! record) and a host uid `uid_base + slot` that QEMU runs as.
 
+mod clone;
 mod driver;
 pub mod image;
 pub mod jailer;
+mod migrate;
+mod persist;
 pub mod probe;
 pub mod qemu;
 pub mod qmp;
+pub mod snapshot;
 pub mod vm;
 
 use std::path::PathBuf;
@@ -59,6 +66,11 @@ pub struct MicrovmConfig {
     pub start_timeout: Duration,
     /// The agent's log filter inside the guest (its output goes to the console log).
     pub agent_log: String,
+    /// Create sandboxes as clones of a per-template snapshot (docs/microvm.md); false: every
+    /// start boots from scratch.
+    pub snapshots: bool,
+    /// Where template snapshots are kept (default `<cache_dir>/microvm`).
+    pub snapshot_dir: PathBuf,
 }
 
 impl MicrovmConfig {
@@ -69,6 +81,7 @@ impl MicrovmConfig {
         agent_binary: PathBuf,
     ) -> MicrovmConfig {
         MicrovmConfig {
+            snapshot_dir: cache_dir.join("microvm"),
             state_dir,
             cache_dir,
             kernel,
@@ -80,6 +93,7 @@ impl MicrovmConfig {
             disk_mb: 2048,
             start_timeout: Duration::from_secs(60),
             agent_log: "warn".into(),
+            snapshots: true,
         }
     }
 }

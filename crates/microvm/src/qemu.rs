@@ -45,6 +45,20 @@ pub struct VmSpec {
     /// The host's wall clock when QEMU starts (the guest has no RTC; see the agent's guest
     /// mode).
     pub clock: std::time::Duration,
+    /// Guest RAM on a file instead of anonymous memory (template snapshots and their clones).
+    pub memory_file: Option<MemoryFile>,
+    /// Wait for the device state over QMP (`-incoming defer`): a clone being restored.
+    pub incoming: bool,
+}
+
+/// Guest RAM mapped from a file: `shared` (the template VM, whose RAM becomes the snapshot's
+/// RAM file) or private copy-on-write (a clone: its writes never reach the file). `path` None:
+/// anonymous memory under the same backend id (a clone restored from a checkpoint, whose state
+/// carries all its RAM: migration matches RAM blocks by that id).
+#[derive(Debug, Clone)]
+pub struct MemoryFile {
+    pub path: Option<PathBuf>,
+    pub shared: bool,
 }
 
 fn drive(args: &mut Vec<OsString>, id: &str, file: &Path, readonly: bool) {
@@ -90,6 +104,27 @@ fn nic(a: &mut Vec<OsString>, s: &VmSpec) {
     ]);
 }
 
+/// `-object memory-backend-file` as the machine's RAM (QEMU merges the second `-machine`).
+fn memory_file(args: &mut Vec<OsString>, file: &MemoryFile, memory_mb: u64) {
+    let share = if file.shared { "on" } else { "off" };
+    let o = match &file.path {
+        Some(path) => {
+            let mut o = OsString::from(format!(
+                "memory-backend-file,id=mem0,size={memory_mb}M,share={share},mem-path="
+            ));
+            o.push(path);
+            o
+        }
+        None => format!("memory-backend-ram,id=mem0,size={memory_mb}M,share={share}").into(),
+    };
+    args.extend([
+        "-machine".into(),
+        "memory-backend=mem0".into(),
+        "-object".into(),
+        o,
+    ]);
+}
+
 /// The arguments after the `qemu-system-x86_64` program name.
 pub fn args(s: &VmSpec) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
@@ -117,6 +152,12 @@ pub fn args(s: &VmSpec) -> Vec<OsString> {
         "-sandbox",
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
     ]);
+    if let Some(file) = &s.memory_file {
+        memory_file(&mut a, file, s.memory_mb);
+    }
+    if s.incoming {
+        a.extend(["-incoming".into(), "defer".into()]);
+    }
     let mut serial = OsString::from("file:");
     serial.push(&s.console_log);
     a.extend(["-serial".into(), serial]);
@@ -180,6 +221,8 @@ mod tests {
             accel: Accel::Tcg,
             agent_log: "warn".into(),
             clock: std::time::Duration::from_millis(1_700_000_000_250),
+            memory_file: None,
+            incoming: false,
         }
     }
 
@@ -221,6 +264,40 @@ mod tests {
         );
         assert!(
             a.contains("BULKHEAD_GUEST_CLOCK=1700000000.250000000"),
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn snapshot_ram_is_a_file_shared_by_the_template_private_to_clones() {
+        let mut s = spec();
+        assert!(!joined(&s).contains("memory-backend"));
+        assert!(!joined(&s).contains("-incoming"));
+        s.memory_file = Some(MemoryFile {
+            path: Some("/s/3/ram".into()),
+            shared: true,
+        });
+        let a = joined(&s);
+        assert!(a.contains("-machine memory-backend=mem0"), "{a}");
+        assert!(
+            a.contains("memory-backend-file,id=mem0,size=256M,share=on,mem-path=/s/3/ram"),
+            "{a}"
+        );
+        s.memory_file = Some(MemoryFile {
+            path: Some("/proc/self/fd/7".into()),
+            shared: false,
+        });
+        s.incoming = true;
+        let a = joined(&s);
+        assert!(a.contains("share=off,mem-path=/proc/self/fd/7"), "{a}");
+        assert!(a.contains("-incoming defer"), "{a}");
+        s.memory_file = Some(MemoryFile {
+            path: None,
+            shared: false,
+        });
+        let a = joined(&s);
+        assert!(
+            a.contains("memory-backend-ram,id=mem0,size=256M,share=off"),
             "{a}"
         );
     }

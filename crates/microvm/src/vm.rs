@@ -39,6 +39,13 @@ pub struct VmRecord {
     pub cpus: u32,
     pub disk_mb: u64,
     pub accel: String,
+    /// The template snapshot this VM was cloned from; None for a cold boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Its RAM is under the `mem0` memory backend (clones and their restores): a checkpoint's
+    /// restore must use the same (migration matches RAM blocks by id).
+    #[serde(default)]
+    pub ram_backend: bool,
 }
 
 impl VmRecord {
@@ -65,11 +72,13 @@ pub fn spec_paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf, PathBuf) {
 
 /// Spawns QEMU for `spec` in `jail` (its uid, gid, cgroup and root; see [`crate::jailer`]).
 /// Returns the spawned intermediate process (it exits at once; reap it) and QEMU's host pid.
+/// `inherit` stays open in QEMU at the same number (a clone's sealed RAM memfd).
 pub fn spawn(
     qemu_bin: &Path,
     spec: &VmSpec,
     dir: &Path,
     mut jail: Jail,
+    inherit: Option<i32>,
 ) -> io::Result<(tokio::process::Child, i32)> {
     let log = fs::File::create(dir.join(QEMU_LOG))?;
     fs::set_permissions(dir.join(QEMU_LOG), fs::Permissions::from_mode(0o600))?;
@@ -90,7 +99,15 @@ pub fn spawn(
     // SAFETY: the closure runs in the forked child before exec and only makes
     // async-signal-safe system calls on memory prepared before the fork.
     unsafe {
-        cmd.pre_exec(move || jailer::enter(&jail, &mut jailer::LiveSys));
+        cmd.pre_exec(move || {
+            if let Some(fd) = inherit {
+                // Only this child's descriptor table changes: the server keeps it CLOEXEC.
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            jailer::enter(&jail, &mut jailer::LiveSys)
+        });
     }
     let child = cmd.spawn()?;
     drop(cmd);

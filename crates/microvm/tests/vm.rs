@@ -130,7 +130,9 @@ fn uname_r() -> String {
 #[bulkhead_testkit::requires(Root, Qemu, GuestKernel)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_time_and_idle_memory_are_reported() {
-    let env = Env::new();
+    let mut env = Env::new();
+    // Boots from scratch (clones are measured by scripts/microvm-clone-bench.py).
+    env.cfg.snapshots = false;
     let d = env.driver();
     // The first start builds the images; measure the ones after.
     let h = d.start(&env.spec(256, 64)).await.expect("start");

@@ -97,6 +97,9 @@ pub struct ServerConfig {
     pub registry: bulkhead_images::oci::RegistryConfig,
     /// Domain whose `{port}-{id}.{domain}` hosts reach sandbox ports (`--sandbox-domain`).
     pub sandbox_domain: Option<String>,
+    /// Usage metering, prices and the out-of-credits policy (`--metering-*`, `--price-*`,
+    /// `--credits-*`).
+    pub metering: bulkhead_engine::MeteringConfig,
     /// Which driver runs the sandboxes (`--driver`).
     pub driver: DriverKind,
     /// Templates another driver runs (`--driver-for TEMPLATE=DRIVER`).
@@ -370,6 +373,7 @@ mod tests {
             },
             templates: vec!["base".into(), "code-interpreter-v1".into()],
             sandbox_domain: None,
+            metering: Default::default(),
             network: NetworkConfig {
                 default: NetworkDefault::Deny,
                 allow_private: false,

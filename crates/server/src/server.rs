@@ -293,6 +293,8 @@ impl Prepared {
                 sandbox_env: net.sandbox_env.clone(),
                 volume_max_bytes: config.volume_max_bytes,
                 sandbox_domain: config.sandbox_domain.clone(),
+                registry: config.registry.clone(),
+                metering: config.metering,
                 ..EngineConfig::default()
             },
         );

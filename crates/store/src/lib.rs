@@ -48,6 +48,10 @@ pub struct ApiKeyRow {
     /// Unix milliseconds.
     pub created_at: i64,
     pub revoked_at: Option<i64>,
+    /// The team the key belongs to (`default` for keys made before teams).
+    pub team_id: String,
+    /// Unix ms of the last request with it (written at most once a minute).
+    pub last_used_at: Option<i64>,
 }
 
 /// Where a sandbox is in its life. One type for the engine's live set and the store; the
@@ -118,6 +122,8 @@ pub struct SandboxRow {
     pub state: SandboxState,
     /// Id of the API key that created it.
     pub owner_key_id: String,
+    /// The team that owns it: every key of the team sees it, no other key does.
+    pub team_id: String,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
     pub envd_access_token: Option<String>,
@@ -146,6 +152,7 @@ pub struct SandboxFilter {
     /// Unix ms; only sandboxes started at or after this.
     pub started_after: Option<i64>,
     pub owner_key_id: Option<String>,
+    pub team_id: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -213,7 +220,7 @@ pub struct EgressEventRow {
 #[derive(Clone, PartialEq)]
 pub struct VolumeRow {
     pub id: String,
-    /// The owning team; empty on a server without teams.
+    /// The owning team.
     pub team: String,
     pub name: String,
     pub owner_key_id: String,
@@ -250,5 +257,7 @@ pub struct SandboxVolumeRow {
 
 mod persistence;
 mod sql;
+mod tenancy;
 pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};
 pub use sql::Store;
+pub use tenancy::{DEFAULT_TEAM, TeamQuotas, TeamRow, UsageFilter, UsageRow, UsageSum};

@@ -33,6 +33,8 @@ pub struct SnapshotRow {
     pub envd_access_token: Option<String>,
     /// Unix milliseconds.
     pub created_at: i64,
+    /// The team of the sandbox it was taken from: only that team lists, uses or deletes it.
+    pub team_id: String,
 }
 
 /// Which snapshots to list.
@@ -40,4 +42,5 @@ pub struct SnapshotRow {
 pub struct SnapshotFilter {
     pub sandbox_id: Option<String>,
     pub name: Option<String>,
+    pub team_id: Option<String>,
 }

@@ -147,10 +147,13 @@ export async function startServer(extraArgs = []) {
 }
 
 let current
-/** The server for this test file: external (BULKHEAD_TEST_URL) or started here. */
-export async function setup() {
+/** The server for this test file: external (BULKHEAD_TEST_URL) or started here. With
+ * `ownServerArgs`, always one started here with those flags (e.g. a registry mirror). */
+export async function setup({ ownServerArgs } = {}) {
   if (current) return current
-  if (process.env.BULKHEAD_TEST_URL) {
+  if (ownServerArgs) {
+    current = await startServer(ownServerArgs)
+  } else if (process.env.BULKHEAD_TEST_URL) {
     const apiKey = process.env.BULKHEAD_TEST_API_KEY ?? process.env.E2B_API_KEY
     if (!apiKey) throw new Error('BULKHEAD_TEST_URL is set but BULKHEAD_TEST_API_KEY is not')
     current = {

@@ -79,3 +79,41 @@ t('getMetrics returns the 5 s series and honours start/end', async () => {
   const last = await sbx.getMetrics({ start: new Date(stamps.at(-1) + 1000) })
   assert.ok(last.every((m) => m.timestamp.getTime() >= stamps.at(-1)))
 }, 60_000)
+
+t('writes and makeDir create new top-level directories for the default user, as on E2B', async () => {
+  const sbx = await create()
+  for (const useOctetStream of [true, false]) {
+    const top = `/0${useOctetStream ? 'r' : 'm'}`
+    const info = await sbx.files.write(`${top}/x.txt`, 'x', { useOctetStream })
+    assert.equal(info.path, `${top}/x.txt`)
+    assert.equal(await sbx.files.read(`${top}/x.txt`), 'x')
+    await sbx.files.write(`${top}deep/a/y.txt`, 'y', { useOctetStream })
+    const out = await sbx.commands.run(`stat -c '%U:%G %a %n' ${top} ${top}/x.txt ${top}deep ${top}deep/a`)
+    assert.equal(
+      out.stdout,
+      `user:user 755 ${top}\nuser:user 644 ${top}/x.txt\nuser:user 755 ${top}deep\nuser:user 755 ${top}deep/a\n`,
+    )
+  }
+  assert.equal(await sbx.files.makeDir('/newtop/a/b'), true)
+  assert.equal(await sbx.files.makeDir('/newtop/a/b'), false)
+  const dirs = await sbx.commands.run("stat -c '%U %n' /newtop /newtop/a /newtop/a/b")
+  assert.equal(dirs.stdout, 'user /newtop\nuser /newtop/a\nuser /newtop/a/b\n')
+})
+
+t('/proc, /sys, /dev and the agent stay unwritable, through top-level symlinks too', async () => {
+  const sbx = await create()
+  await sbx.commands.run('ln -s /proc/self /0 && ln -s /dev /1', { user: 'root' })
+  for (const useOctetStream of [true, false]) {
+    for (const path of ['/proc/x.txt', '/sys/new/x.txt', '/dev/x.txt', '/dev/new/x.txt', '/run/bulkhead/agent', '/0/x.txt', '/0/sub/x.txt', '/1/x.txt']) {
+      for (const user of ['user', 'root']) {
+        // procfs has no entry to create, so a new name in /proc does not exist (404).
+        await assert.rejects(sbx.files.write(path, 'x', { useOctetStream, user }), /permission denied|does not exist/i, `${path} as ${user}`)
+      }
+    }
+  }
+  for (const dir of ['/proc/newdir', '/0/newdir', '/dev/newdir', '/sys/newdir']) {
+    await assert.rejects(sbx.files.makeDir(dir), /permission denied|does not exist/i, dir)
+  }
+  const listing = await sbx.commands.run('ls -a /dev /sys', { user: 'root' })
+  assert.ok(!/x\.txt|\bnew\b/.test(listing.stdout), listing.stdout)
+})

@@ -32,7 +32,8 @@ DOCKER_DEFAULT_CAPS = 0xA80425FB
 def sandbox(request, sandbox_factory):
     """Every isolation check runs on a fresh sandbox, on one paused (memory kept) and resumed,
     and on a fork: a restored sandbox must be confined exactly as a started one (CRIU brings
-    back namespaces, seccomp and capabilities; the agent re-applies Landlock to what it spawns)."""
+    back namespaces, seccomp, capabilities and read-only mounts; the agent re-applies Landlock to
+    what it spawns)."""
     from e2b import Sandbox
 
     sbx = sandbox_factory()
@@ -367,12 +368,39 @@ def test_32bit_syscall_entry_is_blocked(sandbox):
 
 
 @pytest.mark.parametrize("user", ("user", "root"))
-def test_landlock_confines_spawned_processes(sandbox, user):
-    """Landlock is the only layer that stops these writes (root owns /dev's tmpfs inside, and
-    /proc/self/oom_score_adj may be raised without privilege)."""
-    for path in ("/proc/self/oom_score_adj", "/dev/landlock-probe"):
-        r = run_py(sandbox, f"open({path!r}, 'w').write('500')", user=user)
-        assert r.exit_code != 0 and "PermissionError" in r.stderr, (path, r.stdout, r.stderr)
+def test_proc_dev_and_sys_take_no_writes(sandbox, user):
+    """The read-only /proc, /dev and /sys mounts stop these writes, restored sandboxes included
+    (root owns /dev's tmpfs inside, /proc/self/oom_score_adj may be raised without privilege,
+    and the Landlock ruleset allows everything beneath / so that new top-level directories
+    work as on E2B)."""
+    probe = (
+        "import errno, os, sys\n"
+        "try:\n"
+        "    {op}\n"
+        "except OSError as e:\n"
+        "    print(errno.errorcode[e.errno])\n"
+        "else:\n"
+        "    print('WROTE')\n"
+    )
+    ops = [
+        "open('/proc/self/oom_score_adj', 'w').write('500')",
+        "open('/dev/landlock-probe', 'w').write('x')",
+        "os.mkdir('/dev/probe-dir')",
+        "os.symlink('/etc', '/dev/probe-link')",
+        "open('/sys/probe', 'w').write('x')",
+        "open('/proc/self/comm', 'w').write('renamed')",
+    ]
+    for op in ops:
+        r = run_py(sandbox, probe.format(op=op), user=user)
+        assert r.stdout.strip() in ("EROFS", "EACCES", "EPERM"), (op, r.stdout, r.stderr)
+    # The devices themselves still work (a read-only mount refuses files, not device I/O).
+    r = sandbox.commands.run("echo x > /dev/null && head -c 4 /dev/urandom | wc -c && ls /dev/shm /dev/pts >/dev/null && echo ok", user=user)
+    assert r.stdout == "4\nok\n"
+    # New top-level directories are the sandbox's own: root may make them, as on E2B.
+    if user == "root":
+        top = f"/probe-{secrets.token_hex(3)}"
+        r = sandbox.commands.run(f"mkdir {top} && echo in > {top}/f && cat {top}/f && rm -r {top}", user=user)
+        assert r.stdout == "in\n"
 
 
 @pytest.mark.parametrize("user", USERS)

@@ -1,17 +1,20 @@
 """Behaviours the official SDK's users count on, each as E2B's envd and API behave (issue 9,
-part 2): write results with metadata, writes that create root-level parents, the watch events
+part 2): write results with metadata, writes and make_dir that create top-level parents
+(and what stays refused: /proc, /sys, /dev, the agent's files), the watch events
 of a new file, the expired-signature answer, inclusive `started_after`, the metrics series, the
 error of a command whose sandbox is killed, and `get_host` with the server's sandbox domain."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 
 import pytest
 import requests
 from e2b import (
+    CommandExitException,
     FilesystemEventType,
     SandboxException,
     Sandbox,
@@ -72,10 +75,108 @@ def test_write_creates_missing_parents_in_root_owned_dirs_for_the_default_user(s
     with pytest.raises(Exception):
         sandbox.files.write("/etc/passwd", "x")
     assert sandbox.commands.run("stat -c %U /etc/passwd").stdout == "root\n"
-    # Not as on E2B: the sandbox's Landlock ruleset refuses new entries directly under / (to
-    # root too); the refusal says so and what to do.
-    with pytest.raises(SandboxException, match="directly under / are not allowed.*/home/user"):
-        sandbox.files.write("/0/x.txt", "x")
+
+
+@pytest.mark.parametrize("octet_stream", [True, False], ids=["octet-stream", "multipart"])
+def test_write_creates_new_top_level_directories_for_the_default_user(sandbox, octet_stream):
+    # As on E2B: envd (root) makes the missing parents, directly under / too, and hands each
+    # new directory to the user; the file is the user's.
+    top = f"/0{'r' if octet_stream else 'm'}"
+    info = sandbox.files.write(f"{top}/x.txt", "x", use_octet_stream=octet_stream)
+    assert info.path == f"{top}/x.txt"
+    assert sandbox.files.read(f"{top}/x.txt") == "x"
+    sandbox.files.write(f"{top}deep/a/b/y.txt", "y", use_octet_stream=octet_stream)
+    out = sandbox.commands.run(f"stat -c '%U:%G %a %n' / {top} {top}/x.txt {top}deep {top}deep/a/b {top}deep/a/b/y.txt")
+    assert out.stdout.splitlines() == [
+        "root:root 755 /",
+        f"user:user 755 {top}",
+        f"user:user 644 {top}/x.txt",
+        f"user:user 755 {top}deep",
+        f"user:user 755 {top}deep/a/b",
+        f"user:user 644 {top}deep/a/b/y.txt",
+    ]
+    # The directory is the user's: their own processes write there too, and list it.
+    assert sandbox.commands.run(f"echo more > {top}/z.txt && cat {top}/z.txt").stdout == "more\n"
+    assert {e.name for e in sandbox.files.list(top)} == {"x.txt", "z.txt"}
+    # A write_files batch (one multipart request) with new top-level parents.
+    infos = sandbox.files.write_files([{"path": f"{top}b1/1.txt", "data": "1"}, {"path": f"{top}b2/2.txt", "data": "2"}])
+    assert [i.path for i in infos] == [f"{top}b1/1.txt", f"{top}b2/2.txt"]
+    assert sandbox.files.read(f"{top}b2/2.txt") == "2"
+
+
+def test_make_dir_creates_new_top_level_directories_for_the_default_user(sandbox):
+    assert sandbox.files.make_dir("/newtop/a/b") is True
+    assert sandbox.files.make_dir("/newtop/a/b") is False
+    out = sandbox.commands.run("stat -c '%U:%G %a %n' /newtop /newtop/a /newtop/a/b").stdout
+    assert out.splitlines() == ["user:user 755 /newtop", "user:user 755 /newtop/a", "user:user 755 /newtop/a/b"]
+    # As envd: the user's new directories anywhere, existing ones left as they are.
+    assert sandbox.files.make_dir("/opt/made/here") is True
+    out = sandbox.commands.run("stat -c '%U %n' /opt /opt/made /opt/made/here").stdout
+    assert out.splitlines() == ["root /opt", "user /opt/made", "user /opt/made/here"]
+    # As root: root's.
+    assert sandbox.files.make_dir("/roottop/x", user="root") is True
+    assert sandbox.commands.run("stat -c %U /roottop /roottop/x").stdout == "root\nroot\n"
+    # Processes may make top-level directories as on E2B: root may, the user through sudo.
+    sandbox.commands.run("mkdir /byroot && echo r > /byroot/f && cat /byroot/f", user="root")
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run("mkdir /byuser")  # / is root's (0755), as on E2B
+
+
+# procfs has no entry to create, so a new name in /proc does not exist (404); the others are
+# read-only mounts or root's (403).
+REFUSED = "(?i)permission denied|does not exist"
+KERNEL_AND_AGENT_PATHS = [
+    "/proc/x.txt",
+    "/proc/new/x.txt",
+    "/proc/self/oom_score_adj",
+    "/sys/x.txt",
+    "/sys/new/x.txt",
+    "/dev/x.txt",
+    "/dev/new/x.txt",
+    "/dev/pts/x.txt",
+    "/run/bulkhead/agent",
+    "/run/bulkhead/sock/agent.log",
+    "/run/bulkhead/sock/agent.sock",
+]
+
+
+@pytest.mark.parametrize("user", ["user", "root"])
+@pytest.mark.parametrize("octet_stream", [True, False], ids=["octet-stream", "multipart"])
+def test_writes_to_kernel_filesystems_and_the_agents_files_are_refused(sandbox, user, octet_stream):
+    agent_sum = sandbox.commands.run("sha256sum /run/bulkhead/agent", user="root").stdout
+    for path in KERNEL_AND_AGENT_PATHS:
+        if user == "root" and path.startswith("/run/bulkhead/sock/"):
+            continue  # the sandbox's root owns its agent's socket directory (it can ptrace the agent anyway)
+        with pytest.raises(SandboxException) as e:
+            sandbox.files.write(path, "x", user=user, use_octet_stream=octet_stream)
+        assert re.search(REFUSED, str(e.value)), (path, e.value)
+    for path in ("/proc/newdir", "/sys/newdir", "/dev/newdir", "/dev/pts/newdir"):
+        with pytest.raises(SandboxException, match=REFUSED):
+            sandbox.files.make_dir(path, user=user)
+    # Nothing was created, and the agent's binary is intact.
+    listing = sandbox.commands.run("ls -a /proc/ /sys/ /dev/ /dev/pts/ /run/bulkhead/sock", user="root").stdout
+    assert "x.txt" not in listing and "new" not in listing.split()
+    assert "newdir" not in listing
+    assert sandbox.commands.run("sha256sum /run/bulkhead/agent", user="root").stdout == agent_sum
+
+
+def test_top_level_symlinks_into_kernel_filesystems_do_not_open_them(sandbox):
+    # Made by the sandbox's root (as on E2B, it may), before the default user's write.
+    sandbox.commands.run(
+        "ln -s /proc/self /0 && ln -s /dev /1 && ln -s /sys /2 && ln -s /run/bulkhead/sock /3 && ln -s /proc/1/root/.. /4",
+        user="root",
+    )
+    for path in ("/0/x.txt", "/0/sub/x.txt", "/1/x.txt", "/1/sub/x.txt", "/2/x.txt", "/3/x.txt", "/3/agent.log"):
+        for octet_stream in (True, False):
+            with pytest.raises(SandboxException, match=REFUSED):
+                sandbox.files.write(path, "x", use_octet_stream=octet_stream)
+    with pytest.raises(SandboxException, match=REFUSED):
+        sandbox.files.make_dir("/0/sub")
+    # `/proc/1/root/..` is the sandbox's own root: a write there lands inside the sandbox.
+    sandbox.files.write("/4/via-root/x.txt", "inside", user="root")
+    assert sandbox.commands.run("cat /via-root/x.txt").stdout == "inside"
+    listing = sandbox.commands.run("ls -a /dev /sys", user="root").stdout
+    assert "x.txt" not in listing and "sub" not in listing.split()
 
 
 def test_watch_reports_a_new_files_create_chmod_write(sandbox):

@@ -145,12 +145,6 @@ def test_failing_step_fails_the_build_and_registers_nothing(server):
     assert "ghost" in str(e.value) and "does not exist" in str(e.value)
 
 
-def test_registry_images_fail_fast_with_a_clear_message():
-    with pytest.raises(BuildException) as e:
-        Template.build(Template().from_image("alpine:3.20").run_cmd("true"), _name("tpl-img"))
-    assert "registry" in str(e.value)
-
-
 def test_exists_tags_background_list_and_delete(server):
     name = _name("tpl-tags")
     assert not Template.exists(name)
@@ -254,3 +248,40 @@ def test_a_built_template_survives_a_server_restart(server):
     finally:
         _kill(sbx)
     assert _api(server, "DELETE", f"/templates/{info.template_id}").status_code == 204
+
+
+def test_file_steps_and_git_clone(server):
+    """make_dir, make_symlink, rename, remove and git_clone (the SDK turns them into commands run
+    in the build sandbox); the repository is a local one, so nothing leaves the machine."""
+    name = _name("tpl-steps")
+    template = (
+        Template()
+        .from_base_image()
+        .make_dir(["/opt/steps/a/b", "/opt/steps/gone"], mode=0o750, user="root")
+        .run_cmd("echo one > /opt/steps/a/b/one.txt && echo old > /opt/steps/old.txt", user="root")
+        .make_symlink("/opt/steps/a/b/one.txt", "/opt/steps/link.txt", user="root")
+        .rename("/opt/steps/old.txt", "/opt/steps/new.txt", user="root")
+        .remove("/opt/steps/gone", recursive=True, user="root")
+        .run_cmd(
+            "git init -q -b main /home/user/origin && cd /home/user/origin && echo v1 > f.txt && git add f.txt"
+            " && git -c user.name=t -c user.email=t@t commit -qm one && echo v2 > f.txt"
+            " && git -c user.name=t -c user.email=t@t commit -qam two"
+        )
+        .git_clone("file:///home/user/origin", "/home/user/clone", branch="main", depth=1)
+    )
+    info = Template.build(template, name)
+    sbx = Sandbox.create(name, timeout=60)
+    try:
+        # 750 root: only root may look inside.
+        r = sbx.commands.run(
+            "stat -c '%a %U' /opt/steps/a/b && readlink /opt/steps/link.txt && cat /opt/steps/link.txt", user="root"
+        )
+        assert r.stdout.splitlines() == ["750 root", "/opt/steps/a/b/one.txt", "one"]
+        assert sbx.commands.run("cat /opt/steps/new.txt").stdout == "old\n"
+        assert sbx.commands.run("ls /opt/steps").stdout.split() == ["a", "link.txt", "new.txt"]
+        r = sbx.commands.run("cd /home/user/clone && cat f.txt && git rev-list --count HEAD && stat -c %U .")
+        # depth=1: one commit, the newest; cloned as the template's default user.
+        assert r.stdout.split() == ["v2", "1", "user"]
+    finally:
+        _kill(sbx)
+    _api(server, "DELETE", f"/templates/{info.template_id}")

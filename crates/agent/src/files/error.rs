@@ -60,13 +60,9 @@ pub enum FilesError {
         /// Path.
         path: PathBuf,
     },
-    /// A new directory directly under `/`, which the sandbox's Landlock ruleset refuses to
-    /// everyone in it (only beneath the existing top-level directories can be written).
-    #[error(
-        "cannot create '{}': new entries directly under / are not allowed in this sandbox; use a directory under an existing one such as /home/user, /opt or /tmp",
-        .0.display()
-    )]
-    TopLevel(PathBuf),
+    /// The file is a program that is running (`ETXTBSY`), e.g. `/usr/bin/python3` under a kernel.
+    #[error("'{}' is a program that is running and cannot be written while it runs", .0.display())]
+    Busy(PathBuf),
     /// Disk full.
     #[error("not enough disk space available to write '{}'", .0.display())]
     NoSpace(PathBuf),
@@ -104,8 +100,9 @@ impl FilesError {
             | FilesError::ParentNotDirectory(_)
             | FilesError::Path(_) => StatusCode::BAD_REQUEST,
             FilesError::NotAcceptable(_) => StatusCode::NOT_ACCEPTABLE,
+            FilesError::Busy(_) => StatusCode::CONFLICT,
             FilesError::NotFound(_) => StatusCode::NOT_FOUND,
-            FilesError::Forbidden { .. } | FilesError::TopLevel(_) => StatusCode::FORBIDDEN,
+            FilesError::Forbidden { .. } => StatusCode::FORBIDDEN,
             FilesError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
             FilesError::Creds(_) | FilesError::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -122,6 +119,9 @@ impl FilesError {
                 operation,
                 path: path.to_owned(),
             },
+            Some(libc::ETXTBSY) => FilesError::Busy(path.to_owned()),
+            // open(2) of a Unix socket or a device without a driver.
+            Some(libc::ENXIO) => FilesError::NotRegular(path.to_owned()),
             Some(libc::ENOSPC | libc::EDQUOT) => FilesError::NoSpace(path.to_owned()),
             Some(libc::ENAMETOOLONG) => FilesError::Path(PathError::KernelTooLong),
             _ => FilesError::Io {
@@ -156,6 +156,9 @@ mod tests {
         assert_eq!(status(libc::ENAMETOOLONG), StatusCode::BAD_REQUEST);
         assert_eq!(status(libc::ENOENT), StatusCode::NOT_FOUND);
         assert_eq!(status(libc::EACCES), StatusCode::FORBIDDEN);
+        // Read-only mounts (/proc, /dev, /sys) and running programs are the client's to avoid.
+        assert_eq!(status(libc::EROFS), StatusCode::FORBIDDEN);
+        assert_eq!(status(libc::ETXTBSY), StatusCode::CONFLICT);
         assert_eq!(status(libc::EIO), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(
             FilesError::NotUtf8("path".into()).status(),

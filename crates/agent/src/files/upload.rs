@@ -271,26 +271,14 @@ where
     E: std::fmt::Display,
 {
     // Missing parents are created with the agent's (sandbox root) credentials and handed to
-    // the user, as envd does; the file itself is opened as the user, so existing files and
-    // directories keep their permissions.
+    // the user, as envd does, directly under `/` too (`/0/x.txt`); the file itself is opened
+    // as the user, so existing files and directories keep their permissions.
     if let Some(parent) = path.parent().map(Path::to_owned) {
         let (uid, gid, name) = (user.uid, user.gid, user.name.clone());
         let file_path = path.clone();
         tokio::task::spawn_blocking(move || {
-            paths::ensure_dirs_owned(&parent, uid, gid).map_err(|e| {
-                let top = file_path
-                    .ancestors()
-                    .find(|a| a.parent() == Some(Path::new("/")));
-                match top {
-                    Some(top)
-                        if e.kind() == io::ErrorKind::PermissionDenied
-                            && std::fs::symlink_metadata(top).is_err() =>
-                    {
-                        FilesError::TopLevel(top.to_owned())
-                    }
-                    _ => FilesError::from_io(&name, "create directories for", &file_path, e),
-                }
-            })
+            paths::ensure_dirs_owned(&parent, uid, gid)
+                .map_err(|e| FilesError::from_io(&name, "create directories for", &file_path, e))
         })
         .await
         .map_err(|_| FilesError::from(crate::creds::CredsError::Panicked))??;

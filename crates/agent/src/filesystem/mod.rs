@@ -115,7 +115,8 @@ pub fn classify(user: &str, operation: &'static str, path: &Path, error: io::Err
         Some(libc::ENOENT | libc::ENOTDIR) => FsError::NotFound(path.to_owned()),
         Some(libc::ELOOP) => FsError::SymlinkLoop(path.to_owned()),
         Some(libc::ENAMETOOLONG) => FsError::Path(PathError::KernelTooLong),
-        Some(libc::EACCES | libc::EPERM) => FsError::PermissionDenied {
+        // EROFS: `/proc`, `/dev` and `/sys` take no writes (the sandbox's read-only mounts).
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => FsError::PermissionDenied {
             user: user.to_owned(),
             operation,
             path: path.to_owned(),
@@ -177,7 +178,9 @@ pub async fn stat(state: SharedState, headers: HeaderMap, body: Body) -> Respons
     .await
 }
 
-/// `MakeDir`: creates the directory and its missing parents.
+/// `MakeDir`: creates the directory and its missing parents as envd does: with the agent's
+/// (sandbox root) credentials, each new directory handed to the user, so `/newtop/a/b` works
+/// for the default user as on E2B. Whether it exists is asked as the user.
 pub async fn make_dir(state: SharedState, headers: HeaderMap, body: Body) -> Response {
     connect::unary(
         &headers,
@@ -186,15 +189,23 @@ pub async fn make_dir(state: SharedState, headers: HeaderMap, body: Body) -> Res
             let r = Request::new(&state, &ctx)?;
             let path = r.path(&req.path)?;
             let name = r.user.name.clone();
+            let (uid, gid) = (r.user.uid, r.user.gid);
+            let (probe, probe_name) = (path.clone(), name.clone());
+            as_user(&r.user, move || match std::fs::metadata(&probe) {
+                Ok(meta) if meta.is_dir() => Err(FsError::AlreadyExists(probe)),
+                Ok(_) => Err(FsError::ExistsNotDirectory(probe)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(classify(&probe_name, "inspect", &probe, e)),
+            })
+            .await?;
+            let (made, made_name) = (path.clone(), name.clone());
+            tokio::task::spawn_blocking(move || {
+                paths::ensure_dirs_owned(&made, uid, gid)
+                    .map_err(|e| classify(&made_name, "create directory", &made, e))
+            })
+            .await
+            .map_err(|_| FsError::Creds(CredsError::Panicked))??;
             let entry = as_user(&r.user, move || {
-                match std::fs::metadata(&path) {
-                    Ok(meta) if meta.is_dir() => return Err(FsError::AlreadyExists(path)),
-                    Ok(_) => return Err(FsError::ExistsNotDirectory(path)),
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(classify(&name, "inspect", &path, e)),
-                }
-                paths::create_dirs(&path)
-                    .map_err(|e| classify(&name, "create directory", &path, e))?;
                 entry::entry_info(&path, &r.users).map_err(|e| classify(&name, "stat", &path, e))
             })
             .await?;

@@ -186,7 +186,8 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
                 return Err(io::Error::last_os_error());
             }
             // Make user processes, not the agent, the OOM killer's first choice (as envd does).
-            // Raising the score needs no privilege; failure is harmless.
+            // Raising the score needs no privilege; failure is harmless (the jail's `/proc` is
+            // a read-only mount, so only the microvm guest takes it).
             let fd = libc::open(
                 c"/proc/self/oom_score_adj".as_ptr(),
                 libc::O_WRONLY | libc::O_CLOEXEC,
@@ -196,8 +197,7 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
                 libc::close(fd);
             }
             // A restored sandbox: CRIU could not restore the agent's Landlock domain, so each
-            // child takes the sandbox's ruleset itself (after the /proc write above, which it
-            // forbids).
+            // child takes the sandbox's ruleset itself.
             if let Some(fd) = landlock {
                 crate::reconfine::restrict_child(fd)?;
             }

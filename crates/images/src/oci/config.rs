@@ -177,6 +177,11 @@ impl RegistryConfig {
                 let host = url.split_once("://").map_or(url.as_str(), |(_, h)| h);
                 (url.clone(), host.to_owned(), plain)
             }
+            // A registry on this machine speaks plain HTTP, as Docker assumes for 127.0.0.0/8
+            // (a local `docker-registry`, a registry in a test); nothing crosses a network.
+            None if is_loopback(&registry) => {
+                (format!("http://{registry}"), registry.clone(), true)
+            }
             None => {
                 // Docker Hub's API lives at index.docker.io; oci-client maps it on its own.
                 let host = parsed.resolve_registry().to_owned();
@@ -202,6 +207,15 @@ impl RegistryConfig {
             credentials,
         })
     }
+}
+
+/// `localhost` or `127.x.y.z`, with or without a port (references cannot name IPv6 hosts).
+fn is_loopback(registry: &str) -> bool {
+    let host = registry.split(':').next().unwrap_or("");
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[derive(Deserialize)]
@@ -284,6 +298,22 @@ mod tests {
             c.resolve("debian", None).unwrap().fetch.tag(),
             Some("latest")
         );
+    }
+
+    #[test]
+    fn loopback_registries_are_plain_http() {
+        let c = RegistryConfig::default();
+        for (reference, endpoint) in [
+            ("127.0.0.1:5000/x/y:1", "http://127.0.0.1:5000"),
+            ("localhost:5000/y", "http://localhost:5000"),
+        ] {
+            let r = c.resolve(reference, None).unwrap();
+            assert_eq!(r.endpoint, endpoint, "{reference}");
+            assert!(r.plain_http, "{reference}");
+        }
+        for far in ["127.0.0.1.example.com/x:1", "ghcr.io/localhost/x:1"] {
+            assert!(!c.resolve(far, None).unwrap().plain_http, "{far}");
+        }
     }
 
     #[test]

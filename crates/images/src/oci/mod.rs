@@ -34,6 +34,7 @@ use serde::{Deserialize, Serialize};
 pub use config::{DOCKER_HUB, PullLimits, RegistryConfig, RegistryCredentials, ResolvedReference};
 pub use error::OciError;
 pub use image_config::ImageConfig;
+pub use prepare::sandbox_blockers;
 pub use unpack::{UnpackLimits, UnpackStats, Unpacker};
 
 use crate::cache::{ImageCache, ImageInfo, short};
@@ -123,7 +124,7 @@ impl ImageCache {
         let r = registry.resolve(reference, credentials)?;
         // A digest reference names one manifest for good: when it is cached, no network.
         if let Some(d) = r.fetch.digest()
-            && let Some(hit) = self.cached_image(&image_hash(d))
+            && let Some(hit) = self.cached_image(&image_hash(d), &r.canonical)
         {
             progress.stage(&format!(
                 "image {} is cached ({})",
@@ -137,7 +138,7 @@ impl ImageCache {
         let (manifest, digest, config_json) =
             fetch::manifest_and_config(&client, registry, &r).await?;
         let hash = image_hash(&digest);
-        if let Some(hit) = self.cached_image(&hash) {
+        if let Some(hit) = self.cached_image(&hash, &r.canonical) {
             progress.stage(&format!(
                 "image {} is cached ({})",
                 r.canonical,
@@ -175,7 +176,7 @@ impl ImageCache {
 
         let entry = self.entry(&hash);
         let building = entry.lock(progress).await?;
-        if let Some(hit) = self.cached_image(&hash) {
+        if let Some(hit) = self.cached_image(&hash, &r.canonical) {
             return Ok(hit);
         }
         let started = Instant::now();
@@ -359,8 +360,9 @@ impl ImageCache {
         Ok((downloaded, stats.skipped))
     }
 
-    /// The pulled image stored under `hash`, if its entry is complete.
-    fn cached_image(&self, hash: &str) -> Option<PulledImage> {
+    /// The pulled image stored under `hash`, if its entry is complete, as `reference` (one
+    /// image may be cached under another name or tag than the one asked for now).
+    fn cached_image(&self, hash: &str, reference: &str) -> Option<PulledImage> {
         let entry = self.entry(hash);
         if !entry.is_ready() {
             return None;
@@ -370,6 +372,7 @@ impl ImageCache {
         p.rootfs = entry.rootfs();
         p.cached = true;
         p.downloaded_bytes = 0;
+        p.reference = reference.to_owned();
         Some(p)
     }
 }

@@ -357,8 +357,11 @@ fn host_socket_fds(pids: &[i32]) -> usize {
 /// The sandbox's TUN link (`eth0`) is attached to the server's egress stack, which CRIU cannot
 /// dump; the link goes, and the engine re-opens one where the sandbox runs again.
 async fn remove_network_link(pid: i32) -> Result<(), DriverError> {
-    let dev = fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
-    if !dev.lines().any(|l| l.trim_start().starts_with("eth0:")) {
+    let has_link = || {
+        let dev = fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap_or_default();
+        dev.lines().any(|l| l.trim_start().starts_with("eth0:"))
+    };
+    if !has_link() {
         return Ok(());
     }
     let out = tokio::process::Command::new("nsenter")
@@ -369,7 +372,9 @@ async fn remove_network_link(pid: i32) -> Result<(), DriverError> {
         .output()
         .await
         .map_err(|e| DriverError::io("run nsenter/ip to remove the sandbox's network link", e))?;
-    if !out.status.success() {
+    // The engine detaching the link (its TUN closed) removes eth0 too: a delete that lost
+    // that race found nothing left to remove.
+    if !out.status.success() && has_link() {
         return Err(DriverError::io(
             "remove the sandbox's network link before the checkpoint",
             io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),

@@ -132,6 +132,25 @@ impl JailSys for LiveSys {
                         libc::mount(null, target.as_ptr(), null, flags, std::ptr::null())
                     }
                 }
+                Step::Proc { target } => {
+                    let flags =
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+                    let proc = c"proc".as_ptr();
+                    let r = libc::mount(
+                        proc,
+                        target.as_ptr(),
+                        proc,
+                        flags,
+                        c"subset=pid".as_ptr().cast(),
+                    );
+                    // Kernels before 5.8 have no `subset=`: the whole procfs, still only
+                    // showing QEMU's own pid namespace.
+                    if r < 0 && *libc::__errno_location() == libc::EINVAL {
+                        libc::mount(proc, target.as_ptr(), proc, flags, std::ptr::null())
+                    } else {
+                        r
+                    }
+                }
                 Step::PivotRoot { new_root } => {
                     let dot = c".".as_ptr();
                     if libc::chdir(new_root.as_ptr()) < 0
@@ -164,6 +183,7 @@ impl JailSys for LiveSys {
                 Step::Mkdir { path } => (b"mkdir ", path),
                 Step::Touch { path } => (b"create ", path),
                 Step::Bind { source, .. } => (b"bind ", source),
+                Step::Proc { target } => (b"mount procfs on ", target),
                 Step::PivotRoot { new_root } => (b"pivot_root into ", new_root),
                 Step::RootReadOnly => (b"make the root read-only", NO_PATH),
             };

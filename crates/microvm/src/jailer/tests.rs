@@ -29,6 +29,8 @@ fn spec(accel: Accel) -> VmSpec {
         accel,
         agent_log: "warn".into(),
         clock: std::time::Duration::ZERO,
+        memory_file: None,
+        incoming: false,
     }
 }
 
@@ -155,6 +157,50 @@ fn kvm_adds_dev_kvm_and_tcg_does_not() {
     };
     assert!(has_kvm(Accel::Kvm));
     assert!(!has_kvm(Accel::Tcg));
+}
+
+#[test]
+fn a_template_vm_gets_its_snapshot_staging_dir_writable_and_no_proc() {
+    let mut s = spec(Accel::Tcg);
+    s.memory_file = Some(crate::qemu::MemoryFile {
+        path: Some("/c/microvm/snap-k.1-0.tmp/ram".into()),
+        shared: true,
+    });
+    let steps = plan(Path::new("/r"), &files(), &s, Path::new("/s/3")).unwrap();
+    assert!(
+        binds(&steps).contains(&("/r/c/microvm/snap-k.1-0.tmp".to_owned(), true, false, false)),
+        "{steps:?}"
+    );
+    assert!(!steps.iter().any(|s| matches!(s, Step::Proc { .. })));
+}
+
+#[test]
+fn a_clone_gets_a_proc_for_its_inherited_ram_fd_and_no_other_writable_dir() {
+    let mut s = spec(Accel::Tcg);
+    s.memory_file = Some(crate::qemu::MemoryFile {
+        path: Some("/proc/self/fd/7".into()),
+        shared: false,
+    });
+    let steps = plan(Path::new("/r"), &files(), &s, Path::new("/s/3")).unwrap();
+    let pos = |want: &Step| steps.iter().position(|s| s == want).unwrap();
+    let proc = pos(&Step::Proc {
+        target: c("/r/proc"),
+    });
+    assert!(pos(&Step::Mkdir { path: c("/r/proc") }) < proc);
+    assert!(proc < pos(&Step::PivotRoot { new_root: c("/r") }));
+    let writable: Vec<String> = binds(&steps)
+        .into_iter()
+        .filter(|b| b.1)
+        .map(|b| b.0)
+        .collect();
+    assert_eq!(writable, vec!["/r/dev/null", "/r/s/3"]);
+    // A checkpoint restore (anonymous RAM under the backend id) needs neither.
+    s.memory_file = Some(crate::qemu::MemoryFile {
+        path: None,
+        shared: false,
+    });
+    let steps = plan(Path::new("/r"), &files(), &s, Path::new("/s/3")).unwrap();
+    assert!(!steps.iter().any(|s| matches!(s, Step::Proc { .. })));
 }
 
 #[test]

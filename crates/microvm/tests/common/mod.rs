@@ -148,6 +148,8 @@ impl Env {
         cfg.max_slots = MAX_SLOTS;
         cfg.disk_mb = 256;
         cfg.start_timeout = Duration::from_secs(120);
+        // Every test's template tree is new: its snapshots go with the test, not the cache.
+        cfg.snapshot_dir = tmp.path().join("snap");
         Env { tmp, rootfs, cfg }
     }
 

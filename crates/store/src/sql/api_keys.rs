@@ -10,8 +10,8 @@ use crate::{ApiKeyRow, Result, StoreError};
 impl Store {
     pub async fn insert_api_key(&self, key: &ApiKeyRow) -> Result<()> {
         sqlx::query(
-            "INSERT INTO api_keys (id, name, hash, prefix, created_at, revoked_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
+            "INSERT INTO api_keys (id, name, hash, prefix, created_at, revoked_at, team_id, \
+             last_used_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(key.id.as_str())
         .bind(key.name.as_str())
@@ -19,6 +19,8 @@ impl Store {
         .bind(key.prefix.as_str())
         .bind(key.created_at)
         .bind(key.revoked_at)
+        .bind(key.team_id.as_str())
+        .bind(key.last_used_at)
         .execute(&self.pool)
         .await
         .map_err(|e| {
@@ -98,6 +100,16 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(api_key_from_row).transpose()
+    }
+
+    /// Records a request with the key (the caller rate-limits these writes).
+    pub async fn touch_api_key(&self, id: &str, at_ms: i64) -> Result<()> {
+        sqlx::query("UPDATE api_keys SET last_used_at = $1 WHERE id = $2")
+            .bind(at_ms)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
     }
 
     pub async fn count_active_api_keys(&self) -> Result<i64> {

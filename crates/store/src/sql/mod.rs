@@ -14,8 +14,10 @@ mod query;
 mod rows;
 mod sandboxes;
 mod secrets;
+mod teams;
 mod templates;
 mod url;
+mod usage;
 mod volumes;
 
 use std::path::Path;

@@ -13,7 +13,7 @@ const PERSISTENCE_COLUMNS: &str = "sandbox_id, on_timeout, auto_resume, pause_me
      timeout_ms, checkpoint_dir, checkpoint_memory, generation, paused_at";
 
 const SNAPSHOT_COLUMNS: &str = "id, name, sandbox_id, template_id, checkpoint_dir, memory, env_vars, envd_access_token, \
-     created_at";
+     created_at, team_id";
 
 impl Store {
     /// Inserts or replaces a sandbox's persistence row.
@@ -63,7 +63,7 @@ impl Store {
     /// Records a new snapshot; a name already taken is a conflict.
     pub async fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
         let sql = format!(
-            "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            "INSERT INTO snapshots ({SNAPSHOT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(s.id.as_str())
@@ -75,6 +75,7 @@ impl Store {
             .bind(to_json(&s.env_vars))
             .bind(s.envd_access_token.as_deref())
             .bind(s.created_at)
+            .bind(s.team_id.as_str())
             .execute(&self.pool)
             .await
             .map_err(|e| {
@@ -121,6 +122,10 @@ impl Store {
             let p = w.placeholder(Bind::Text(n.clone()));
             w.push(format!("name = {p}"));
         }
+        if let Some(t) = &filter.team_id {
+            let p = w.placeholder(Bind::Text(t.clone()));
+            w.push(format!("team_id = {p}"));
+        }
         if let Some((at, id)) = after {
             let ts = w.placeholder(Bind::Int(at));
             let id = w.placeholder(Bind::Text(id));
@@ -164,6 +169,7 @@ fn snapshot_from_row(row: &AnyRow) -> Result<SnapshotRow> {
         env_vars,
         envd_access_token: row.try_get("envd_access_token")?,
         created_at: row.try_get("created_at")?,
+        team_id: row.try_get("team_id")?,
         id,
     })
 }

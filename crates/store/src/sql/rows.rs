@@ -11,7 +11,7 @@ use crate::{
 };
 
 pub(super) const SANDBOX_COLUMNS: &str = "id, template_id, alias, state, owner_key_id, \
-     metadata, env_vars, envd_access_token, cpu_count, memory_mb, disk_size_mb, started_at, \
+     team_id, metadata, env_vars, envd_access_token, cpu_count, memory_mb, disk_size_mb, started_at, \
      end_at, driver_handle, end_reason, allow_internet, network";
 
 pub(super) const SECRET_COLUMNS: &str =
@@ -23,7 +23,8 @@ pub(super) const EGRESS_EVENT_COLUMNS: &str =
 pub(super) const TEMPLATE_COLUMNS: &str = "id, alias, content_hash, status, rootfs_path, \
      cpu_count, memory_mb, disk_size_mb, created_at, updated_at";
 
-pub(super) const API_KEY_COLUMNS: &str = "id, name, hash, prefix, created_at, revoked_at";
+pub(super) const API_KEY_COLUMNS: &str =
+    "id, name, hash, prefix, created_at, revoked_at, team_id, last_used_at";
 
 pub(super) fn to_json(map: &BTreeMap<String, String>) -> String {
     // A map of strings always serialises.
@@ -46,6 +47,8 @@ pub(super) fn api_key_from_row(row: &AnyRow) -> Result<ApiKeyRow> {
         prefix: row.try_get("prefix")?,
         created_at: row.try_get("created_at")?,
         revoked_at: row.try_get("revoked_at")?,
+        team_id: row.try_get("team_id")?,
+        last_used_at: row.try_get("last_used_at")?,
     })
 }
 
@@ -61,6 +64,7 @@ pub(super) fn sandbox_from_row(row: &AnyRow) -> Result<SandboxRow> {
         alias: row.try_get("alias")?,
         state,
         owner_key_id: row.try_get("owner_key_id")?,
+        team_id: row.try_get("team_id")?,
         metadata,
         env_vars,
         envd_access_token: row.try_get("envd_access_token")?,

@@ -1,5 +1,5 @@
 //! The `sandboxes` table: one row per sandbox, live or recently ended, with keyset-paginated
-//! listing filtered in SQL (state, template, start time, owner) and in Rust (metadata).
+//! listing filtered in SQL (state, template, start time, owner, team) and in Rust (metadata).
 
 use std::collections::BTreeMap;
 
@@ -17,7 +17,7 @@ impl Store {
     pub async fn insert_sandbox(&self, sb: &SandboxRow) -> Result<()> {
         let sql = format!(
             "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(sb.id.as_str())
@@ -25,6 +25,7 @@ impl Store {
             .bind(sb.alias.as_deref())
             .bind(sb.state.as_str())
             .bind(sb.owner_key_id.as_str())
+            .bind(sb.team_id.as_str())
             .bind(to_json(&sb.metadata))
             .bind(to_json(&sb.env_vars))
             .bind(sb.envd_access_token.as_deref())
@@ -258,6 +259,10 @@ fn sandbox_where(filter: &SandboxFilter) -> Where {
     if let Some(owner) = &filter.owner_key_id {
         let p = w.placeholder(Bind::Text(owner.clone()));
         w.push(format!("owner_key_id = {p}"));
+    }
+    if let Some(team) = &filter.team_id {
+        let p = w.placeholder(Bind::Text(team.clone()));
+        w.push(format!("team_id = {p}"));
     }
     w
 }

@@ -5,6 +5,7 @@
 
 mod harness;
 mod suite;
+mod suite_teams;
 
 /// Generates one SQLite and one PostgreSQL test per suite function.
 macro_rules! store_tests {
@@ -49,6 +50,8 @@ store_tests!(
     persistence_roundtrip,
     snapshots_crud_and_pagination,
     volumes_crud,
+    teams_credits_and_quotas,
+    usage_records_and_sums,
 );
 
 mod sqlite_only {

@@ -6,8 +6,9 @@ use bulkhead_store::{
 };
 
 use crate::harness::Harness;
+pub use crate::suite_teams::{teams_credits_and_quotas, usage_records_and_sums};
 
-fn key(id: &str, prefix: &str, created_at: i64) -> ApiKeyRow {
+pub(crate) fn key(id: &str, prefix: &str, created_at: i64) -> ApiKeyRow {
     ApiKeyRow {
         id: id.to_owned(),
         name: format!("key {id}"),
@@ -15,6 +16,8 @@ fn key(id: &str, prefix: &str, created_at: i64) -> ApiKeyRow {
         prefix: prefix.to_owned(),
         created_at,
         revoked_at: None,
+        team_id: "default".to_owned(),
+        last_used_at: None,
     }
 }
 
@@ -25,13 +28,14 @@ fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn sandbox(id: &str, started_at: i64) -> SandboxRow {
+pub(crate) fn sandbox(id: &str, started_at: i64) -> SandboxRow {
     SandboxRow {
         id: id.to_owned(),
         template_id: "base".to_owned(),
         alias: None,
         state: SandboxState::Running,
         owner_key_id: "k1".to_owned(),
+        team_id: "default".to_owned(),
         metadata: BTreeMap::new(),
         env_vars: BTreeMap::new(),
         envd_access_token: None,
@@ -326,6 +330,7 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
         owner_key_id: Some("k1".to_owned()),
         template_id: Some("base".to_owned()),
         started_after: Some(0),
+        team_id: Some("default".to_owned()),
     };
     assert_eq!(
         ids(&s
@@ -712,6 +717,7 @@ pub async fn snapshots_crud_and_pagination(h: &Harness) {
         env_vars: BTreeMap::from([("K".to_string(), "v".to_string())]),
         envd_access_token: Some("tok".into()),
         created_at: at,
+        team_id: "default".into(),
     };
     s.insert_snapshot(&snap("s1", Some("one"), "a", 10))
         .await
@@ -740,6 +746,7 @@ pub async fn snapshots_crud_and_pagination(h: &Harness) {
     let of_a = SnapshotFilter {
         sandbox_id: Some("a".into()),
         name: None,
+        team_id: None,
     };
     let p1 = s.list_snapshots(&of_a, 1, None).await.unwrap();
     assert_eq!(p1[0].id, "s2");
@@ -751,8 +758,19 @@ pub async fn snapshots_crud_and_pagination(h: &Harness) {
     let named = SnapshotFilter {
         sandbox_id: None,
         name: Some("one".into()),
+        team_id: None,
     };
     assert_eq!(s.list_snapshots(&named, 10, None).await.unwrap().len(), 1);
+    let other_team = SnapshotFilter {
+        team_id: Some("team_other".into()),
+        ..named.clone()
+    };
+    assert!(
+        s.list_snapshots(&other_team, 10, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert!(s.delete_snapshot("s1").await.unwrap());
     assert!(!s.delete_snapshot("s1").await.unwrap());
 }
