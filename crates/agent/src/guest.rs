@@ -5,7 +5,8 @@
 //! empty mount points) as `/`. [`prepare_root`] then mounts the template image (`bulkhead-root`,
 //! erofs or ext4, read-only) and the sandbox's writable disk (`bulkhead-rw`, ext4) under an
 //! overlay, pivots into it (the boot disk stays at `/run/bulkhead/boot`), mounts the API file
-//! systems, brings up `lo` and configures `eth0` ([`crate::guest_net`]). [`bridge`] serves the host's agent streams arriving on a
+//! systems, the sandbox's pids cgroup ([`crate::guest_limits`]), puts the deployment's CA into the trust bundle ([`crate::guest_ca`]), brings up
+//! `lo` and configures `eth0` ([`crate::guest_net`]). [`bridge`] serves the host's agent streams arriving on a
 //! virtio-serial port by connecting each to the agent's own Unix socket
 //! (see `bulkhead-vmchan`).
 
@@ -119,6 +120,10 @@ pub fn prepare_root() -> Result<(), GuestError> {
     std::env::set_current_dir("/").map_err(io("chdir /"))?;
     mnt(Some("proc"), "/proc", Some("proc"), nosuid, None)?;
     mnt(Some("sysfs"), "/sys", Some("sysfs"), nosuid | ro, None)?;
+    crate::guest_limits::setup(crate::guest_limits::boot_pids_max()).map_err(io(
+        "make the sandbox's pids cgroup (a guest kernel without CONFIG_CGROUP_PIDS: rebuild it \
+         with scripts/guest-kernel.sh)",
+    ))?;
     mnt(
         Some("devtmpfs"),
         "/dev",
@@ -142,6 +147,8 @@ pub fn prepare_root() -> Result<(), GuestError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some("mode=1777"),
     )?;
+    crate::guest_ca::install(Path::new(BOOT_DIR))
+        .map_err(io("put the deployment's CA into the system trust bundle"))?;
     loopback_up()?;
     set_clock();
     // The sandbox still works without its NIC (commands, files): say why and go on.

@@ -32,6 +32,8 @@ pub mod creds;
 pub mod files;
 pub mod filesystem;
 pub mod guest;
+pub mod guest_ca;
+pub mod guest_limits;
 pub mod guest_net;
 pub mod http;
 pub mod init;

@@ -4,6 +4,8 @@
 //! (`RNDADDENTROPY`) followed by an immediate reseed of the CRNG (`RNDRESEEDCRNG`), so
 //! `getrandom`, `/dev/urandom` and `/proc/sys/kernel/random/uuid` diverge at once; and its
 //! clock, which becomes `CLOCK_REALTIME`. Both need root in the guest (the agent is pid 1).
+//! The request also carries the sandbox's process limit (the clone's, not the template's; see
+//! [`crate::guest_limits`]).
 
 use bulkhead_envd::protocol::ClonedRequest;
 
@@ -17,6 +19,8 @@ pub enum ReseedError {
     Reseed(#[source] std::io::Error),
     #[error("cannot set the clock")]
     Clock(#[source] std::io::Error),
+    #[error("cannot set the sandbox's process limit (pids.max of its cgroup)")]
+    PidsMax(#[source] std::io::Error),
 }
 
 /// `_IOW('R', 0x03, int[2])` and `_IO('R', 0x07)` from `<linux/random.h>`.
@@ -28,6 +32,9 @@ pub fn apply(request: &ClonedRequest) -> Result<(), ReseedError> {
     if let Some(hex) = &request.entropy {
         let bytes = decode_hex(hex).ok_or(ReseedError::BadEntropy)?;
         add_entropy(&bytes)?;
+    }
+    if let Some(limit) = request.pids_max {
+        crate::guest_limits::set_pids_max(limit).map_err(ReseedError::PidsMax)?;
     }
     if let Some(ns) = request.clock_unix_ns {
         let ts = libc::timespec {
@@ -88,7 +95,8 @@ mod tests {
         assert!(matches!(
             apply(&ClonedRequest {
                 entropy: Some("xyz".into()),
-                clock_unix_ns: None
+                clock_unix_ns: None,
+                pids_max: None,
             }),
             Err(ReseedError::BadEntropy)
         ));

@@ -49,6 +49,9 @@ pub struct ClonedRequest {
     /// The host's wall clock when it sent the request, in nanoseconds since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clock_unix_ns: Option<u64>,
+    /// The sandbox's process limit (0: none), for the guest's pids cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
 }
 
 /// What the agent says about itself: in the body of `POST /init` answers and on

@@ -70,7 +70,7 @@ impl MicrovmDriver {
             .map_err(|e| e.to_string())?;
         let boot = self
             .images
-            .boot_image(&self.cfg.agent_binary)
+            .boot_image(&self.cfg.agent_binary, self.cfg.sandbox_ca_pem.as_deref())
             .await
             .map_err(|e| e.to_string())?;
         let state = &self.snap_state;
@@ -143,7 +143,7 @@ impl MicrovmDriver {
                 ram,
             };
             let rec = self.launch_and_wait(spec, &launch).await?;
-            if let Err(e) = self.reseed(&rec).await {
+            if let Err(e) = self.reseed(&rec, spec.pids_max).await {
                 self.teardown(&rec).await;
                 return Err(e);
             }
@@ -255,9 +255,10 @@ impl MicrovmDriver {
             .map_err(std::io::Error::other)?
     }
 
-    /// Fresh entropy and the host's clock for a clone (`POST /bulkhead/cloned`), which also
-    /// re-seeds the kernels' generators of a code-interpreter template.
-    pub(crate) async fn reseed(&self, rec: &VmRecord) -> Result<(), DriverError> {
+    /// Fresh entropy, the host's clock and the sandbox's process limit `pids_max` for a clone
+    /// (`POST /bulkhead/cloned`), which also re-seeds the kernels' generators of a
+    /// code-interpreter template.
+    pub(crate) async fn reseed(&self, rec: &VmRecord, pids_max: u64) -> Result<(), DriverError> {
         let mut entropy = [0u8; 64];
         getrandom(&mut entropy).map_err(|e| DriverError::io("read host randomness", e))?;
         let body = ClonedRequest {
@@ -268,6 +269,7 @@ impl MicrovmDriver {
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(0),
             ),
+            pids_max: Some(pids_max),
         };
         let body = serde_json::to_vec(&body)
             .map_err(|e| DriverError::io("encode the re-seed", std::io::Error::other(e)))?;

@@ -206,7 +206,10 @@ impl MicrovmDriver {
             return Err(StartError::RootfsMissing.into());
         }
         let root_disk = self.images.template_image(&spec.rootfs).await?;
-        let boot_disk = self.images.boot_image(&self.cfg.agent_binary).await?;
+        let boot_disk = self
+            .images
+            .boot_image(&self.cfg.agent_binary, self.cfg.sandbox_ca_pem.as_deref())
+            .await?;
         let uid = self.cfg.uid_base + slot;
         let (agent_socket, qmp_socket, console_log, rw_disk) = vm::spec_paths(&dir);
         let setup = |e| DriverError::io("prepare the sandbox's slot directory", e);
@@ -272,6 +275,7 @@ impl MicrovmDriver {
                 .unwrap_or_default(),
             incoming: matches!(launch, Launch::Clone { .. } | Launch::Checkpoint { .. }),
             memory_file,
+            pids_max: spec.pids_max,
         };
         let jail = self.jail(&vm_spec, slot, &dir)?;
         let (mut child, pid) = vm::spawn(&self.qemu_files.binary, &vm_spec, &dir, jail, inherit)

@@ -22,6 +22,9 @@ use sha2::{Digest, Sha256};
 
 use crate::MicrovmError;
 
+/// The deployment's CA PEM on the boot disk (the guest agent's `guest_ca::CA_FILE`).
+pub const BOOT_CA_FILE: &str = "sandbox-ca.pem";
+
 /// Content fingerprint of a directory tree: paths, types, modes, owners, sizes, mtimes and
 /// link targets of every entry (file contents are covered by size + mtime, as for `make`).
 pub fn tree_fingerprint(root: &Path) -> io::Result<String> {
@@ -84,9 +87,9 @@ pub struct ImageStore {
     known: Mutex<HashMap<(PathBuf, i64), String>>,
     /// One build at a time (a second start waits and then finds the image).
     building: tokio::sync::Mutex<()>,
-    /// Boot images made by this process, per agent binary: the agent does not change while
-    /// the server runs, so a start does not run `ldd` and hash it and its libraries again.
-    boot: Mutex<HashMap<PathBuf, PathBuf>>,
+    /// Boot images made by this process, per agent binary and CA: the agent does not change
+    /// while the server runs, so a start does not run `ldd` and hash it and its libraries again.
+    boot: Mutex<HashMap<(PathBuf, Option<String>), PathBuf>>,
 }
 
 impl ImageStore {
@@ -133,16 +136,22 @@ impl ImageStore {
     }
 
     /// The boot disk holding `agent` as `/agent` plus the shared libraries it loads (at the
-    /// host's paths: the kernel starts it before any template file system is mounted), built
-    /// when missing.
-    pub async fn boot_image(&self, agent: &Path) -> Result<PathBuf, MicrovmError> {
-        if let Some(done) = self.boot.lock().expect("boot images").get(agent)
+    /// host's paths: the kernel starts it before any template file system is mounted) and the
+    /// deployment's CA PEM `ca_pem` (the guest agent adds it to the sandbox's trust bundle),
+    /// built when missing.
+    pub async fn boot_image(
+        &self,
+        agent: &Path,
+        ca_pem: Option<&str>,
+    ) -> Result<PathBuf, MicrovmError> {
+        let key = (agent.to_path_buf(), ca_pem.map(str::to_owned));
+        if let Some(done) = self.boot.lock().expect("boot images").get(&key)
             && done.exists()
         {
             return Ok(done.clone());
         }
-        let key = agent.to_path_buf();
         let agent = agent.to_path_buf();
+        let ca = key.1.clone();
         let (files, hash) = tokio::task::spawn_blocking(move || -> io::Result<_> {
             let mut files = vec![agent.clone()];
             files.extend(shared_libraries(&agent)?);
@@ -151,12 +160,17 @@ impl ImageStore {
                 h.update(f.as_os_str().as_encoded_bytes());
                 h.update(file_hash(f)?.as_bytes());
             }
+            if let Some(pem) = &ca {
+                h.update(b"\0ca\0");
+                h.update(pem.as_bytes());
+            }
             Ok((files, hex(&h.finalize()[..12])))
         })
         .await
         .map_err(|e| MicrovmError::io("hash the agent", io::Error::other(e)))?
         .map_err(|e| MicrovmError::io("read the agent binary and its libraries", e))?;
         let out = self.dir.join(format!("boot-{hash}.ext4"));
+        let ca_pem = key.1.clone();
         let out = self
             .build_once(out, move |tmp| {
                 let staging = tmp.with_extension("d");
@@ -176,6 +190,12 @@ impl ImageStore {
                     }
                     bytes += fs::copy(f, &dst)?;
                     fs::set_permissions(&dst, fs::Permissions::from_mode(0o755))?;
+                }
+                if let Some(pem) = &ca_pem {
+                    let dst = staging.join(BOOT_CA_FILE);
+                    fs::write(&dst, pem)?;
+                    fs::set_permissions(&dst, fs::Permissions::from_mode(0o644))?;
+                    bytes += pem.len() as u64;
                 }
                 let size_mb = bytes / (1 << 20) + 16;
                 let r = run(Command::new("mkfs.ext4")

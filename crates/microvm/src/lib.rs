@@ -71,6 +71,9 @@ pub struct MicrovmConfig {
     pub snapshots: bool,
     /// Where template snapshots are kept (default `<cache_dir>/microvm`).
     pub snapshot_dir: PathBuf,
+    /// PEM certificates every sandbox trusts beside its template's (the egress proxy's CA,
+    /// operator roots): carried on the boot disk, added to the guest's system bundle.
+    pub sandbox_ca_pem: Option<String>,
 }
 
 impl MicrovmConfig {
@@ -94,6 +97,7 @@ impl MicrovmConfig {
             start_timeout: Duration::from_secs(60),
             agent_log: "warn".into(),
             snapshots: true,
+            sandbox_ca_pem: None,
         }
     }
 }

@@ -176,7 +176,7 @@ impl MicrovmDriver {
             backend: meta.ram_backend,
         };
         let rec = self.launch_and_wait(&spec, &launch).await?;
-        if let Err(e) = self.reseed(&rec).await {
+        if let Err(e) = self.reseed(&rec, spec.pids_max).await {
             self.teardown(&rec).await;
             return Err(e);
         }

@@ -49,6 +49,8 @@ pub struct VmSpec {
     pub memory_file: Option<MemoryFile>,
     /// Wait for the device state over QMP (`-incoming defer`): a clone being restored.
     pub incoming: bool,
+    /// The sandbox's process limit inside the guest (0: none); see the agent's `guest_limits`.
+    pub pids_max: u64,
 }
 
 /// Guest RAM mapped from a file: `shared` (the template VM, whose RAM becomes the snapshot's
@@ -171,11 +173,12 @@ pub fn args(s: &VmSpec) -> Vec<OsString> {
         "console=ttyS0 quiet panic=-1 root=/dev/vda ro rootfstype=ext4 init=/agent \
          BULKHEAD_AGENT_LOG={} BULKHEAD_AGENT_LISTEN=unix:{GUEST_AGENT_SOCKET} \
          BULKHEAD_AGENT_GUEST_PORT={AGENT_PORT} BULKHEAD_GUEST_CLOCK={}.{:09} \
-         BULKHEAD_GUEST_NET={}",
+         BULKHEAD_GUEST_NET={} BULKHEAD_GUEST_PIDS_MAX={}",
         s.agent_log,
         s.clock.as_secs(),
         s.clock.subsec_nanos(),
-        guest_net()
+        guest_net(),
+        s.pids_max
     );
     a.extend(["-append".into(), cmdline.into()]);
     // The boot disk first: the kernel names it /dev/vda (root=). The agent finds the others by
@@ -223,6 +226,7 @@ mod tests {
             clock: std::time::Duration::from_millis(1_700_000_000_250),
             memory_file: None,
             incoming: false,
+            pids_max: 128,
         }
     }
 
@@ -266,6 +270,7 @@ mod tests {
             a.contains("BULKHEAD_GUEST_CLOCK=1700000000.250000000"),
             "{a}"
         );
+        assert!(a.contains("BULKHEAD_GUEST_PIDS_MAX=128"), "{a}");
     }
 
     #[test]

@@ -254,7 +254,12 @@ impl Prepared {
         };
         let vm = match config.uses(DriverKind::Microvm) {
             false => None,
-            true => Some(Arc::new(microvm_driver(&config, agent, jail.is_some())?)),
+            true => Some(Arc::new(microvm_driver(
+                &config,
+                agent,
+                jail.is_some(),
+                &net.sandbox_ca_pem,
+            )?)),
         };
         let pick = |kind: DriverKind| -> Arc<dyn Driver> {
             match kind {
@@ -359,6 +364,7 @@ fn microvm_driver(
     config: &ServerConfig,
     agent: std::path::PathBuf,
     beside_jail: bool,
+    sandbox_ca_pem: &str,
 ) -> Result<bulkhead_microvm::MicrovmDriver, StartError> {
     let kernel = config
         .guest_kernel
@@ -370,6 +376,7 @@ fn microvm_driver(
     let mut cfg =
         bulkhead_microvm::MicrovmConfig::new(config.data_dir.join("microvm"), cache, kernel, agent);
     cfg.max_slots = config.slots();
+    cfg.sandbox_ca_pem = Some(sandbox_ca_pem.to_owned());
     if beside_jail {
         cfg.uid_base = config
             .uid_base

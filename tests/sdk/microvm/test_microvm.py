@@ -1,7 +1,8 @@
 """The official Python SDKs against a microvm server: lifecycle, commands, files, the network
 (a denied and an allowed egress through the same egress stack as the jail, to the local test
-upstreams of `egresslab`), `run_code` in the code interpreter (PyPI `e2b-code-interpreter`),
-kill, and no leaks after create/kill cycles.
+upstreams of `egresslab`; HTTPS with credential injection trusted through the deployment's CA
+in the guest's system bundle), the process limit inside the guest (a fork bomb), `run_code` in
+the code interpreter (PyPI `e2b-code-interpreter`), kill, and no leaks after create/kill cycles.
 
 Small on purpose: every sandbox is a VM booted under TCG on hosts without hardware KVM.
 """
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
 import pytest
-from e2b import CommandExitException, Sandbox, SandboxQuery
+from e2b import CommandExitException, Sandbox, SandboxQuery, Secret
 
 import egresslab
 from bulkhead_testlib import http, processes, wait_until
@@ -141,6 +143,75 @@ def test_allowed_and_denied_egress_through_the_egress_stack(sandbox_factory, ser
     code, body, err, _ = sh(sbx, "curl -sS -m 20 http://api.allowed.test/regranted")
     assert code == 0, err
     assert json.loads(body)["path"] == "/regranted"
+
+
+def test_https_injection_trusts_the_deployment_ca_in_the_guest(sandbox_factory, server, lab):
+    name = f"bh-vm-inject-{secrets.token_hex(4)}"
+    value = "sk-live-" + secrets.token_hex(20)
+    Secret.create(name, value)
+    try:
+        sbx = sandbox_factory(
+            network={
+                "allow_out": ["inject.allowed.test"],
+                "rules": {"inject.allowed.test": [{"transform": {"headers": {"Authorization": f"Bearer {Secret.fill(name)}"}}}]},
+            }
+        )
+        # The proxy's CA is in the guest's system bundle, after the template's own roots.
+        ca = (Path(server.data_dir) / "egress" / "ca.pem").read_text() if server.data_dir else ""
+        bundle = sbx.files.read("/etc/ssl/certs/ca-certificates.crt")
+        assert ca and ca.strip() in bundle, "the proxy's CA is not in the guest's trust bundle"
+        assert bundle.index(ca.strip()) > 0, "the template's own roots are gone"
+        _, mounts, _, _ = sh(sbx, "grep ca-certificates.crt /proc/self/mountinfo")
+        assert " ro," in mounts, mounts
+        # No --cacert: curl and Python trust the proxy through the system bundle, and the
+        # sandbox's own Authorization header is replaced by the secret outside the VM.
+        code, body, err, _ = sh(sbx, "curl -sS -m 20 -H 'Authorization: Bearer from-sandbox' https://inject.allowed.test/vm-inject")
+        assert code == 0, err
+        got = [r for r in lab.requests() if r["path"] == "/vm-inject"]
+        assert got, "the upstream saw no request"
+        headers = {k.lower(): v for k, v in got[-1]["headers"]}
+        assert headers["authorization"] == f"Bearer {value}"
+        assert value not in body
+        sbx.files.write("/tmp/probe.py", "import urllib.request;print(urllib.request.urlopen('https://inject.allowed.test/vm-py').status)")
+        code, out, err, _ = sh(sbx, "python3 /tmp/probe.py")
+        assert code == 0 and out.strip() == "200", err
+        # The secret itself never enters the VM: not in any process's environment.
+        code, out, _, _ = sh(sbx, f"grep -l -s '{value}' /proc/[0-9]*/environ", user="root")
+        assert out.strip() == "", out
+    finally:
+        Secret.destroy(name)
+
+
+def test_a_fork_bomb_stays_inside_its_limit_and_the_agent_answers(sandbox_factory):
+    sbx = sandbox_factory()
+    limit = sbx.files.read("/sys/fs/cgroup/sandbox/pids.max").strip()
+    assert limit.isdigit(), limit
+    # `exec` keeps the group leader (the handle's pid) alive without a fork.
+    bomb = sbx.commands.run("bomb() { bomb | bomb & }; bomb; exec sleep 100000", background=True)
+    # The bomb fills its cgroup up to pids.max and no further.
+    deadline = time.monotonic() + 240
+    current = 0
+    while time.monotonic() < deadline:
+        current = int(sbx.files.read("/sys/fs/cgroup/sandbox/pids.current").strip())
+        if current >= int(limit) - 2:
+            break
+        time.sleep(1)
+    assert int(limit) - 2 <= current <= int(limit) + 2, f"pids.current {current}, pids.max {limit}"
+    # The agent (outside the cgroup) still answers: files, the process list.
+    sbx.files.write("/tmp/during-the-bomb", "still here")
+    assert sbx.files.read("/tmp/during-the-bomb") == "still here"
+    assert any(p.pid == bomb.pid for p in sbx.commands.list())
+    # Killing the bomb's process group ends it; the sandbox is usable again.
+    assert sbx.commands.kill(bomb.pid)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        current = int(sbx.files.read("/sys/fs/cgroup/sandbox/pids.current").strip())
+        if current <= 1:
+            break
+        time.sleep(1)
+    assert current <= 1, f"{current} processes left after killing the bomb"
+    r = sbx.commands.run("echo alive | cat; id -un")
+    assert r.stdout == "alive\nuser\n"
 
 
 @pytest.mark.timeout(900)

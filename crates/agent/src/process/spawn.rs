@@ -158,12 +158,18 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
         source,
     })?;
     let landlock = ruleset.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+    let cgroup_procs = crate::guest_limits::procs_fd();
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // raw system calls on data prepared before the fork (no allocation, no locks). Credentials
     // are switched with raw syscalls; in the single-threaded child this is equivalent to the
     // libc wrappers without their cross-thread broadcast machinery.
     unsafe {
         cmd.pre_exec(move || {
+            // In a microVM: into the sandbox's pids cgroup, while still root (the agent stays
+            // outside it, so a fork bomb cannot starve it). Not joined: not started.
+            if cgroup_procs >= 0 && libc::write(cgroup_procs, b"0".as_ptr().cast(), 1) < 0 {
+                return Err(io::Error::last_os_error());
+            }
             // New session: the process leads its own group, so signals reach its children too.
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());

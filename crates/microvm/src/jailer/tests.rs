@@ -31,6 +31,7 @@ fn spec(accel: Accel) -> VmSpec {
         clock: std::time::Duration::ZERO,
         memory_file: None,
         incoming: false,
+        pids_max: 128,
     }
 }
 
