@@ -392,8 +392,9 @@ function report(runs, idle) {
   return out.join('\n')
 }
 
-// Every shape again against the floor server, then each real p50 against the floor's.
-async function reportFloor(Sandbox, shapes, runs, server) {
+// Every shape against the floor server. Run before the real shapes, while the real server is idle
+// with full pools, so that neither run's after-effects (refills, kills) load the other.
+async function runFloor(Sandbox, shapes, server) {
   const floor = await startFloor()
   const floorRuns = []
   try {
@@ -407,17 +408,22 @@ async function reportFloor(Sandbox, shapes, runs, server) {
     pointSdkAt(server)
     await floor.stop()
   }
-  console.log('\n== client floor: the same shapes against a server that answers at once (scripts/bench-sdk-floor.mjs)')
-  console.log('  shape                     OK    p50    p95    p99  load generator CPU/iteration   real p50   real − floor')
+  return floorRuns
+}
+
+function reportFloor(floorRuns, runs) {
+  const out = ['\n== client floor: the same shapes against a server that answers at once (scripts/bench-sdk-floor.mjs)']
+  out.push('  shape                     OK    p50    p95    p99  load generator CPU/iteration   real p50   real − floor')
   for (const f of floorRuns) {
     const st = stats(f.results.filter((x) => x.ok).map((x) => x.total))
     const real = runs.find((r) => r.shape === f.shape)
     const rp50 = real ? stats(real.results.filter((x) => x.ok).map((x) => x.total)).p50 : NaN
-    console.log(
+    out.push(
       `  ${label(f.shape).padEnd(24)} ${String(st.n).padStart(3)}  ${ms(st.p50)}  ${ms(st.p95)}  ${ms(st.p99)}  ${f.cpu.loadgen.toFixed(1).padStart(8)} ms` +
         `                  ${ms(rp50)}  ${ms(rp50 - st.p50)}`,
     )
   }
+  return out.join('\n')
 }
 
 async function main() {
@@ -458,6 +464,9 @@ async function main() {
     )
     // Warm-up: first-use costs (SDK module init, HTTP connections, the template's page cache).
     for (let i = 0; i < Number(opt.warmup); i++) await iteration(Sandbox)
+    // Let the pools fill (a server started here begins with empty ones) before anything is measured.
+    await sleep(Number(opt.settle))
+    const floorRuns = opt.floor ? await runFloor(Sandbox, shapes, server) : []
     // The idle baseline, in the same run: a short sequential shape unless one is asked for.
     let idle = null
     const runs = []
@@ -476,7 +485,7 @@ async function main() {
     const idleBase = idle ? idleBasis(idle) : null
     const idleP50 = idleBase?.p50 ?? null
     console.log(report(runs, idleBase))
-    if (opt.floor) await reportFloor(Sandbox, shapes, runs, server)
+    if (opt.floor) console.log(reportFloor(floorRuns, runs))
     console.log(`\nloadavg after ${os.loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     if (opt.json) {
       const summary = runs.map((r) => ({
