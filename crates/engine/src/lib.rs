@@ -66,6 +66,7 @@ mod template_image;
 pub mod template_spec;
 mod template_types;
 mod templates;
+mod team_keys;
 mod tenancy;
 mod timeout;
 mod usage;
