@@ -344,7 +344,9 @@ mod tests {
         let d = content_disposition("a\"b\\c\r\nSet-Cookie: x=1;<img>.txt");
         assert!(HeaderValue::from_str(&d).is_ok(), "{d}");
         assert!(d.starts_with("attachment; filename=\"a_b_c__Set-Cookie: x=1;<img>.txt\""));
-        assert!(d.contains("filename*=UTF-8''a%22b%5Cc%0D%0ASet-Cookie%3A%20x%3D1%3B%3Cimg%3E.txt"));
+        assert!(
+            d.contains("filename*=UTF-8''a%22b%5Cc%0D%0ASet-Cookie%3A%20x%3D1%3B%3Cimg%3E.txt")
+        );
         assert_eq!(
             content_disposition("ü.bin"),
             "attachment; filename=\"_.bin\"; filename*=UTF-8''%C3%BC.bin"

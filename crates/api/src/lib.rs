@@ -47,11 +47,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
             state.clone(),
             control::require_api_key,
         ));
-    control::routes(state.clone(), keyed)
+    let api = control::routes(state.clone(), keyed)
         .merge(mcp)
         .merge(volumes::content_routes())
-        .merge(templates::upload_routes())
-        .layer(axum::middleware::from_fn_with_state(console::Console::new(state.engine.clone()), console::handle))
+        .merge(templates::upload_routes());
+    console::around(api, state.clone())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,

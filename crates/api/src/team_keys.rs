@@ -52,7 +52,9 @@ async fn list(
     Extension(caller): Extension<Caller>,
 ) -> Result<Json<Vec<KeyView>>, ApiError> {
     let keys = st.engine.team_keys(&caller).await?;
-    Ok(Json(keys.iter().map(|k| KeyView::new(k, &caller)).collect()))
+    Ok(Json(
+        keys.iter().map(|k| KeyView::new(k, &caller)).collect(),
+    ))
 }
 
 async fn revoke(

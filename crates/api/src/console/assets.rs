@@ -23,7 +23,9 @@ pub fn file(name: &str) -> Response {
         "console.js" => serve("text/javascript; charset=utf-8", SCRIPT),
         "charts.js" => serve("text/javascript; charset=utf-8", CHARTS),
         "console.css" => serve("text/css; charset=utf-8", STYLE),
-        _ => crate::error::ApiError::not_found(format!("No console asset {name:?}")).into_response(),
+        _ => {
+            crate::error::ApiError::not_found(format!("No console asset {name:?}")).into_response()
+        }
     }
 }
 

@@ -15,6 +15,7 @@ mod session;
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
@@ -24,6 +25,7 @@ use bulkhead_engine::{Caller, Engine};
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::state::AppState;
 use session::Sessions;
 
 const PREFIX: &str = "/console";
@@ -51,8 +53,18 @@ impl Console {
     }
 }
 
+/// `api` behind the console: `/console` and below are answered by [`handle`], which replays
+/// console API calls into `api` (hence one service around it, so a rewritten request is routed
+/// afresh); every other request goes to `api` unchanged.
+pub fn around(api: Router<AppState>, state: AppState) -> Router<AppState> {
+    let console = Console::new(state.engine.clone());
+    Router::new()
+        .fallback_service(api.with_state(state))
+        .layer(axum::middleware::from_fn_with_state(console, handle))
+}
+
 /// The middleware: `/console` and below are answered here, everything else goes on.
-pub async fn handle(State(c): State<Console>, req: Request, next: Next) -> Response {
+async fn handle(State(c): State<Console>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
     if path != PREFIX && !path.starts_with("/console/") {
         return next.run(req).await;
@@ -146,7 +158,10 @@ fn is_https(headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.to_ascii_lowercase().starts_with(what))
     };
     said(header::ORIGIN, "https://")
-        || said(header::HeaderName::from_static("x-forwarded-proto"), "https")
+        || said(
+            header::HeaderName::from_static("x-forwarded-proto"),
+            "https",
+        )
 }
 
 fn cookie(value: &str, max_age: u64, secure: bool) -> HeaderValue {
@@ -182,8 +197,10 @@ async fn login(c: &Console, req: Request) -> Response {
     let body = match axum::body::to_bytes(req.into_body(), MAX_LOGIN_BODY).await {
         Ok(b) => b,
         Err(_) => {
-            return ApiError::bad_request("The login body must be {\"apiKey\": \"...\"} (4 KiB at most)")
-                .into_response();
+            return ApiError::bad_request(
+                "The login body must be {\"apiKey\": \"...\"} (4 KiB at most)",
+            )
+            .into_response();
         }
     };
     let Ok(LoginBody { api_key }) = serde_json::from_slice(&body) else {
@@ -218,10 +235,8 @@ fn logout(c: &Console, req: &Request) -> Response {
         c.sessions.remove(&id);
     }
     let mut r = StatusCode::NO_CONTENT.into_response();
-    r.headers_mut().insert(
-        header::SET_COOKIE,
-        cookie("", 0, is_https(req.headers())),
-    );
+    r.headers_mut()
+        .insert(header::SET_COOKIE, cookie("", 0, is_https(req.headers())));
     r
 }
 
@@ -337,8 +352,11 @@ async fn forward(c: &Console, req: Request, next: Next) -> Response {
 async fn without_access_token(resp: Response) -> Response {
     let (mut parts, body) = resp.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, 1 << 20).await else {
-        return ApiError::new(StatusCode::BAD_GATEWAY, "The sandbox description was too large")
-            .into_response();
+        return ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "The sandbox description was too large",
+        )
+        .into_response();
     };
     let out = match serde_json::from_slice::<serde_json::Value>(&bytes) {
         Ok(mut v) => {
@@ -362,7 +380,10 @@ mod tests {
         assert!(allowed(&Method::GET, "/v2/sandboxes"));
         assert!(allowed(&Method::GET, "/sandboxes/abc/metrics"));
         assert!(allowed(&Method::DELETE, "/sandboxes/abc"));
-        assert!(allowed(&Method::GET, "/bulkhead/v1/sandboxes/abc/files/content"));
+        assert!(allowed(
+            &Method::GET,
+            "/bulkhead/v1/sandboxes/abc/files/content"
+        ));
         assert!(!allowed(&Method::POST, "/sandboxes"));
         assert!(!allowed(&Method::POST, "/v2/sandboxes"));
         assert!(!allowed(&Method::GET, "/secrets"));
@@ -380,11 +401,20 @@ mod tests {
             HeaderValue::from_static("a=1; bulkhead_console=abc; b=2"),
         );
         assert_eq!(session_id(&h).as_deref(), Some("abc"));
-        h.insert(header::COOKIE, HeaderValue::from_static("bulkhead_consolex=1"));
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("bulkhead_consolex=1"),
+        );
         assert_eq!(session_id(&h), None);
         let c = cookie("abc", 60, true);
         let c = c.to_str().unwrap();
-        for part in ["HttpOnly", "SameSite=Strict", "Path=/console", "Secure", "Max-Age=60"] {
+        for part in [
+            "HttpOnly",
+            "SameSite=Strict",
+            "Path=/console",
+            "Secure",
+            "Max-Age=60",
+        ] {
             assert!(c.contains(part), "{c}");
         }
     }

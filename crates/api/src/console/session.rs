@@ -97,7 +97,10 @@ mod tests {
         assert_eq!(id.len(), 64);
         assert_eq!(s.key(&id, t0 + IDLE / 2).as_deref(), Some("e2b_k"));
         // Used half an idle period ago: still alive after another almost-idle period.
-        assert!(s.key(&id, t0 + IDLE / 2 + IDLE - Duration::from_secs(1)).is_some());
+        assert!(
+            s.key(&id, t0 + IDLE / 2 + IDLE - Duration::from_secs(1))
+                .is_some()
+        );
         assert!(s.key(&id, t0 + IDLE * 3).is_none());
         assert_eq!(s.len(), 0, "an expired session is dropped when seen");
 
@@ -107,7 +110,10 @@ mod tests {
             t += IDLE / 2;
             assert!(s.key(&id, t).is_some());
         }
-        assert!(s.key(&id, t0 + ABSOLUTE).is_none(), "kept in use, still ends");
+        assert!(
+            s.key(&id, t0 + ABSOLUTE).is_none(),
+            "kept in use, still ends"
+        );
 
         let id = s.create("e2b_k".into(), t0);
         s.remove(&id);
