@@ -261,6 +261,13 @@ async fn list_files(
     let req = connect_call(filesystem::path(filesystem::method::LIST_DIR), body)?;
     let list: ListDirResponse = read_json(&info.id, to_agent(&st, &info, req).await?).await?;
     let truncated = list.entries.len() > MAX_ENTRIES;
+    // The directory as the agent resolved it (absolute), from its entries' paths.
+    let path = list
+        .entries
+        .first()
+        .and_then(|e| e.path.rsplit_once('/'))
+        .map(|(dir, _)| if dir.is_empty() { "/" } else { dir }.to_string())
+        .unwrap_or(path);
     let mut entries: Vec<EntryView> = list
         .entries
         .into_iter()

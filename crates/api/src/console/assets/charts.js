@@ -23,7 +23,7 @@ window.BulkheadCharts = (function () {
 
   // points: [{t: ms, v: number}], opts: {width, height, max?, format(v), cls, label}
   function line(points, opts) {
-    const w = opts.width || 420, h = opts.height || 140, left = 48, bottom = 18, top = 8, right = 8;
+    const w = opts.width || 420, h = opts.height || 140, left = 64, bottom = 18, top = 8, right = 8;
     const svg = node('svg', { width: w, height: h, viewBox: `0 0 ${w} ${h}`, role: 'img', 'aria-label': opts.label || 'chart' });
     const pw = w - left - right, ph = h - top - bottom;
     const max = opts.max || niceMax(Math.max(0, ...points.map((p) => p.v)));

@@ -42,7 +42,7 @@
     const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
     let i = 0;
     while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
-    return (i ? n.toFixed(1) : String(n)) + ' ' + u[i];
+    return (i ? n.toFixed(n >= 100 ? 0 : 1) : String(n)) + ' ' + u[i];
   }
   function age(iso) {
     const s = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
