@@ -117,7 +117,7 @@ def test_console_follows_a_sandbox(page, server, run_id, tmp_path):
 
         # What the SDK does inside: a long process, a binary file, a file named like markup,
         # and a connection the network policy denies.
-        proc = sbx.commands.run("sleep 600 # console-probe", background=True)
+        proc = sbx.commands.run("sleep 600 # console-probe", background=True, envs={"PROBE_SECRET": "s3cr3t-env-value"})
         payload = os.urandom(200_000) + b"\x00end"
         sbx.files.write("/home/user/report.bin", payload)
         sbx.files.write(f"/home/user/{XSS_FILE}", "markup in a name")
@@ -154,6 +154,24 @@ def test_console_follows_a_sandbox(page, server, run_id, tmp_path):
         denied_row = page.locator("#egress-table tr.egress-deny", has_text="denied.test")
         expect(denied_row.first).to_be_visible(timeout=20_000)
         no_script_ran(page)
+
+        # The JSON routes behind it: processes without their environment; downloads by the
+        # agent's rules (home-relative paths, the default user's permissions, symlinks
+        # followed inside the sandbox), errors in E2B's shape.
+        hdr = server.api_headers()
+        own = f"{server.url}/bulkhead/v1/sandboxes/{sid}"
+        r = http("GET", f"{own}/processes", headers=hdr)
+        assert r.status == 200 and any(p["pid"] == proc.pid for p in r.json()), r.body
+        assert b"s3cr3t-env-value" not in r.body and b"PROBE_SECRET" not in r.body
+        r = http("GET", f"{own}/files/content?path=report.bin", headers=hdr)
+        assert r.status == 200 and r.body == payload
+        assert r.header("content-disposition").startswith('attachment; filename="report.bin"')
+        sbx.commands.run("ln -s /etc/shadow /home/user/shadow-link")
+        for bad in ("/etc/shadow", "../../etc/shadow", "shadow-link"):
+            r = http("GET", f"{own}/files/content?path={bad}", headers=hdr)
+            assert 400 <= r.status < 500 and r.json()["code"] == r.status and r.json()["message"], (bad, r.status, r.body)
+        r = http("GET", f"{own}/files/content?path=/home/user/missing", headers=hdr)
+        assert r.status == 404 and r.json()["code"] == 404, r.body
 
         sbx.kill()
         expect(page.locator("#gone")).to_be_visible(timeout=20_000)
