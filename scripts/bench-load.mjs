@@ -35,6 +35,8 @@ const USAGE = `usage: bench-load.mjs [--url URL --api-key KEY [--server-pid PID]
   --probe    the first command instead of the ~10-process shell probe (e.g. 'echo hi')
   --no-node  leave out the \`node -v\` step
   --settle   ms to wait between shapes (pools refill, kills settle; default 5000)
+  --floor    also run every shape against scripts/bench-sdk-floor.mjs, a server that answers at once
+             and does no sandbox work: the SDK's and Node's own share of each figure on this machine
   --json     also print the results as one JSON line`
 
 const { values: opt } = parseArgs({
@@ -51,6 +53,7 @@ const { values: opt } = parseArgs({
     probe: { type: 'string' },
     settle: { type: 'string', default: '5000' },
     'no-node': { type: 'boolean', default: false },
+    floor: { type: 'boolean', default: false },
     json: { type: 'boolean', default: false },
     help: { type: 'boolean', default: false },
   },
@@ -141,6 +144,33 @@ async function startServer() {
       rmTree(tmpRoot)
     },
   }
+}
+
+// The client floor (scripts/bench-sdk-floor.mjs) in its own process, so its CPU is not the load
+// generator's.
+async function startFloor() {
+  const port = await freePort()
+  const proc = spawn(process.execPath, [path.join(REPO, 'scripts/bench-sdk-floor.mjs'), String(port)], {
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  await new Promise((resolve, reject) => {
+    proc.once('exit', (c) => reject(new Error(`the floor server exited with ${c}`)))
+    proc.stdout.once('data', resolve)
+  })
+  return {
+    url: `http://127.0.0.1:${port}`,
+    apiKey: 'e2b_floor',
+    pid: proc.pid,
+    async stop() {
+      proc.kill('SIGTERM')
+    },
+  }
+}
+
+function pointSdkAt(server) {
+  process.env.E2B_API_URL = server.url
+  process.env.E2B_SANDBOX_URL = server.url
+  process.env.E2B_API_KEY = server.apiKey
 }
 
 function rmTree(root) {
@@ -362,6 +392,40 @@ function report(runs, idle) {
   return out.join('\n')
 }
 
+// Every shape against the floor server. Run before the real shapes, while the real server is idle
+// with full pools, so that neither run's after-effects (refills, kills) load the other.
+async function runFloor(Sandbox, shapes, server) {
+  const floor = await startFloor()
+  const floorRuns = []
+  try {
+    pointSdkAt(floor)
+    for (let i = 0; i < Number(opt.warmup); i++) await iteration(Sandbox)
+    for (const shape of shapes) {
+      await sleep(1000)
+      floorRuns.push(await runShape(Sandbox, shape, floor))
+    }
+  } finally {
+    pointSdkAt(server)
+    await floor.stop()
+  }
+  return floorRuns
+}
+
+function reportFloor(floorRuns, runs) {
+  const out = ['\n== client floor: the same shapes against a server that answers at once (scripts/bench-sdk-floor.mjs)']
+  out.push('  shape                     OK    p50    p95    p99  load generator CPU/iteration   real p50   real − floor')
+  for (const f of floorRuns) {
+    const st = stats(f.results.filter((x) => x.ok).map((x) => x.total))
+    const real = runs.find((r) => r.shape === f.shape)
+    const rp50 = real ? stats(real.results.filter((x) => x.ok).map((x) => x.total)).p50 : NaN
+    out.push(
+      `  ${label(f.shape).padEnd(24)} ${String(st.n).padStart(3)}  ${ms(st.p50)}  ${ms(st.p95)}  ${ms(st.p99)}  ${f.cpu.loadgen.toFixed(1).padStart(8)} ms` +
+        `                  ${ms(rp50)}  ${ms(rp50 - st.p50)}`,
+    )
+  }
+  return out.join('\n')
+}
+
 async function main() {
   const shapes = parseShapes(opt.shapes)
   const sdk = loadSdk()
@@ -379,9 +443,7 @@ async function main() {
     server = await startServer()
   }
   server.cgroup = cgroupParent(server.dataDir)
-  process.env.E2B_API_URL = server.url
-  process.env.E2B_SANDBOX_URL = server.url
-  process.env.E2B_API_KEY = server.apiKey
+  pointSdkAt(server)
   delete process.env.E2B_DOMAIN
   const apiOpts = { apiKey: server.apiKey }
 
@@ -402,6 +464,9 @@ async function main() {
     )
     // Warm-up: first-use costs (SDK module init, HTTP connections, the template's page cache).
     for (let i = 0; i < Number(opt.warmup); i++) await iteration(Sandbox)
+    // Let the pools fill (a server started here begins with empty ones) before anything is measured.
+    await sleep(Number(opt.settle))
+    const floorRuns = opt.floor ? await runFloor(Sandbox, shapes, server) : []
     // The idle baseline, in the same run: a short sequential shape unless one is asked for.
     let idle = null
     const runs = []
@@ -420,6 +485,7 @@ async function main() {
     const idleBase = idle ? idleBasis(idle) : null
     const idleP50 = idleBase?.p50 ?? null
     console.log(report(runs, idleBase))
+    if (opt.floor) console.log(reportFloor(floorRuns, runs))
     console.log(`\nloadavg after ${os.loadavg().map((l) => l.toFixed(2)).join(' ')}`)
     if (opt.json) {
       const summary = runs.map((r) => ({

@@ -19,7 +19,7 @@
 #   BULKHEAD_IMAGE_CACHE   template images                      (default $BULKHEAD_CACHE_DIR/images)
 #   PYTEST_ADDOPTS         extra pytest options, e.g. -m "not slow" to skip the leak test locally
 #   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk microvm js
-#                          interpreter-module interpreter-python interpreter-js mcp
+#                          interpreter-module interpreter-python interpreter-js mcp console
 #                          (local use only: listed as SKIP in the summary; .ci/run unsets it)
 #   BULKHEAD_TEST_EXTRA_CA PEM CA for the images extra-CA test (default: the top certificate of
 #                          the chain this host is served for pypi.org)
@@ -83,7 +83,7 @@ fi
 # ---- host packages --------------------------------------------------------------------------
 section "Host packages"
 want=(debootstrap mmdebstrap ca-certificates curl procps util-linux hostname python3 python3-venv iproute2 openssl docker-registry
-    qemu-system-x86 erofs-utils e2fsprogs)
+    qemu-system-x86 erofs-utils e2fsprogs chromium)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -130,6 +130,7 @@ VENV="$(make_venv tests/sdk/python/requirements.txt)"
 OLD_VENV="$(make_venv tests/sdk/python_old/requirements-old.txt)"
 CI_VENV="$(make_venv tests/sdk/interpreter/requirements.txt)"
 MCP_VENV="$(make_venv tests/sdk/mcp/requirements.txt)"
+CONSOLE_VENV="$(make_venv tests/sdk/console/requirements.txt)"
 # Real kernels for the agent's interpreter tests (cargo test; `#[requires(KernelVenv)]`).
 BULKHEAD_TEST_KERNEL_VENV="$(make_venv crates/agent/tests/kernel-requirements.txt)"
 export BULKHEAD_TEST_KERNEL_VENV
@@ -159,6 +160,7 @@ echo "python SDK venv: $VENV (e2b $("$VENV/bin/python" -c 'import importlib.meta
 echo "old SDK venv:    $OLD_VENV (e2b $("$OLD_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b"))'))"
 echo "interpreter venv: $CI_VENV (e2b-code-interpreter $("$CI_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("e2b-code-interpreter"))'))"
 echo "MCP venv:        $MCP_VENV (mcp $("$MCP_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))'))"
+echo "console venv:    $CONSOLE_VENV (playwright $("$CONSOLE_VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("playwright"))'), $(chromium --version 2>/dev/null || echo 'no chromium'))"
 (cd tests/sdk/js && npm ci --no-audit --no-fund --loglevel=error)
 echo "js SDK: e2b $(node -p 'require("./tests/sdk/js/node_modules/e2b/package.json").version')"
 (cd tests/sdk/js-interpreter && npm ci --no-audit --no-fund --loglevel=error)
@@ -300,6 +302,10 @@ if ! skipped interpreter-python; then
 fi
 if ! skipped mcp; then
     pytest_step "MCP server, official Python mcp client (tests/sdk/mcp)" "$MCP_VENV" 1500 tests/sdk/mcp
+fi
+if ! skipped console; then
+    # Playwright drives Debian's chromium (the test passes executable_path; no browser download).
+    pytest_step "Web console in headless Chromium (tests/sdk/console)" "$CONSOLE_VENV" 900 tests/sdk/console
 fi
 if ! skipped interpreter-js; then
     # (tests/sdk/js-interpreter/env.mjs points the readiness probe at code-interpreter-v1)

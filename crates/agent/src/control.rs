@@ -84,18 +84,6 @@ pub async fn agent_info() -> Response {
     json_response(StatusCode::OK, &AgentInfo::current())
 }
 
-/// `POST /bulkhead/restored` (host-only): this sandbox was restored from a checkpoint; spawn
-/// every process from now on under the sandbox's Landlock ruleset (see `crate::reconfine`).
-pub async fn restored() -> Response {
-    match crate::reconfine::activate() {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => error_json(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("cannot rebuild the sandbox's Landlock ruleset after a restore: {e}"),
-        ),
-    }
-}
-
 /// `POST` [`WARM_PATH`](bulkhead_envd::protocol::WARM_PATH) (host-only): answers once the
 /// kernels that start with the sandbox are running and warmed (at once without an interpreter).
 /// The host asks before it checkpoints a warm sandbox for a pool.

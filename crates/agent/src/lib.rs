@@ -42,7 +42,6 @@ pub mod metrics;
 pub mod paths;
 pub mod port_forward;
 pub mod process;
-pub mod reconfine;
 pub mod report;
 pub mod reseed;
 pub mod server;

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use bulkhead_envd::protocol::{AGENT_INFO_PATH, CLONED_PATH, RESTORED_PATH, WARM_PATH};
+use bulkhead_envd::protocol::{AGENT_INFO_PATH, CLONED_PATH, WARM_PATH};
 use bulkhead_envd::rest::{ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_PORT};
 use bulkhead_envd::{ConnectError, filesystem, process};
 use tower::ServiceExt as _;
@@ -121,7 +121,6 @@ pub fn envd_router(
         .route("/envs", get(crate::control::envs))
         .route("/metrics", get(crate::control::metrics))
         .route(AGENT_INFO_PATH, get(crate::control::agent_info))
-        .route(RESTORED_PATH, post(crate::control::restored))
         .route(
             &format!("/{}/{{method}}", process::SERVICE),
             post(process_rpc),
@@ -167,10 +166,8 @@ async fn require_token(State(state): State<SharedState>, request: Request, next:
         return next.run(request).await;
     };
     let path = request.uri().path();
-    // `restored` only adds confinement; the driver sends it without the sandbox's token.
     let exempt = (request.method() == Method::GET
         && (path == "/health" || path == AGENT_INFO_PATH))
-        || (request.method() == Method::POST && path == RESTORED_PATH)
         || path == "/files";
     let sent = request
         .headers()

@@ -5,13 +5,16 @@
 //! the wire and [`bulkhead_engine::Engine`].
 
 mod changes;
+mod console;
 mod control;
 mod error;
 mod http;
+mod inspect;
 mod metrics;
 mod persist;
 mod proxy;
 mod state;
+mod team_keys;
 mod templates;
 mod usage;
 mod volumes;
@@ -34,7 +37,8 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .merge(changes::routes())
         .merge(metrics::routes())
         .merge(templates::routes())
-        .merge(usage::routes());
+        .merge(usage::routes())
+        .merge(inspect::routes().merge(team_keys::routes()));
     // MCP (Streamable HTTP) behind the same API-key check as the REST API; the check puts the
     // caller in the request's extensions, where the tools read it.
     let mcp = Router::new()
@@ -43,10 +47,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
             state.clone(),
             control::require_api_key,
         ));
-    control::routes(state.clone(), keyed)
+    let api = control::routes(state.clone(), keyed)
         .merge(mcp)
         .merge(volumes::content_routes())
-        .merge(templates::upload_routes())
+        .merge(templates::upload_routes());
+    console::around(api, state.clone())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,

@@ -58,6 +58,7 @@ mod sandboxes;
 mod secrets;
 mod signed_urls;
 mod snapshots;
+mod team_keys;
 pub mod telemetry;
 mod template_builder;
 pub mod template_builds;

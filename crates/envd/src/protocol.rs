@@ -23,11 +23,6 @@ pub const LEGACY_PROTOCOL_VERSION: u32 = 1;
 /// Host-only route where the agent describes itself (`GET`, answers [`AgentInfo`]).
 pub const AGENT_INFO_PATH: &str = "/bulkhead/agent";
 
-/// Host-only: the driver tells a restored agent it was restored (it then re-applies the
-/// sandbox's Landlock ruleset to what it spawns). The jail driver sends it over the agent
-/// socket with this literal path.
-pub const RESTORED_PATH: &str = "/bulkhead/restored";
-
 /// Host-only: answers (`204`) once the kernels that start with the sandbox are running and
 /// warmed. The host asks before it checkpoints a warm sandbox for a pool. Agents without it
 /// answer 404: their template is then pooled by cold starts.

@@ -7,7 +7,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::protocol::{AGENT_INFO_PATH, CLONED_PATH, RESTORED_PATH, WARM_PATH};
+use crate::protocol::{AGENT_INFO_PATH, CLONED_PATH, WARM_PATH};
 
 /// Port the SDKs address envd on (`E2b-Sandbox-Port` value).
 pub const ENVD_PORT: u16 = 49983;
@@ -38,7 +38,9 @@ pub const HOST_ONLY_PATHS: &[&str] = &[
     "/fsthaw",
     "/upgrade",
     AGENT_INFO_PATH,
-    RESTORED_PATH,
+    // No agent serves it any more, but agents restored from checkpoints made by older builds
+    // still do (it made them confine what they spawn): outside callers must not reach it.
+    "/bulkhead/restored",
     WARM_PATH,
     CLONED_PATH,
 ];
@@ -216,7 +218,7 @@ mod tests {
     fn host_only_paths_include_init_and_the_agent_info() {
         assert!(HOST_ONLY_PATHS.contains(&"/init"));
         assert!(HOST_ONLY_PATHS.contains(&AGENT_INFO_PATH));
-        assert!(HOST_ONLY_PATHS.contains(&RESTORED_PATH));
+        assert!(HOST_ONLY_PATHS.contains(&"/bulkhead/restored"));
         assert!(HOST_ONLY_PATHS.contains(&WARM_PATH));
         assert!(HOST_ONLY_PATHS.contains(&CLONED_PATH));
         assert!(!HOST_ONLY_PATHS.contains(&"/files"));

@@ -9,16 +9,16 @@
 //! `mountplan`), which refuse writes to every process, restored ones included, where Landlock
 //! protected only processes started in a fresh sandbox (`docs/threat-model.md`).
 //!
-//! Two users: the jail applies it to the agent before `execve` ([`restrict_self`]), and the
-//! agent of a *restored* sandbox builds it ([`ruleset_fd`]) and applies it to every process
-//! it spawns, because CRIU cannot restore a Landlock domain (see `docs/threat-model.md`).
+//! The jail applies it to the agent before `execve` ([`restrict_self`]). CRIU cannot restore a
+//! Landlock domain, and a restored sandbox does not get it back: re-applying it would need
+//! `no_new_privs`, which breaks `sudo`, for a ruleset that only limits device ioctls
+//! (`docs/persistence.md`).
 //!
 //! No scopes (abstract Unix sockets, signals): CRIU's parasite talks to CRIU over an abstract
 //! Unix socket, which a scoped domain refuses (the dump fails and the sandbox dies). The
 //! sandbox's private pid and network namespaces already keep signals and abstract sockets
 //! inside it, which is what the scopes added.
 
-use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use landlock::{
@@ -86,13 +86,6 @@ pub fn restrict_self() -> Result<RulesetStatus, String> {
         .restrict_self()
         .map_err(|e| err("restrict_self", &e))?;
     Ok(status.ruleset)
-}
-
-/// The ruleset as a file descriptor for `landlock_restrict_self(2)`, which a forked child can
-/// call before `execve` (async-signal-safe, unlike building the ruleset). None when the kernel
-/// has no Landlock.
-pub fn ruleset_fd() -> Result<Option<OwnedFd>, String> {
-    Ok(ruleset()?.into())
 }
 
 #[cfg(test)]

@@ -142,6 +142,18 @@ def test_history_works_in_a_restored_clone(server, sandbox_factory):
     assert r.text in (":memory:", "':memory:'"), r.text
 
 
+def test_sudo_works_in_a_restored_clone(server, sandbox_factory):
+    """`sudo` as `user`, as in a cold-started sandbox and on E2B: a restored sandbox's processes
+    run without `no_new_privs`, both commands and the kernel's `!` shell."""
+    wait_for_restored_pool(server)
+    sbx = clone(server, sandbox_factory)
+    r = sbx.commands.run("grep NoNewPrivs /proc/self/status; sudo -n id -u; sudo -n mkdir /from-sudo && stat -c %U /from-sudo")
+    assert r.stdout.split() == ["NoNewPrivs:", "0", "0", "root"], r.stdout
+    r = sbx.run_code("!sudo -n id -u")
+    assert r.error is None, r.error
+    assert "".join(r.logs.stdout).strip() == "0", r.logs
+
+
 def test_javascript_starts_on_first_use_in_a_pool_sandbox(server, sandbox_factory):
     wait_for_restored_pool(server)
     sbx = clone(server, sandbox_factory)

@@ -103,7 +103,7 @@ def test_a_resumed_sandbox_pauses_snapshots_and_forks_again(sandbox_factory):
     for i in range(1, 4):
         assert sbx.pause() is True, f"pause {i}"
         sbx = Sandbox.connect(sbx.sandbox_id)
-        # A process spawned after a resume (re-confined with Landlock by the agent).
+        # A process spawned after a resume.
         sbx.commands.run(f"echo -n {i} > /home/user/cycles.txt")
     assert sbx.files.read("/home/user/cycles.txt") == "3"
     snap = sbx.create_snapshot()

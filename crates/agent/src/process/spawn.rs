@@ -152,12 +152,6 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
     };
     let groups: Vec<libc::gid_t> = spec.identity.groups.clone();
     let (uid, gid) = (spec.identity.uid, spec.identity.gid);
-    // Open until the child has been spawned (it applies it before `execve`), closed after.
-    let ruleset = crate::reconfine::child_ruleset().map_err(|source| SpawnError::Other {
-        program: spec.program.clone(),
-        source,
-    })?;
-    let landlock = ruleset.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     let cgroup_procs = crate::guest_limits::procs_fd();
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // raw system calls on data prepared before the fork (no allocation, no locks). Credentials
@@ -201,11 +195,6 @@ pub fn spawn(spec: SpawnSpec) -> Result<Spawned, SpawnError> {
             if fd >= 0 {
                 let _ = libc::write(fd, b"100".as_ptr().cast(), 3);
                 libc::close(fd);
-            }
-            // A restored sandbox: CRIU could not restore the agent's Landlock domain, so each
-            // child takes the sandbox's ruleset itself.
-            if let Some(fd) = landlock {
-                crate::reconfine::restrict_child(fd)?;
             }
             Ok(())
         });

@@ -61,9 +61,7 @@ fn handle(req: &str) -> String {
         // Only the request line is read; the connection is closed after the reply.
         "GET" | "POST" => {
             let path = arg.split(' ').next();
-            let status = if (cmd, path) == ("GET", Some("/health"))
-                || (cmd, path) == ("POST", Some("/bulkhead/restored"))
-            {
+            let status = if (cmd, path) == ("GET", Some("/health")) {
                 "204 No Content"
             } else {
                 "404 Not Found"

@@ -39,38 +39,6 @@ pub(super) async fn connect_agent(sock: &Path) -> io::Result<tokio::net::UnixStr
     tokio::net::UnixStream::connect(format!("/proc/self/fd/{}", file.as_raw_fd())).await
 }
 
-/// Path of the agent's host-only "you were restored" request (`RESTORED_PATH` of
-/// `bulkhead-envd`; the jail does not depend on the protocol crate).
-const RESTORED_PATH: &str = "/bulkhead/restored";
-
-/// Tell a restored agent it was restored, so it re-applies the sandbox's Landlock ruleset to
-/// everything it spawns (CRIU cannot restore a Landlock domain). Fails unless it says 2xx.
-pub(super) async fn notify_restored(sock: &Path) -> io::Result<()> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = connect_agent(sock).await?;
-    let req = format!(
-        "POST {RESTORED_PATH} HTTP/1.1\r\nHost: agent\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await?;
-    let mut head = [0u8; 64];
-    let mut n = 0;
-    while n < 12 {
-        let r = s.read(&mut head[n..]).await?;
-        if r == 0 {
-            break;
-        }
-        n += r;
-    }
-    let line = String::from_utf8_lossy(&head[..n]);
-    match line.split(' ').nth(1) {
-        Some(code) if code.starts_with('2') => Ok(()),
-        _ => Err(io::Error::other(format!(
-            "the restored agent answered {:?} to {RESTORED_PATH}",
-            line.lines().next().unwrap_or("")
-        ))),
-    }
-}
-
 /// The last few lines the agent wrote (empty if none), for start errors (never following a
 /// symlink the sandbox may have planted, never blocking on a FIFO).
 pub(super) fn log_tail(path: &Path) -> String {

@@ -23,7 +23,6 @@ use std::time::Instant;
 
 use bulkhead_driver::{DriverError, DriverHandle, RestoreOptions, SandboxSpec, StartError};
 
-use super::agent_sock::notify_restored;
 use super::checkpoint::{AGENT_KEY, SOCK_KEY, criu_error};
 use super::fsutil::copy_sandbox_file;
 use super::launch::LaunchError;
@@ -202,12 +201,6 @@ impl JailDriver {
         );
         self.wait_for_socket(slot, &sb, deadline).await?;
         let t_socket = t0.elapsed();
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        tokio::time::timeout(remaining, notify_restored(&self.sock_path(slot)))
-            .await
-            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))
-            .and_then(|r| r)
-            .map_err(|e| DriverError::io("re-confine the restored sandbox (Landlock)", e))?;
         tracing::debug!(slot, ?t_seed, ?t_prep, ?t_criu, ?t_socket, total = ?t0.elapsed(),
             "restore phases (cumulative)");
         Ok(handle)
