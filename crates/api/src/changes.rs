@@ -14,6 +14,7 @@ use crate::state::AppState;
 
 /// One changed path, as `GET /sandboxes/{id}/changes` returns it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = FileChange)]
 pub struct Change {
     /// Absolute path inside the sandbox.
     pub path: String,
@@ -26,6 +27,7 @@ pub struct Change {
     pub size: u64,
     /// Modification time, RFC 3339 (absent for deletions).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub mtime: Option<String>,
 }
 

@@ -73,6 +73,12 @@ sends JSON-RPC messages, GET opens the server-to-client event stream, DELETE end
 #[allow(dead_code)] // documentation only: see above
 fn mcp_endpoint() {}
 
+/// A request or response body of raw bytes (file contents, archives).
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // a schema only: bodies are streamed, never held in this type
+pub(crate) struct Binary(Vec<u8>);
+
 /// Every operation of `r` gets `tag`.
 pub(crate) fn tagged(mut r: OpenApiRouter<AppState>, tag: &str) -> OpenApiRouter<AppState> {
     for item in r.get_openapi_mut().paths.paths.values_mut() {
@@ -132,10 +138,18 @@ pub(crate) fn operations(item: &mut PathItem) -> impl Iterator<Item = &mut Opera
 /// The routes' own document plus what is said once for all of them.
 pub(crate) fn finish(routes: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
-    // The MCP endpoint needs the key like the rest of the control plane.
+    // The MCP endpoint needs the key like the rest of the control plane; its three methods
+    // share one annotated function, so they get an operation id each here.
     for item in doc.paths.paths.values_mut() {
-        for op in operations(item) {
-            op.security = Some(vec![requirement(API_KEY), requirement(API_KEY_BEARER)]);
+        for (method, op) in [
+            ("get", &mut item.get),
+            ("post", &mut item.post),
+            ("delete", &mut item.delete),
+        ] {
+            if let Some(op) = op {
+                op.security = Some(vec![requirement(API_KEY), requirement(API_KEY_BEARER)]);
+                op.operation_id = Some(format!("mcp_{method}"));
+            }
         }
     }
     doc.merge(routes);

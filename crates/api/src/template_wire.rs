@@ -29,9 +29,11 @@ pub struct TemplateBuildFileUpload {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BuildLogEntry {
     /// RFC 3339.
+    #[schema(format = DateTime)]
     pub timestamp: String,
     pub message: String,
     /// `debug`, `info`, `warn` or `error`.
+    #[schema(example = "info")]
     pub level: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
@@ -56,6 +58,7 @@ pub struct TemplateBuildInfo {
     #[serde(rename = "buildID")]
     pub build_id: String,
     /// `waiting`, `building`, `ready` or `error`.
+    #[schema(example = "building")]
     pub status: String,
     pub logs: Vec<String>,
     pub log_entries: Vec<BuildLogEntry>,
@@ -75,6 +78,7 @@ pub struct TemplateAliasResponse {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AssignedTemplateTags {
     #[serde(rename = "buildID")]
+    #[schema(format = Uuid)]
     pub build_id: String,
     pub tags: Vec<String>,
 }
@@ -84,8 +88,10 @@ pub struct AssignedTemplateTags {
 pub struct TemplateTag {
     pub tag: String,
     #[serde(rename = "buildID")]
+    #[schema(format = Uuid)]
     pub build_id: String,
     /// RFC 3339.
     #[serde(rename = "createdAt")]
+    #[schema(format = DateTime)]
     pub created_at: String,
 }

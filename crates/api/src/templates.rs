@@ -137,7 +137,7 @@ struct UploadQuery {
 
 #[utoipa::path(put, path = "/bulkhead/template-files/{hash}",
     params(("hash" = String, Path, description = "SHA-256 of the archive"), ("token" = String, Query, description = "The one-time token of the link")),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The gzipped tar archive of a COPY step's files"),
+    request_body(content = crate::docs::Binary, content_type = "application/octet-stream", description = "The gzipped tar archive of a COPY step's files"),
     responses((status = 200, description = "Stored")))]
 async fn upload(
     State(st): State<AppState>,
@@ -179,7 +179,9 @@ struct StartBody {
 #[schema(as = FromImageRegistry)]
 #[serde(rename_all = "camelCase")]
 struct RegistryBody {
+    /// `registry`, `gcp` or `aws`.
     #[serde(rename = "type")]
+    #[schema(example = "registry")]
     kind: String,
     username: Option<String>,
     password: Option<String>,

@@ -268,7 +268,7 @@ async fn make_dir(
     Ok((StatusCode::CREATED, Json(e)).into_response())
 }
 
-#[utoipa::path(get, path = "/volumecontent/{id}/file", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume")), responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>)))]
+#[utoipa::path(get, path = "/volumecontent/{id}/file", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume")), responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = crate::docs::Binary)))]
 async fn read_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -289,7 +289,7 @@ async fn read_file(
         .into_response())
 }
 
-#[utoipa::path(put, path = "/volumecontent/{id}/file", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume"), ("uid" = Option<u32>, Query), ("gid" = Option<u32>, Query), ("mode" = Option<u32>, Query, description = "Permission bits (decimal)"), ("force" = Option<bool>, Query, description = "Create missing parents / overwrite")), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 201, description = "The written file", body = EntryStat)))]
+#[utoipa::path(put, path = "/volumecontent/{id}/file", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume"), ("uid" = Option<u32>, Query), ("gid" = Option<u32>, Query), ("mode" = Option<u32>, Query, description = "Permission bits (decimal)"), ("force" = Option<bool>, Query, description = "Create missing parents / overwrite")), request_body(content = crate::docs::Binary, content_type = "application/octet-stream"), responses((status = 201, description = "The written file", body = EntryStat)))]
 async fn write_file(
     State(st): State<AppState>,
     Path(id): Path<String>,

@@ -198,7 +198,9 @@ pub struct Secret {
     pub name: String,
     pub current_version: i64,
     pub metadata: BTreeMap<String, String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
 }
 
@@ -221,6 +223,7 @@ impl From<&SecretInfo> for Secret {
 pub struct EgressEvent {
     #[serde(rename = "sandboxID")]
     pub sandbox_id: String,
+    #[schema(format = DateTime)]
     pub timestamp: String,
     pub protocol: String,
     pub host: Option<String>,
@@ -365,7 +368,9 @@ pub struct SandboxDetail {
     pub client_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
+    #[schema(format = DateTime)]
     pub started_at: String,
+    #[schema(format = DateTime)]
     pub end_at: String,
     pub envd_version: String,
     pub cpu_count: i64,
@@ -373,6 +378,9 @@ pub struct SandboxDetail {
     pub memory_mb: i64,
     #[serde(rename = "diskSizeMB")]
     pub disk_size_mb: i64,
+    /// `running` or `paused` (E2B's states), or Bulkhead's transient `starting`, `pausing`,
+    /// `resuming`.
+    #[schema(example = "running")]
     pub state: String,
     pub metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -384,6 +392,7 @@ pub struct SandboxDetail {
     pub lifecycle: SandboxLifecycle,
     /// `full` or `filesystem`: what a paused sandbox's checkpoint kept (only when paused).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "full")]
     pub pause_mode: Option<String>,
     pub volume_mounts: Vec<SandboxVolumeMount>,
 }
@@ -393,6 +402,7 @@ pub struct SandboxDetail {
 #[serde(rename_all = "camelCase")]
 pub struct SandboxLifecycle {
     /// `kill` or `pause`.
+    #[schema(example = "kill")]
     pub on_timeout: String,
     pub auto_resume: bool,
 }
@@ -440,6 +450,7 @@ pub fn rfc3339(t: &chrono::DateTime<chrono::Utc>) -> String {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxMetric {
+    #[schema(format = DateTime)]
     pub timestamp: String,
     pub timestamp_unix: i64,
     pub cpu_count: i64,
@@ -491,6 +502,7 @@ pub struct TemplateListed {
     pub disk_size_mb: u64,
     pub public: bool,
     /// `ready`, `building` or `error`.
+    #[schema(example = "ready")]
     pub build_status: String,
 }
 

@@ -26,7 +26,7 @@ fn checked_in_document_is_current() {
         generated == checked_in,
         "docs/openapi.json differs from the document the code generates (a route, handler \
          annotation or wire type changed). Regenerate it with\n    \
-         cargo run -p bulkhead-cli -- openapi > docs/openapi.json\nand review the diff."
+         cargo run -p bulkhead -- openapi > docs/openapi.json\nand review the diff."
     );
 }
 

@@ -47,6 +47,18 @@ pub async fn scope<F: Future>(id: String, fut: F) -> F::Output {
     CURRENT.scope(id, fut).await
 }
 
+/// `fut` with the current request id (if any), for handing to `tokio::spawn`: a spawned task
+/// does not inherit task-locals.
+pub fn propagate<F: Future>(fut: F) -> impl Future<Output = F::Output> {
+    let id = current();
+    async move {
+        match id {
+            Some(id) => scope(id, fut).await,
+            None => fut.await,
+        }
+    }
+}
+
 /// The id of the request this task is serving, if any.
 pub fn current() -> Option<String> {
     CURRENT.try_with(Clone::clone).ok()
@@ -80,5 +92,10 @@ mod tests {
         assert_eq!(current(), None);
         let seen = scope("r1".into(), async { current() }).await;
         assert_eq!(seen.as_deref(), Some("r1"));
+        let spawned = scope("r2".into(), async {
+            tokio::spawn(propagate(async { current() })).await.unwrap()
+        })
+        .await;
+        assert_eq!(spawned.as_deref(), Some("r2"));
     }
 }
