@@ -48,7 +48,7 @@ impl KeyView {
     }
 }
 
-#[utoipa::path(get, path = "/bulkhead/v1/keys", responses((status = 200, description = "The caller's team's API keys (never the secret)", body = Vec<KeyView>)))]
+#[utoipa::path(get, path = "/bulkhead/v1/keys", operation_id = "list_team_keys", responses((status = 200, description = "The caller's team's API keys (never the secret)", body = Vec<KeyView>)))]
 async fn list(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -59,7 +59,7 @@ async fn list(
     ))
 }
 
-#[utoipa::path(delete, path = "/bulkhead/v1/keys/{id}", params(("id" = String, Path, description = "The key ID")), responses((status = 204, description = "Revoked")))]
+#[utoipa::path(delete, path = "/bulkhead/v1/keys/{id}", operation_id = "revoke_team_key", params(("id" = String, Path, description = "The key ID")), responses((status = 204, description = "Revoked")))]
 async fn revoke(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
