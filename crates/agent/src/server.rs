@@ -94,7 +94,43 @@ pub fn app_with_interpreter(
             crate::interpreter::http::router(interpreter),
         );
     }
-    ports.into_router()
+    ports
+        .into_router()
+        .layer(middleware::from_fn(log_with_request_id))
+}
+
+/// Requests the server sends with an `X-Request-Id` (every client request it proxies, and its
+/// own calls made for one) run in a span carrying it, and get one log line when answered, so
+/// a request can be followed from the server's log into this one. Requests without an id
+/// (health polls, pool warm-ups) are not logged.
+async fn log_with_request_id(request: Request, next: Next) -> Response {
+    use bulkhead_common::request_id;
+    use tracing::Instrument;
+    let id = request
+        .headers()
+        .get(request_id::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(request_id::accept)
+        .map(str::to_owned);
+    let Some(id) = id else {
+        return next.run(request).await;
+    };
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %request.method(),
+        path = %request.uri().path(),
+    );
+    let started = std::time::Instant::now();
+    let response = next.run(request).instrument(span.clone()).await;
+    span.in_scope(|| {
+        tracing::info!(
+            status = response.status().as_u16(),
+            ms = started.elapsed().as_millis() as u64,
+            "request answered"
+        );
+    });
+    response
 }
 
 /// The envd API (with the host-only pool routes, which need the interpreter when there is one).

@@ -3,17 +3,18 @@
 //! started (or since the snapshot), sorted by path.
 
 use axum::extract::{Path, Request, State};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bulkhead_engine::Caller;
 use bulkhead_engine::driver::{ChangeKind, FileChange};
 use serde::{Deserialize, Serialize};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// One changed path, as `GET /sandboxes/{id}/changes` returns it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = FileChange)]
 pub struct Change {
     /// Absolute path inside the sandbox.
     pub path: String,
@@ -26,6 +27,7 @@ pub struct Change {
     pub size: u64,
     /// Modification time, RFC 3339 (absent for deletions).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(format = DateTime)]
     pub mtime: Option<String>,
 }
 
@@ -49,10 +51,13 @@ impl From<&FileChange> for Change {
     }
 }
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/sandboxes/{id}/changes", get(changes))
+pub fn routes() -> OpenApiRouter<AppState> {
+    crate::docs::tagged(OpenApiRouter::new().routes(routes!(changes)), "sandboxes")
 }
 
+#[utoipa::path(get, path = "/sandboxes/{id}/changes", params(("id" = String, Path, description = "The sandbox ID"),
+    ("since" = Option<String>, Query, description = "A snapshot ID or name to diff against (default: the template)")),
+    responses((status = 200, description = "Files created, modified or deleted", body = Vec<Change>)))]
 async fn changes(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,

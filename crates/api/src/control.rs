@@ -4,19 +4,20 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bulkhead_engine::{
     Caller, CreateGeneration, CreateRequest, ListRequest, ResumeRequest, SandboxState,
 };
 use bytes::Bytes;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::http::{next_token_headers, parse_body, parse_limit, query_pairs, timeout_secs};
 use crate::state::AppState;
 use crate::wire::{
     ConnectBody, EgressEvent, NetworkConfig, NewSandbox, NewSecret, RefreshBody, Sandbox,
-    SandboxDetail, SandboxMetric, Secret, SecretUpdate, TimeoutBody,
+    SandboxDetail, SandboxMetric, SandboxesWithMetrics, Secret, SecretUpdate, TemplateListed,
+    TimeoutBody,
 };
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -24,36 +25,42 @@ type ApiResult<T> = Result<T, ApiError>;
 /// Request bodies are small JSON documents; anything bigger is a client bug or an attack.
 const MAX_BODY: usize = 2 << 20;
 
-/// The control plane; `extra` holds routes of other modules that need the API key too.
-pub fn routes(state: AppState, extra: Router<AppState>) -> Router<AppState> {
-    let authed = Router::new()
-        .route("/sandboxes", post(create_v1).get(list_v1))
-        .route("/v2/sandboxes", post(create_v2).get(list_v2))
-        .route("/sandboxes/metrics", get(metrics_batch))
-        .route("/sandboxes/{id}", get(get_sandbox).delete(kill))
-        .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/sandboxes/{id}/refreshes", post(refresh))
-        .route("/sandboxes/{id}/connect", post(connect))
-        .route("/v2/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/network", put(update_network))
-        .route("/sandboxes/{id}/network/events", get(network_events))
-        .route("/secrets", get(list_secrets).post(create_secret))
-        .route(
-            "/secrets/{id}",
-            get(get_secret).post(update_secret).delete(delete_secret),
-        )
-        .route("/templates", get(list_templates))
+/// The control plane: `authed` holds the routes of other modules that need the API key too;
+/// `require_key` puts them behind the key check (and marks them so in the document).
+pub fn routes(
+    extra: OpenApiRouter<AppState>,
+    require_key: impl Fn(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>,
+) -> OpenApiRouter<AppState> {
+    let sandboxes = OpenApiRouter::new()
+        .routes(routes!(create_v1, list_v1))
+        .routes(routes!(create_v2, list_v2))
+        .routes(routes!(metrics_batch))
+        .routes(routes!(get_sandbox, kill))
+        .routes(routes!(set_timeout))
+        .routes(routes!(refresh))
+        .routes(routes!(connect))
+        .routes(routes!(connect_v2))
+        .routes(routes!(metrics))
+        .routes(routes!(update_network))
+        .routes(routes!(network_events));
+    let secrets = OpenApiRouter::new()
+        .routes(routes!(list_secrets, create_secret))
+        .routes(routes!(get_secret, update_secret, delete_secret));
+    let authed = crate::docs::tagged(sandboxes, "sandboxes")
+        .merge(crate::docs::tagged(secrets, "secrets"))
+        .merge(crate::docs::tagged(
+            OpenApiRouter::new().routes(routes!(list_templates)),
+            "templates",
+        ))
         .merge(extra)
-        .merge(crate::persist::routes())
-        .layer(axum::middleware::from_fn_with_state(state, require_api_key));
-    Router::new()
-        .route("/health", get(health))
-        .merge(authed)
+        .merge(crate::persist::routes());
+    crate::docs::tagged(OpenApiRouter::new().routes(routes!(health)), "server")
+        .merge(require_key(authed))
         .fallback(not_found)
         .layer(tower_http::limit::RequestBodyLimitLayer::new(MAX_BODY))
 }
 
+#[utoipa::path(get, path = "/health", responses((status = 204, description = "The server is up")))]
 async fn health() -> StatusCode {
     StatusCode::NO_CONTENT
 }
@@ -137,6 +144,7 @@ async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiRes
     Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response())
 }
 
+#[utoipa::path(post, path = "/sandboxes", request_body = NewSandbox, responses((status = 201, description = "The sandbox is running", body = Sandbox)))]
 async fn create_v1(
     State(st): State<AppState>,
     Extension(owner): Extension<Caller>,
@@ -145,6 +153,7 @@ async fn create_v1(
     create(&st, &owner, &body, false).await
 }
 
+#[utoipa::path(post, path = "/v2/sandboxes", request_body = NewSandbox, responses((status = 201, description = "The sandbox is running", body = Sandbox)))]
 async fn create_v2(
     State(st): State<AppState>,
     Extension(owner): Extension<Caller>,
@@ -153,6 +162,7 @@ async fn create_v2(
     create(&st, &owner, &body, true).await
 }
 
+#[utoipa::path(get, path = "/sandboxes/{id}", params(("id" = String, Path, description = "The sandbox ID")), responses((status = 200, description = "The sandbox", body = SandboxDetail)))]
 async fn get_sandbox(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -165,11 +175,15 @@ async fn get_sandbox(
         .volume_mounts_of(&info.id)
         .await?
         .into_iter()
-        .map(|m| serde_json::json!({ "name": m.name, "path": m.path }))
+        .map(|m| crate::wire::SandboxVolumeMount {
+            name: m.name,
+            path: m.path,
+        })
         .collect();
     Ok(Json(detail))
 }
 
+#[utoipa::path(delete, path = "/sandboxes/{id}", params(("id" = String, Path, description = "The sandbox ID")), responses((status = 204, description = "Killed")))]
 async fn kill(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -179,6 +193,7 @@ async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(post, path = "/sandboxes/{id}/timeout", params(("id" = String, Path, description = "The sandbox ID")), request_body = TimeoutBody, responses((status = 204, description = "The sandbox now ends `timeout` seconds from now")))]
 async fn set_timeout(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -192,6 +207,7 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(post, path = "/sandboxes/{id}/refreshes", params(("id" = String, Path, description = "The sandbox ID")), request_body = RefreshBody, responses((status = 204, description = "The timeout was extended")))]
 async fn refresh(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -205,6 +221,7 @@ async fn refresh(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(post, path = "/sandboxes/{id}/connect", params(("id" = String, Path, description = "The sandbox ID")), request_body = ConnectBody, responses((status = 200, description = "The sandbox was running", body = Sandbox), (status = 201, description = "The sandbox was paused and has been resumed", body = Sandbox)))]
 async fn connect(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -225,7 +242,21 @@ async fn connect(
     Ok((status, Json(Sandbox::from(&info))).into_response())
 }
 
+#[utoipa::path(post, path = "/v2/sandboxes/{id}/connect", params(("id" = String, Path, description = "The sandbox ID")), request_body = ConnectBody, responses((status = 200, description = "The sandbox was running", body = Sandbox), (status = 201, description = "The sandbox was paused and has been resumed", body = Sandbox)))]
+async fn connect_v2(
+    st: State<AppState>,
+    caller: Extension<Caller>,
+    id: Path<String>,
+    body: Bytes,
+) -> ApiResult<Response> {
+    connect(st, caller, id, body).await
+}
+
 /// `GET /sandboxes/{id}/metrics?start=&end=` (Unix seconds, inclusive): the sandbox's series.
+#[utoipa::path(get, path = "/sandboxes/{id}/metrics", params(("id" = String, Path, description = "The sandbox ID"),
+    ("start" = Option<i64>, Query, description = "Unix seconds, inclusive"),
+    ("end" = Option<i64>, Query, description = "Unix seconds, inclusive")),
+    responses((status = 200, description = "The sandbox's resource series", body = Vec<SandboxMetric>)))]
 async fn metrics(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -249,28 +280,32 @@ async fn metrics(
     Ok(Json(series.iter().map(SandboxMetric::from).collect()))
 }
 
+#[utoipa::path(get, path = "/sandboxes/metrics",
+    params(("sandbox_ids" = Vec<String>, Query, description = "Sandbox IDs (repeated or comma-separated)")),
+    responses((status = 200, description = "The latest metric of each sandbox", body = SandboxesWithMetrics)))]
 async fn metrics_batch(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
     req: Request,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<SandboxesWithMetrics>> {
     let pairs = query_pairs(req.uri().query());
     let ids: Vec<&str> = pairs
         .iter()
         .filter(|(k, _)| k == "sandbox_ids")
         .flat_map(|(_, v)| v.split(',').filter(|s| !s.is_empty()))
         .collect();
-    let mut out = serde_json::Map::new();
-    for (id, u) in st.engine.usage_many(&caller, &ids).await {
-        out.insert(
-            id,
-            serde_json::to_value(SandboxMetric::from(&u)).unwrap_or_default(),
-        );
-    }
-    Ok(Json(serde_json::json!({ "sandboxes": out })))
+    let sandboxes = st
+        .engine
+        .usage_many(&caller, &ids)
+        .await
+        .into_iter()
+        .map(|(id, u)| (id, SandboxMetric::from(&u)))
+        .collect();
+    Ok(Json(SandboxesWithMetrics { sandboxes }))
 }
 
 /// `PUT /sandboxes/{id}/network`: replaces the whole config (E2B `SandboxNetworkUpdateConfig`).
+#[utoipa::path(put, path = "/sandboxes/{id}/network", params(("id" = String, Path, description = "The sandbox ID")), request_body = NetworkConfig, responses((status = 204, description = "The whole egress configuration was replaced")))]
 async fn update_network(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -287,6 +322,9 @@ async fn update_network(
 
 /// `GET /sandboxes/{id}/network/events?limit=N` (Bulkhead): the newest N (default 100, at most
 /// 10000) egress decisions, oldest first.
+#[utoipa::path(get, path = "/sandboxes/{id}/network/events", params(("id" = String, Path, description = "The sandbox ID"),
+    ("limit" = Option<u32>, Query, description = "How many of the newest decisions (1 to 10000, default 100)")),
+    responses((status = 200, description = "Egress decisions, oldest first", body = Vec<EgressEvent>)))]
 async fn network_events(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -303,6 +341,10 @@ async fn network_events(
     Ok(Json(events.iter().map(EgressEvent::from).collect()))
 }
 
+#[utoipa::path(get, path = "/secrets",
+    params(("limit" = Option<u32>, Query, description = "Page size (1 to 100)"),
+        ("nextToken" = Option<String>, Query, description = "The `x-next-token` of the previous page")),
+    responses((status = 200, description = "Secrets (metadata only)", body = Vec<Secret>, headers(("x-next-token" = String, description = "The cursor for the next page (absent on the last page)")))))]
 async fn list_secrets(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -326,6 +368,7 @@ async fn list_secrets(
     Ok((StatusCode::OK, headers, Json(items)).into_response())
 }
 
+#[utoipa::path(post, path = "/secrets", request_body = NewSecret, responses((status = 201, description = "Created", body = Secret)))]
 async fn create_secret(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -339,6 +382,7 @@ async fn create_secret(
     Ok((StatusCode::CREATED, Json(Secret::from(&info))).into_response())
 }
 
+#[utoipa::path(get, path = "/secrets/{id}", params(("id" = String, Path, description = "The secret ID")), responses((status = 200, description = "The secret (without its value)", body = Secret)))]
 async fn get_secret(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -349,6 +393,7 @@ async fn get_secret(
     )))
 }
 
+#[utoipa::path(post, path = "/secrets/{id}", params(("id" = String, Path, description = "The secret ID")), request_body = SecretUpdate, responses((status = 200, description = "The new version", body = Secret)))]
 async fn update_secret(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -363,6 +408,7 @@ async fn update_secret(
     Ok(Json(Secret::from(&info)))
 }
 
+#[utoipa::path(delete, path = "/secrets/{id}", params(("id" = String, Path, description = "The secret ID")), responses((status = 204, description = "Deleted")))]
 async fn delete_secret(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -373,6 +419,11 @@ async fn delete_secret(
 }
 
 /// `GET /sandboxes` (v1, deprecated): running sandboxes, optional `metadata` filter.
+#[utoipa::path(get, path = "/sandboxes", params(("metadata" = Option<String>, Query, description = "URL-encoded `k=v&k2=v2` metadata filter"),
+        ("templateID" = Option<String>, Query, description = "Only sandboxes of this template"),
+        ("startedAfter" = Option<String>, Query, description = "RFC 3339 timestamp"),
+        ("order" = Option<String>, Query, description = "`asc` or `desc` (default) by start time")),
+    responses((status = 200, description = "Running sandboxes (at most 100)", body = Vec<SandboxDetail>)))]
 async fn list_v1(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -387,6 +438,16 @@ async fn list_v1(
     ))
 }
 
+#[utoipa::path(get, path = "/v2/sandboxes", params(("metadata" = Option<String>, Query, description = "URL-encoded `k=v&k2=v2` metadata filter"),
+        ("templateID" = Option<String>, Query, description = "Only sandboxes of this template"),
+        ("startedAfter" = Option<String>, Query, description = "RFC 3339 timestamp"),
+        ("order" = Option<String>, Query, description = "`asc` or `desc` (default) by start time"),
+        ("state" = Option<String>, Query, description = "`running`, `paused` or both comma-separated"),
+        ("limit" = Option<u32>, Query, description = "Page size (1 to 100)"),
+        ("nextToken" = Option<String>, Query, description = "The `x-next-token` of the previous page")),
+    responses((status = 200, description = "A page of sandboxes", body = Vec<SandboxDetail>,
+        headers(("x-next-token" = String, description = "The cursor for the next page (absent on the last page)"),
+            ("x-total-running" = u64, description = "How many of the caller's sandboxes run")))))]
 async fn list_v2(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -457,23 +518,22 @@ fn list_request(query: Option<&str>) -> ApiResult<ListRequest> {
     Ok(lr)
 }
 
-async fn list_templates(State(st): State<AppState>) -> Json<Vec<serde_json::Value>> {
+#[utoipa::path(get, path = "/templates", responses((status = 200, description = "The templates sandboxes can be created from", body = Vec<TemplateListed>)))]
+async fn list_templates(State(st): State<AppState>) -> Json<Vec<TemplateListed>> {
     Json(
         st.engine
             .templates()
             .iter()
-            .map(|t| {
-                serde_json::json!({
-                    "templateID": t.id,
-                    "buildID": t.content_hash,
-                    "aliases": t.aliases,
-                    "names": t.aliases,
-                    "cpuCount": t.cpu_count,
-                    "memoryMB": t.memory_mb,
-                    "diskSizeMB": t.disk_size_mb,
-                    "public": false,
-                    "buildStatus": t.status().as_str(),
-                })
+            .map(|t| TemplateListed {
+                template_id: t.id.clone(),
+                build_id: t.content_hash.clone(),
+                aliases: t.aliases.clone(),
+                names: t.aliases.clone(),
+                cpu_count: t.cpu_count,
+                memory_mb: t.memory_mb,
+                disk_size_mb: t.disk_size_mb,
+                public: false,
+                build_status: t.status().as_str().to_string(),
             })
             .collect(),
     )

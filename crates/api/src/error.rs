@@ -42,12 +42,26 @@ impl ApiError {
     }
 }
 
+/// E2B `Error`: the body of every error answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Error)]
+pub struct ErrorBody {
+    /// The HTTP status.
+    pub code: u16,
+    /// What went wrong and what to do about it.
+    pub message: String,
+    /// A machine-readable reason, where E2B defines one (e.g. `sandbox_capacity_unavailable`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<&'static str>,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut body = serde_json::json!({ "code": self.status.as_u16(), "message": self.message });
-        if let Some(code) = self.error_code {
-            body["error_code"] = code.into();
-        }
+        let body = ErrorBody {
+            code: self.status.as_u16(),
+            message: self.message,
+            error_code: self.error_code,
+        };
         let mut resp = (self.status, axum::Json(body)).into_response();
         if let Some(id) = self
             .request_id
@@ -199,9 +213,10 @@ impl From<EngineError> for ApiError {
     }
 }
 
-/// A short random id tying a server error's answer to its log line.
+/// The id of the request being served (set by `request_id::assign`), tying a server error's
+/// answer to its log lines; a new one outside a request (tests calling handlers directly).
 fn new_request_id() -> String {
-    bulkhead_engine::ids::random_hex(8)
+    bulkhead_common::request_id::current().unwrap_or_else(bulkhead_common::request_id::generate)
 }
 
 pub use bulkhead_common::error_chain;

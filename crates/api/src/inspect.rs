@@ -18,8 +18,7 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bulkhead_engine::agent_client;
 use bulkhead_engine::{Caller, SandboxInfo, SandboxState};
 use bulkhead_envd::filesystem::{self, EntryInfo, FileType, ListDirRequest, ListDirResponse};
@@ -28,6 +27,7 @@ use bulkhead_envd::rest::{ENVD_PORT, HEADER_ACCESS_TOKEN, HEADER_SANDBOX_ID, HEA
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde::Serialize;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::http::query_pairs;
@@ -40,15 +40,16 @@ const LIST_LIMIT: Duration = Duration::from_secs(30);
 /// Directories with more entries are cut (the answer says so): a browser page, not `find`.
 const MAX_ENTRIES: usize = 5000;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/bulkhead/v1/sandboxes/{id}/processes", get(processes))
-        .route("/bulkhead/v1/sandboxes/{id}/files", get(list_files))
-        .route("/bulkhead/v1/sandboxes/{id}/files/content", get(download))
+pub fn routes() -> OpenApiRouter<AppState> {
+    let r = OpenApiRouter::new()
+        .routes(routes!(processes))
+        .routes(routes!(list_files))
+        .routes(routes!(download));
+    crate::docs::tagged(r, "bulkhead")
 }
 
 /// One process the agent runs (from envd's `ProcessInfo`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProcessView {
     pub pid: u32,
@@ -59,7 +60,7 @@ pub struct ProcessView {
 }
 
 /// One directory entry (from envd's `EntryInfo`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EntryView {
     pub name: String,
@@ -73,7 +74,7 @@ pub struct EntryView {
     pub symlink_target: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Listing {
     pub path: String,
@@ -218,6 +219,7 @@ fn path_param(req: &Request) -> ApiResult<Option<String>> {
     Ok(path)
 }
 
+#[utoipa::path(get, path = "/bulkhead/v1/sandboxes/{id}/processes", params(("id" = String, Path, description = "The sandbox ID")), responses((status = 200, description = "The processes the agent started", body = Vec<ProcessView>)))]
 async fn processes(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -244,6 +246,7 @@ async fn processes(
     Ok(Json(out))
 }
 
+#[utoipa::path(get, path = "/bulkhead/v1/sandboxes/{id}/files", params(("id" = String, Path, description = "The sandbox ID"), ("path" = Option<String>, Query, description = "A path in the sandbox (default: the user's home)")), responses((status = 200, description = "A directory listing", body = Listing)))]
 async fn list_files(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -284,6 +287,7 @@ async fn list_files(
 }
 
 /// Streams the file from the agent's `GET /files` (the SDK's download) as an attachment.
+#[utoipa::path(get, path = "/bulkhead/v1/sandboxes/{id}/files/content", params(("id" = String, Path, description = "The sandbox ID"), ("path" = String, Query, description = "The file to download")), responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = crate::docs::Binary)))]
 async fn download(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,

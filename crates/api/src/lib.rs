@@ -7,14 +7,18 @@
 mod changes;
 mod console;
 mod control;
+mod docs;
+mod docs_page;
 mod error;
 mod http;
 mod inspect;
 mod metrics;
 mod persist;
 mod proxy;
+mod request_id;
 mod state;
 mod team_keys;
+mod template_wire;
 mod templates;
 mod usage;
 mod volumes;
@@ -24,39 +28,72 @@ use std::sync::Arc;
 
 use axum::Router;
 use bulkhead_engine::Engine;
+use utoipa_axum::router::OpenApiRouter;
 
 pub use changes::Change;
 pub use error::ApiError;
 pub use state::AppState;
 
-/// The full application: sandbox routing in front of the control plane.
-pub fn router(engine: Arc<Engine>) -> Router {
-    let state = AppState { engine };
-    metrics::install();
+/// Every documented route. `require_key` puts a group behind the API-key check; it is given
+/// once for the real router and once (marking only) for the document, so both come from this
+/// one list.
+fn documented(
+    require_key: impl Fn(OpenApiRouter<AppState>) -> OpenApiRouter<AppState>,
+) -> OpenApiRouter<AppState> {
     let keyed = volumes::rest_routes()
         .merge(changes::routes())
         .merge(metrics::routes())
         .merge(templates::routes())
         .merge(usage::routes())
         .merge(inspect::routes().merge(team_keys::routes()));
+    control::routes(keyed, &require_key)
+        .merge(volumes::content_routes())
+        .merge(templates::upload_routes())
+        .merge(docs::routes())
+}
+
+/// The OpenAPI document of every REST route (`bulkhead openapi`, `GET /openapi.json`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    docs::finish(documented(docs::keyed).into_openapi())
+}
+
+/// [`openapi`] as checked in at `docs/openapi.json`.
+pub fn openapi_json() -> String {
+    docs::to_json(&openapi())
+}
+
+/// The full application: sandbox routing in front of the control plane.
+pub fn router(engine: Arc<Engine>) -> Router {
+    let state = AppState { engine };
+    metrics::install();
+    let served = Arc::new(docs::Served::new(&openapi()));
+    let key_state = state.clone();
+    let (api, _) = documented(move |r| {
+        docs::keyed(r).layer(axum::middleware::from_fn_with_state(
+            key_state.clone(),
+            control::require_api_key,
+        ))
+    })
+    .split_for_parts();
     // MCP (Streamable HTTP) behind the same API-key check as the REST API; the check puts the
-    // caller in the request's extensions, where the tools read it.
+    // caller in the request's extensions, where the tools read it. Described in the document
+    // by `docs::mcp_endpoint` (a nested service has no handler to annotate).
     let mcp = Router::new()
         .nest_service("/mcp", bulkhead_mcp::http_service(state.engine.clone()))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             control::require_api_key,
         ));
-    let api = control::routes(state.clone(), keyed)
-        .merge(mcp)
-        .merge(volumes::content_routes())
-        .merge(templates::upload_routes());
-    console::around(api, state.clone())
+    // The web console (`/console`, an HTML app with its own session routes) wraps the API; it is
+    // not part of the REST document.
+    console::around(api.merge(mcp).layer(axum::Extension(served)), state.clone())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::new())
         .layer(axum::middleware::from_fn(metrics::count_responses))
+        // Outermost, so every answer (a panic's 500 included) carries the id.
+        .layer(axum::middleware::from_fn(request_id::assign))
         .with_state(state)
 }

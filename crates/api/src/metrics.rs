@@ -6,14 +6,13 @@
 use std::collections::BTreeSet;
 use std::sync::{Mutex, OnceLock};
 
-use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use bulkhead_engine::telemetry::names;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -42,8 +41,8 @@ pub(crate) fn install() -> Option<&'static PrometheusHandle> {
         .as_ref()
 }
 
-pub(crate) fn routes() -> Router<AppState> {
-    Router::new().route("/metrics", get(scrape))
+pub(crate) fn routes() -> OpenApiRouter<AppState> {
+    crate::docs::tagged(OpenApiRouter::new().routes(routes!(scrape)), "bulkhead")
 }
 
 /// Series of the level gauges set by the previous scrape, so the ones that are gone (the last
@@ -53,6 +52,8 @@ static LAST_LEVELS: Mutex<BTreeSet<Series>> = Mutex::new(BTreeSet::new());
 /// A gauge's name and labels.
 type Series = (&'static str, Vec<(&'static str, String)>);
 
+#[utoipa::path(get, path = "/metrics",
+    responses((status = 200, description = "Prometheus text exposition format (version 0.0.4)", content_type = "text/plain", body = String)))]
 async fn scrape(State(st): State<AppState>) -> Result<Response, ApiError> {
     let Some(handle) = install() else {
         return Err(ApiError::new(

@@ -6,30 +6,40 @@
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bulkhead_engine::{Caller, ResumeRequest};
 use bytes::Bytes;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::http::{next_token_headers, parse_body, parse_limit, query_pairs, timeout_secs};
 use crate::state::AppState;
-use crate::wire::{ForkBody, PauseBody, ResumeBody, Sandbox, SnapshotBody, SnapshotInfo};
+use crate::wire::{
+    ForkBody, ForkResult, PauseBody, ResumeBody, Sandbox, SnapshotBody, SnapshotInfo,
+};
 
 type ApiResult<T> = Result<T, ApiError>;
 
 /// The routes, to be put behind the API-key check.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/sandboxes/{id}/pause", post(pause))
-        .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/snapshots", post(create_snapshot))
-        .route("/sandboxes/{id}/fork", post(fork))
-        .route("/snapshots", get(list_snapshots))
-        .route("/templates/{id}", delete(delete_template))
+pub fn routes() -> OpenApiRouter<AppState> {
+    let sandboxes = OpenApiRouter::new()
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(create_snapshot))
+        .routes(routes!(fork));
+    crate::docs::tagged(sandboxes, "sandboxes")
+        .merge(crate::docs::tagged(
+            OpenApiRouter::new().routes(routes!(list_snapshots)),
+            "snapshots",
+        ))
+        .merge(crate::docs::tagged(
+            OpenApiRouter::new().routes(routes!(delete_template)),
+            "templates",
+        ))
 }
 
 /// `POST /sandboxes/{id}/pause` → 204; 409 when already paused (the SDK then returns false).
+#[utoipa::path(post, path = "/sandboxes/{id}/pause", params(("id" = String, Path, description = "The sandbox ID")), request_body = PauseBody, responses((status = 204, description = "Paused (checkpointed)")))]
 async fn pause(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -44,6 +54,7 @@ async fn pause(
 }
 
 /// `POST /sandboxes/{id}/resume` (older SDKs) → 201 with the sandbox; 409 when it runs.
+#[utoipa::path(post, path = "/sandboxes/{id}/resume", params(("id" = String, Path, description = "The sandbox ID")), request_body = ResumeBody, responses((status = 201, description = "Resumed", body = Sandbox)))]
 async fn resume(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -66,6 +77,7 @@ async fn resume(
 }
 
 /// `POST /sandboxes/{id}/snapshots` → 201 `SnapshotInfo`.
+#[utoipa::path(post, path = "/sandboxes/{id}/snapshots", params(("id" = String, Path, description = "The sandbox ID")), request_body = SnapshotBody, responses((status = 201, description = "The snapshot; new sandboxes can be created from its ID", body = SnapshotInfo)))]
 async fn create_snapshot(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -81,6 +93,13 @@ async fn create_snapshot(
 }
 
 /// `GET /snapshots?sandboxID=&name=&limit=&nextToken=` → 200, the cursor in `x-next-token`.
+#[utoipa::path(get, path = "/snapshots",
+    params(("sandboxID" = Option<String>, Query, description = "Only snapshots of this sandbox"),
+        ("name" = Option<String>, Query, description = "Only snapshots with this name"),
+        ("limit" = Option<u32>, Query, description = "Page size (1 to 100)"),
+        ("nextToken" = Option<String>, Query, description = "The `x-next-token` of the previous page")),
+    responses((status = 200, description = "A page of snapshots", body = Vec<SnapshotInfo>,
+        headers(("x-next-token" = String, description = "The cursor for the next page (absent on the last page)")))))]
 async fn list_snapshots(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -112,6 +131,7 @@ async fn list_snapshots(
 }
 
 /// `DELETE /templates/{id}`: a snapshot is a template (built templates are the operator's).
+#[utoipa::path(delete, path = "/templates/{id}", params(("id" = String, Path, description = "A template built through the API, or a snapshot ID or name")), responses((status = 204, description = "Deleted")))]
 async fn delete_template(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -135,6 +155,7 @@ async fn delete_template(
 }
 
 /// `POST /sandboxes/{id}/fork` → 201 with one `SandboxForkResult` per fork.
+#[utoipa::path(post, path = "/sandboxes/{id}/fork", params(("id" = String, Path, description = "The sandbox ID")), request_body = ForkBody, responses((status = 201, description = "One result per fork, in order: a sandbox or an error", body = Vec<ForkResult>)))]
 async fn fork(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -156,13 +177,22 @@ async fn fork(
         .engine
         .fork(&caller, &id, count, timeout_secs(b.timeout)?)
         .await?;
-    let out: Vec<serde_json::Value> = results
+    let out: Vec<ForkResult> = results
         .into_iter()
         .map(|r| match r {
-            Ok(info) => serde_json::json!({ "sandbox": Sandbox::from(&info) }),
+            Ok(info) => ForkResult {
+                sandbox: Some(Sandbox::from(&info)),
+                error: None,
+            },
             Err(e) => {
                 let e = ApiError::from(e);
-                serde_json::json!({ "error": { "code": e.status.as_u16(), "message": e.message } })
+                ForkResult {
+                    sandbox: None,
+                    error: Some(crate::wire::ForkError {
+                        code: e.status.as_u16(),
+                        message: e.message,
+                    }),
+                }
             }
         })
         .collect();

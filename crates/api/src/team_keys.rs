@@ -4,22 +4,23 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{delete, get};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bulkhead_engine::{ApiKey, Caller};
 use serde::Serialize;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::wire::rfc3339;
 
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/bulkhead/v1/keys", get(list))
-        .route("/bulkhead/v1/keys/{id}", delete(revoke))
+pub fn routes() -> OpenApiRouter<AppState> {
+    let r = OpenApiRouter::new()
+        .routes(routes!(list))
+        .routes(routes!(revoke));
+    crate::docs::tagged(r, "bulkhead")
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyView {
     pub id: String,
@@ -47,6 +48,7 @@ impl KeyView {
     }
 }
 
+#[utoipa::path(get, path = "/bulkhead/v1/keys", operation_id = "list_team_keys", responses((status = 200, description = "The caller's team's API keys (never the secret)", body = Vec<KeyView>)))]
 async fn list(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -57,6 +59,7 @@ async fn list(
     ))
 }
 
+#[utoipa::path(delete, path = "/bulkhead/v1/keys/{id}", operation_id = "revoke_team_key", params(("id" = String, Path, description = "The key ID")), responses((status = 204, description = "Revoked")))]
 async fn revoke(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,

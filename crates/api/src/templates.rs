@@ -2,24 +2,28 @@
 //! file-context upload links and the upload itself, build status with logs, aliases, tags and
 //! deletion. Handlers translate to `Engine`'s `template_builds` verbs only.
 
+use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use axum::{Json, Router};
 use bulkhead_engine::template_builds::{
-    BuildLogEntry, BuildRequest, BuildStart, MAX_UPLOAD_BYTES, RegistryCredentials,
+    BuildRequest, BuildStart, MAX_UPLOAD_BYTES, RegistryCredentials,
 };
 use bulkhead_engine::template_spec::{BuildStep, StepKind};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::http::parse_body;
 use crate::state::AppState;
+use crate::template_wire::{
+    AssignedTemplateTags, BuildLogEntry, BuildStatusReason, TemplateAliasResponse,
+    TemplateBuildFileUpload, TemplateBuildInfo, TemplateRequestResponseV3, TemplateTag,
+};
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -28,27 +32,27 @@ type ApiResult<T> = Result<T, ApiError>;
 const UPLOAD_PATH: &str = "/bulkhead/template-files";
 
 /// Routes that need the API key.
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/v3/templates", post(request_build))
-        .route("/templates/{id}/files/{hash}", get(upload_link))
-        .route("/v2/templates/{id}/builds/{build}", post(start_build))
-        .route("/templates/{id}/builds/{build}/status", get(build_status))
-        .route("/templates/aliases/{alias}", get(alias))
-        .route("/templates/tags", post(assign_tags).delete(remove_tags))
-        .route("/templates/{id}/tags", get(list_tags))
+pub fn routes() -> OpenApiRouter<AppState> {
+    let r = OpenApiRouter::new()
+        .routes(routes!(request_build))
+        .routes(routes!(upload_link))
+        .routes(routes!(start_build))
+        .routes(routes!(build_status))
+        .routes(routes!(alias))
+        .routes(routes!(assign_tags, remove_tags))
+        .routes(routes!(list_tags));
+    crate::docs::tagged(r, "templates")
 }
 
-/// The upload route (its own body limit, no API key).
-pub fn upload_routes() -> Router<AppState> {
-    Router::new()
-        .route(&format!("{UPLOAD_PATH}/{{hash}}"), put(upload))
-        .layer(tower_http::limit::RequestBodyLimitLayer::new(
-            MAX_UPLOAD_BYTES as usize + 1,
-        ))
+/// The upload route (its own body limit, no API key: the link's one-time token authorises it).
+pub fn upload_routes() -> OpenApiRouter<AppState> {
+    crate::docs::tagged(OpenApiRouter::new().routes(routes!(upload)), "templates").layer(
+        tower_http::limit::RequestBodyLimitLayer::new(MAX_UPLOAD_BYTES as usize + 1),
+    )
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[schema(as = TemplateBuildRequestV3)]
 #[serde(rename_all = "camelCase")]
 struct NewBuild {
     name: Option<String>,
@@ -60,6 +64,7 @@ struct NewBuild {
     memory_mb: Option<u64>,
 }
 
+#[utoipa::path(post, path = "/v3/templates", request_body = NewBuild, responses((status = 202, description = "The template and build IDs to upload files and start the build with", body = TemplateRequestResponseV3)))]
 async fn request_build(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
     let req: NewBuild = parse_body(&body)?;
     let name = req
@@ -77,33 +82,34 @@ async fn request_build(State(st): State<AppState>, body: Bytes) -> ApiResult<Res
         .await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({
-            "templateID": created.template_id,
-            "buildID": created.build_id,
-            "public": false,
-            "names": [created.name],
-            "aliases": [created.name],
-            "tags": created.tags,
-        })),
+        Json(TemplateRequestResponseV3 {
+            template_id: created.template_id,
+            build_id: created.build_id,
+            public: false,
+            names: vec![created.name.clone()],
+            aliases: vec![created.name],
+            tags: created.tags,
+        }),
     )
         .into_response())
 }
 
+#[utoipa::path(get, path = "/templates/{id}/files/{hash}", params(("id" = String, Path, description = "The template ID"), ("hash" = String, Path, description = "SHA-256 of the files archive")),
+    responses((status = 201, description = "Whether the archive is already present, else a one-time upload link", body = TemplateBuildFileUpload)))]
 async fn upload_link(
     State(st): State<AppState>,
     Path((id, hash)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
     let present = st.engine.template_file_present(&id, &hash)?;
-    let mut body = json!({ "present": present });
+    let mut body = TemplateBuildFileUpload { present, url: None };
     if !present {
         let token = st.engine.issue_upload_token(&hash);
-        body["url"] = format!(
+        body.url = Some(format!(
             "{}{UPLOAD_PATH}/{}?token={token}",
             base_url(&headers),
             hash.to_ascii_lowercase()
-        )
-        .into();
+        ));
     }
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -129,6 +135,10 @@ struct UploadQuery {
     token: Option<String>,
 }
 
+#[utoipa::path(put, path = "/bulkhead/template-files/{hash}",
+    params(("hash" = String, Path, description = "SHA-256 of the archive"), ("token" = String, Query, description = "The one-time token of the link")),
+    request_body(content = crate::docs::Binary, content_type = "application/octet-stream", description = "The gzipped tar archive of a COPY step's files"),
+    responses((status = 200, description = "Stored")))]
 async fn upload(
     State(st): State<AppState>,
     Path(hash): Path<String>,
@@ -147,7 +157,8 @@ async fn upload(
     Ok(StatusCode::OK.into_response())
 }
 
-#[derive(Default, Deserialize)]
+#[derive(Default, Deserialize, ToSchema)]
+#[schema(as = TemplateBuildStartV2)]
 #[serde(rename_all = "camelCase")]
 struct StartBody {
     from_image: Option<String>,
@@ -164,10 +175,13 @@ struct StartBody {
 
 /// E2B's `fromImageRegistry`: `{"type": "registry", username, password}`, `{"type": "gcp",
 /// serviceAccountJson}` or `{"type": "aws", awsAccessKeyId, awsSecretAccessKey, awsRegion}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
+#[schema(as = FromImageRegistry)]
 #[serde(rename_all = "camelCase")]
 struct RegistryBody {
+    /// `registry`, `gcp` or `aws`.
     #[serde(rename = "type")]
+    #[schema(example = "registry")]
     kind: String,
     username: Option<String>,
     password: Option<String>,
@@ -205,7 +219,8 @@ impl RegistryBody {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[schema(as = TemplateStep)]
 #[serde(rename_all = "camelCase")]
 struct StepBody {
     #[serde(rename = "type")]
@@ -217,6 +232,7 @@ struct StepBody {
     force: Option<bool>,
 }
 
+#[utoipa::path(post, path = "/v2/templates/{id}/builds/{build}", params(("id" = String, Path, description = "The template ID"), ("build" = String, Path, description = "The build ID")), request_body = StartBody, responses((status = 202, description = "The build started")))]
 async fn start_build(
     State(st): State<AppState>,
     Path((id, build)): Path<(String, String)>,
@@ -268,93 +284,109 @@ struct StatusQuery {
     limit: Option<usize>,
 }
 
-fn entry_json(e: &BuildLogEntry) -> Value {
+fn entry_json(e: &bulkhead_engine::template_builds::BuildLogEntry) -> BuildLogEntry {
     let ts = chrono::DateTime::from_timestamp_millis(e.timestamp_ms).unwrap_or_default();
-    let mut v = json!({
-        "timestamp": crate::wire::rfc3339(&ts),
-        "message": e.message,
-        "level": e.level,
-    });
-    if let Some(s) = &e.step {
-        v["step"] = s.clone().into();
+    BuildLogEntry {
+        timestamp: crate::wire::rfc3339(&ts),
+        message: e.message.clone(),
+        level: e.level.to_string(),
+        step: e.step.clone(),
     }
-    v
 }
 
+#[utoipa::path(get, path = "/templates/{id}/builds/{build}/status", params(("id" = String, Path, description = "The template ID"), ("build" = String, Path, description = "The build ID"),
+    ("logsOffset" = Option<u32>, Query, description = "Skip this many log entries"), ("limit" = Option<u32>, Query, description = "At most this many log entries (1 to 100, default 100)")),
+    responses((status = 200, description = "The build's status and logs", body = TemplateBuildInfo)))]
 async fn build_status(
     State(st): State<AppState>,
     Path((id, build)): Path<(String, String)>,
     Query(q): Query<StatusQuery>,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<TemplateBuildInfo>> {
     let r = st.engine.template_build_status(
         &id,
         &build,
         q.logs_offset.unwrap_or(0),
         q.limit.unwrap_or(100).clamp(1, 100),
     )?;
-    let mut body = json!({
-        "templateID": r.template_id,
-        "buildID": r.build_id,
-        "status": r.status.as_str(),
-        "logs": r.entries.iter().map(|e| e.message.clone()).collect::<Vec<_>>(),
-        "logEntries": r.entries.iter().map(entry_json).collect::<Vec<_>>(),
-    });
-    if let Some(f) = &r.failure {
-        let mut reason = json!({
-            "message": f.message,
-            "logEntries": r.failure_entries.iter().map(entry_json).collect::<Vec<_>>(),
-        });
-        if let Some(s) = &f.step {
-            reason["step"] = s.clone().into();
-        }
-        body["reason"] = reason;
-    }
-    Ok(Json(body))
+    Ok(Json(TemplateBuildInfo {
+        template_id: r.template_id.clone(),
+        build_id: r.build_id.clone(),
+        status: r.status.as_str().to_string(),
+        logs: r.entries.iter().map(|e| e.message.clone()).collect(),
+        log_entries: r.entries.iter().map(entry_json).collect(),
+        reason: r.failure.as_ref().map(|f| BuildStatusReason {
+            message: f.message.clone(),
+            step: f.step.clone(),
+            log_entries: r.failure_entries.iter().map(entry_json).collect(),
+        }),
+    }))
 }
 
-async fn alias(State(st): State<AppState>, Path(alias): Path<String>) -> ApiResult<Json<Value>> {
-    let id = st.engine.template_by_alias(&alias)?;
-    Ok(Json(json!({ "templateID": id, "public": false })))
+#[utoipa::path(get, path = "/templates/aliases/{alias}", params(("alias" = String, Path, description = "A template name")), responses((status = 200, description = "The template with that name", body = TemplateAliasResponse)))]
+async fn alias(
+    State(st): State<AppState>,
+    Path(alias): Path<String>,
+) -> ApiResult<Json<TemplateAliasResponse>> {
+    let template_id = st.engine.template_by_alias(&alias)?;
+    Ok(Json(TemplateAliasResponse {
+        template_id,
+        public: false,
+    }))
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[schema(as = AssignTemplateTagsRequest)]
 struct AssignBody {
     target: String,
     #[serde(default)]
     tags: Vec<String>,
 }
 
+#[utoipa::path(post, path = "/templates/tags", request_body = AssignBody, responses((status = 201, description = "The tags now point at the target build", body = AssignedTemplateTags)))]
 async fn assign_tags(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
     let b: AssignBody = parse_body(&body)?;
     let (build, tags) = st.engine.assign_template_tags(&b.target, &b.tags).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({ "buildID": build, "tags": tags })),
+        Json(AssignedTemplateTags {
+            build_id: build,
+            tags,
+        }),
     )
         .into_response())
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[schema(as = DeleteTemplateTagsRequest)]
 struct RemoveBody {
     name: String,
     #[serde(default)]
     tags: Vec<String>,
 }
 
+#[utoipa::path(delete, path = "/templates/tags", request_body = RemoveBody, responses((status = 204, description = "Removed")))]
 async fn remove_tags(State(st): State<AppState>, body: Bytes) -> ApiResult<StatusCode> {
     let b: RemoveBody = parse_body(&body)?;
     st.engine.remove_template_tags(&b.name, &b.tags).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn list_tags(State(st): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+#[utoipa::path(get, path = "/templates/{id}/tags", params(("id" = String, Path, description = "The template ID")), responses((status = 200, description = "The template's tags", body = Vec<TemplateTag>)))]
+async fn list_tags(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<Vec<TemplateTag>>> {
     let tags = st.engine.template_tags(&id)?;
-    Ok(Json(Value::Array(
+    Ok(Json(
         tags.into_iter()
-            .map(|(tag, build, at)| {
+            .map(|(tag, build_id, at)| {
                 let ts = chrono::DateTime::from_timestamp_millis(at).unwrap_or_default();
-                json!({ "tag": tag, "buildID": build, "createdAt": crate::wire::rfc3339(&ts) })
+                TemplateTag {
+                    tag,
+                    build_id,
+                    created_at: crate::wire::rfc3339(&ts),
+                }
             })
             .collect(),
-    )))
+    ))
 }

@@ -3,16 +3,16 @@
 //! `start`, `end` (RFC 3339 or unix seconds), `key_id`, `sandbox_id`.
 
 use axum::extract::{Request, State};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bulkhead_engine::{Caller, UsageFilter, UsageReport};
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::http::query_pairs;
 use crate::state::AppState;
 
-pub fn routes() -> Router<AppState> {
-    Router::new().route("/bulkhead/v1/usage", get(usage))
+pub fn routes() -> OpenApiRouter<AppState> {
+    crate::docs::tagged(OpenApiRouter::new().routes(routes!(usage)), "bulkhead")
 }
 
 /// RFC 3339, or unix seconds, as unix ms.
@@ -29,6 +29,12 @@ fn parse_instant(name: &str, v: &str) -> Result<i64, ApiError> {
         })
 }
 
+#[utoipa::path(get, path = "/bulkhead/v1/usage",
+    params(("start" = Option<String>, Query, description = "RFC 3339 timestamp or unix seconds"),
+        ("end" = Option<String>, Query, description = "RFC 3339 timestamp or unix seconds"),
+        ("key_id" = Option<String>, Query, description = "Only sandboxes created with this key"),
+        ("sandbox_id" = Option<String>, Query, description = "Only this sandbox")),
+    responses((status = 200, description = "Metered usage of the caller's team", body = UsageReport)))]
 async fn usage(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,

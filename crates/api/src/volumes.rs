@@ -9,14 +9,15 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use bulkhead_engine::volume_fs::{Attrs, EntryStat};
 use bulkhead_engine::{Caller, ContentAuth, VolumeInfo, VolumeRow};
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
+use utoipa::ToSchema;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -24,7 +25,7 @@ use crate::state::AppState;
 type ApiResult<T> = Result<T, ApiError>;
 
 /// E2B `Volume` (list entries).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Volume {
     #[serde(rename = "volumeID")]
     pub volume_id: String,
@@ -32,7 +33,7 @@ pub struct Volume {
 }
 
 /// E2B `VolumeAndToken` (create, get).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct VolumeAndToken {
     #[serde(rename = "volumeID")]
     pub volume_id: String,
@@ -51,14 +52,15 @@ impl From<&VolumeInfo> for VolumeAndToken {
 }
 
 /// E2B `NewVolume`.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
 struct NewVolume {
     #[serde(default)]
     name: String,
 }
 
 /// E2B `PatchVolumecontentVolumeIDPathBody`.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = PatchVolumecontentVolumeIDPathBody)]
 struct PatchBody {
     uid: Option<u32>,
     gid: Option<u32>,
@@ -66,24 +68,24 @@ struct PatchBody {
 }
 
 /// Routes that need an API key (mounted under the control plane's key check).
-pub fn rest_routes() -> Router<AppState> {
-    Router::new()
-        .route("/volumes", get(list).post(create))
-        .route("/volumes/{id}", get(get_one).delete(delete))
+pub fn rest_routes() -> OpenApiRouter<AppState> {
+    let r = OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(get_one, delete));
+    crate::docs::tagged(r, "volumes")
 }
 
 /// The content API; its handlers authenticate themselves (volume token or API key), and file
 /// bodies are not bound by the control plane's JSON body limit (the volume's size limit is).
-pub fn content_routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/volumecontent/{id}/path",
-            get(stat_path).delete(remove_path).patch(patch_path),
-        )
-        .route("/volumecontent/{id}/dir", get(list_dir).post(make_dir))
-        .route("/volumecontent/{id}/file", get(read_file).put(write_file))
+pub fn content_routes() -> OpenApiRouter<AppState> {
+    let r = OpenApiRouter::new()
+        .routes(routes!(stat_path, remove_path, patch_path))
+        .routes(routes!(list_dir, make_dir))
+        .routes(routes!(read_file, write_file));
+    crate::docs::with_security(crate::docs::tagged(r, "volume content"), "VolumeToken")
 }
 
+#[utoipa::path(post, path = "/volumes", request_body = NewVolume, responses((status = 201, description = "Created", body = VolumeAndToken)))]
 async fn create(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -94,6 +96,7 @@ async fn create(
     Ok((StatusCode::CREATED, Json(VolumeAndToken::from(&v))).into_response())
 }
 
+#[utoipa::path(get, path = "/volumes", responses((status = 200, description = "The team's volumes", body = Vec<Volume>)))]
 async fn list(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -109,6 +112,7 @@ async fn list(
     ))
 }
 
+#[utoipa::path(get, path = "/volumes/{id}", params(("id" = String, Path, description = "The volume ID")), responses((status = 200, description = "The volume and its content token", body = VolumeAndToken)))]
 async fn get_one(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -118,6 +122,7 @@ async fn get_one(
     Ok(Json(VolumeAndToken::from(&v)))
 }
 
+#[utoipa::path(delete, path = "/volumes/{id}", params(("id" = String, Path, description = "The volume ID")), responses((status = 204, description = "Deleted")))]
 async fn delete(
     State(st): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -191,6 +196,7 @@ async fn authorize(st: &AppState, id: &str, headers: &HeaderMap) -> ApiResult<Vo
     Ok(st.engine.volume_for_content(id, auth).await?)
 }
 
+#[utoipa::path(get, path = "/volumecontent/{id}/path", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume")), responses((status = 200, description = "The entry", body = EntryStat)))]
 async fn stat_path(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -201,6 +207,7 @@ async fn stat_path(
     Ok(Json(st.engine.volume_stat(&vol, q.path()?).await?))
 }
 
+#[utoipa::path(delete, path = "/volumecontent/{id}/path", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume")), responses((status = 204, description = "Removed")))]
 async fn remove_path(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -212,6 +219,7 @@ async fn remove_path(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(patch, path = "/volumecontent/{id}/path", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume")), request_body = PatchBody, responses((status = 200, description = "The entry after the change", body = EntryStat)))]
 async fn patch_path(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -233,6 +241,7 @@ async fn patch_path(
     ))
 }
 
+#[utoipa::path(get, path = "/volumecontent/{id}/dir", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume"), ("depth" = Option<u32>, Query, description = "How deep to list (default 1)")), responses((status = 200, description = "The entries", body = Vec<EntryStat>)))]
 async fn list_dir(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -244,6 +253,7 @@ async fn list_dir(
     Ok(Json(st.engine.volume_list(&vol, q.path()?, depth).await?))
 }
 
+#[utoipa::path(post, path = "/volumecontent/{id}/dir", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume"), ("uid" = Option<u32>, Query), ("gid" = Option<u32>, Query), ("mode" = Option<u32>, Query, description = "Permission bits (decimal)"), ("force" = Option<bool>, Query, description = "Create missing parents / overwrite")), responses((status = 201, description = "The new directory", body = EntryStat)))]
 async fn make_dir(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -258,6 +268,7 @@ async fn make_dir(
     Ok((StatusCode::CREATED, Json(e)).into_response())
 }
 
+#[utoipa::path(get, path = "/volumecontent/{id}/file", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume")), responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = crate::docs::Binary)))]
 async fn read_file(
     State(st): State<AppState>,
     Path(id): Path<String>,
@@ -278,6 +289,7 @@ async fn read_file(
         .into_response())
 }
 
+#[utoipa::path(put, path = "/volumecontent/{id}/file", params(("id" = String, Path, description = "The volume ID"), ("path" = String, Query, description = "The path inside the volume"), ("uid" = Option<u32>, Query), ("gid" = Option<u32>, Query), ("mode" = Option<u32>, Query, description = "Permission bits (decimal)"), ("force" = Option<bool>, Query, description = "Create missing parents / overwrite")), request_body(content = crate::docs::Binary, content_type = "application/octet-stream"), responses((status = 201, description = "The written file", body = EntryStat)))]
 async fn write_file(
     State(st): State<AppState>,
     Path(id): Path<String>,

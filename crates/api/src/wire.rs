@@ -6,6 +6,7 @@ use bulkhead_engine::{
     LifecyclePolicy, NetworkRule, OnTimeout, SandboxInfo, SandboxNetwork, SecretInfo,
 };
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 
@@ -13,7 +14,7 @@ pub const CLIENT_ID: &str = "bulkhead";
 
 /// `NewSandbox` (POST /sandboxes) and `NewSandboxV2` (POST /v2/sandboxes). Unknown fields are
 /// ignored so newer SDKs keep working.
-#[derive(Debug, Serialize, Deserialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NewSandbox {
     #[serde(rename = "templateID")]
@@ -53,25 +54,29 @@ pub struct NewSandbox {
 }
 
 /// E2B `SandboxVolumeMount`: a volume (by name) and where it is mounted.
-#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq, ToSchema)]
 pub struct SandboxVolumeMount {
     pub name: String,
     pub path: String,
 }
 
 /// `SandboxAutoResumeConfig`.
-#[derive(Debug, Serialize, Deserialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default, ToSchema)]
+#[schema(as = SandboxAutoResumeConfig)]
 pub struct AutoResume {
     #[serde(default)]
     pub enabled: bool,
 }
 
 /// A create body's `lifecycle` object.
-#[derive(Debug, Serialize, Deserialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default, ToSchema)]
+#[schema(as = NewSandboxLifecycle)]
 pub struct LifecycleBody {
     #[serde(default, alias = "onTimeout", skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<String>,
     #[serde(default, alias = "autoResume", skip_serializing_if = "Option::is_none")]
+    /// A boolean or `{"enabled": bool}`.
+    #[schema(value_type = Option<Object>)]
     pub auto_resume: Option<serde_json::Value>,
 }
 
@@ -124,7 +129,8 @@ impl NewSandbox {
 /// `SandboxNetworkConfig` (create) and `SandboxNetworkUpdateConfig` (PUT …/network). Inbound
 /// settings (`allowPublicTraffic`, `maskRequestHost`, `httpsPorts`) and `dnsServers` (the proxy
 /// answers DNS itself) are accepted and ignored; a SOCKS5 `egressProxy` is refused.
-#[derive(Debug, Serialize, Deserialize, Default)]
+#[derive(Debug, Serialize, Deserialize, Default, ToSchema)]
+#[schema(as = SandboxNetworkUpdateConfig)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
     #[serde(default)]
@@ -138,6 +144,8 @@ pub struct NetworkConfig {
     pub rules: Option<BTreeMap<String, Vec<NetworkRule>>>,
     #[serde(default)]
     #[serde(skip_serializing_if = "Option::is_none")]
+    /// Refused when set: sandbox traffic leaves only through Bulkhead's own egress proxy.
+    #[schema(value_type = Option<Object>)]
     pub egress_proxy: Option<serde_json::Value>,
     /// Only in the update body (snake_case on the wire, like create's top-level field).
     #[serde(default, rename = "allow_internet_access")]
@@ -162,7 +170,7 @@ impl NetworkConfig {
 }
 
 /// `NewSecret` (POST /secrets).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
 pub struct NewSecret {
     #[serde(default)]
     pub name: String,
@@ -173,7 +181,7 @@ pub struct NewSecret {
 }
 
 /// `SecretUpdate` (POST /secrets/{id}).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
 pub struct SecretUpdate {
     #[serde(default)]
     pub value: String,
@@ -182,7 +190,7 @@ pub struct SecretUpdate {
 }
 
 /// `Secret`: metadata only, the value is write-only.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Secret {
     #[serde(rename = "secretID")]
@@ -190,7 +198,9 @@ pub struct Secret {
     pub name: String,
     pub current_version: i64,
     pub metadata: BTreeMap<String, String>,
+    #[schema(format = DateTime)]
     pub created_at: String,
+    #[schema(format = DateTime)]
     pub updated_at: String,
 }
 
@@ -208,11 +218,12 @@ impl From<&SecretInfo> for Secret {
 }
 
 /// One egress decision (Bulkhead-specific `GET /sandboxes/{id}/network/events`).
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct EgressEvent {
     #[serde(rename = "sandboxID")]
     pub sandbox_id: String,
+    #[schema(format = DateTime)]
     pub timestamp: String,
     pub protocol: String,
     pub host: Option<String>,
@@ -242,7 +253,8 @@ impl From<&bulkhead_engine::EgressEvent> for EgressEvent {
 }
 
 /// `ConnectSandbox` / `ConnectSandboxV2`.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = ConnectSandbox)]
 pub struct ConnectBody {
     pub timeout: Option<i64>,
     /// false: resume a paused sandbox by booting afresh on its files.
@@ -251,34 +263,38 @@ pub struct ConnectBody {
 
 /// `SandboxPauseRequest` (`requireHealthyGuest` is accepted and ignored: the engine always
 /// needs the agent to answer after a restore).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = SandboxPauseRequest)]
 pub struct PauseBody {
     pub memory: Option<bool>,
 }
 
 /// `ResumedSandbox` (older resume; `autoPause` is accepted and ignored).
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = ResumedSandbox)]
 pub struct ResumeBody {
     pub timeout: Option<i64>,
     pub memory: Option<bool>,
 }
 
 /// `SandboxSnapshotRequest`.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = SandboxSnapshotRequest)]
 pub struct SnapshotBody {
     pub name: Option<String>,
     pub memory: Option<bool>,
 }
 
 /// `SandboxForkRequest`.
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = SandboxForkRequest)]
 pub struct ForkBody {
     pub timeout: Option<i64>,
     pub count: Option<i64>,
 }
 
 /// `SnapshotInfo`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct SnapshotInfo {
     #[serde(rename = "snapshotID")]
     pub snapshot_id: String,
@@ -294,18 +310,20 @@ impl From<&bulkhead_engine::SnapshotInfo> for SnapshotInfo {
     }
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = SandboxTimeoutRequest)]
 pub struct TimeoutBody {
     pub timeout: Option<i64>,
 }
 
-#[derive(Debug, Deserialize, Default)]
+#[derive(Debug, Deserialize, Default, ToSchema)]
+#[schema(as = SandboxRefreshRequest)]
 pub struct RefreshBody {
     pub duration: Option<i64>,
 }
 
 /// `Sandbox`: response of create / connect.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Sandbox {
     #[serde(rename = "sandboxID")]
@@ -339,7 +357,7 @@ impl From<&SandboxInfo> for Sandbox {
 }
 
 /// `SandboxDetail` (GET /sandboxes/{id}) and `ListedSandbox` (lists) — the detail is a superset.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxDetail {
     #[serde(rename = "sandboxID")]
@@ -350,7 +368,9 @@ pub struct SandboxDetail {
     pub client_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
+    #[schema(format = DateTime)]
     pub started_at: String,
+    #[schema(format = DateTime)]
     pub end_at: String,
     pub envd_version: String,
     pub cpu_count: i64,
@@ -358,6 +378,9 @@ pub struct SandboxDetail {
     pub memory_mb: i64,
     #[serde(rename = "diskSizeMB")]
     pub disk_size_mb: i64,
+    /// `running` or `paused` (E2B's states), or Bulkhead's transient `starting`, `pausing`,
+    /// `resuming`.
+    #[schema(example = "running")]
     pub state: String,
     pub metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -366,11 +389,22 @@ pub struct SandboxDetail {
     pub allow_internet_access: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<SandboxNetwork>,
-    pub lifecycle: serde_json::Value,
+    pub lifecycle: SandboxLifecycle,
     /// `full` or `filesystem`: what a paused sandbox's checkpoint kept (only when paused).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "full")]
     pub pause_mode: Option<String>,
-    pub volume_mounts: Vec<serde_json::Value>,
+    pub volume_mounts: Vec<SandboxVolumeMount>,
+}
+
+/// E2B `SandboxLifecycle`: what happens at the TTL's end.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxLifecycle {
+    /// `kill` or `pause`.
+    #[schema(example = "kill")]
+    pub on_timeout: String,
+    pub auto_resume: bool,
 }
 
 impl SandboxDetail {
@@ -396,10 +430,10 @@ impl SandboxDetail {
             domain: s.domain.clone(),
             allow_internet_access: s.allow_internet_access,
             network: s.network.clone(),
-            lifecycle: serde_json::json!({
-                "onTimeout": s.lifecycle.on_timeout.as_str(),
-                "autoResume": s.lifecycle.auto_resume,
-            }),
+            lifecycle: SandboxLifecycle {
+                on_timeout: s.lifecycle.on_timeout.as_str().to_string(),
+                auto_resume: s.lifecycle.auto_resume,
+            },
             pause_mode: s
                 .pause_memory
                 .map(|m| if m { "full" } else { "filesystem" }.to_string()),
@@ -413,9 +447,10 @@ pub fn rfc3339(t: &chrono::DateTime<chrono::Utc>) -> String {
 }
 
 /// `SandboxMetric`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxMetric {
+    #[schema(format = DateTime)]
     pub timestamp: String,
     pub timestamp_unix: i64,
     pub cpu_count: i64,
@@ -441,4 +476,49 @@ impl From<&bulkhead_engine::Usage> for SandboxMetric {
             disk_total: u.disk_total,
         }
     }
+}
+
+/// E2B `SandboxesWithMetrics` (GET /sandboxes/metrics): the latest metric per sandbox ID.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxesWithMetrics {
+    pub sandboxes: BTreeMap<String, SandboxMetric>,
+}
+
+/// E2B `Template` as listed by GET /templates (the fields Bulkhead knows).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Template)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateListed {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub aliases: Vec<String>,
+    pub names: Vec<String>,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    pub public: bool,
+    /// `ready`, `building` or `error`.
+    #[schema(example = "ready")]
+    pub build_status: String,
+}
+
+/// E2B `SandboxForkResult`: one fork's sandbox, or why it failed.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = SandboxForkResult)]
+pub struct ForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ForkError>,
+}
+
+/// A failed fork's status and message (E2B's `Error` without `error_code`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ForkError {
+    pub code: u16,
+    pub message: String,
 }

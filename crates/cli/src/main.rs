@@ -82,6 +82,9 @@ enum Cmd {
     Doctor(doctor::DoctorArgs),
     /// Serve MCP on stdin/stdout for local agent clients, relayed to a running server.
     Mcp(mcp::McpArgs),
+    /// Print the REST API's OpenAPI document (what `GET /openapi.json` serves; checked in as
+    /// docs/openapi.json: `bulkhead openapi > docs/openapi.json`).
+    Openapi,
 }
 
 fn main() -> std::process::ExitCode {
@@ -114,6 +117,10 @@ fn main() -> std::process::ExitCode {
             Cmd::Bench(args) => bench::run(args).await,
             Cmd::Doctor(args) => doctor::run(args),
             Cmd::Mcp(args) => mcp::run(args).await,
+            Cmd::Openapi => {
+                print!("{}", bulkhead_api::openapi_json());
+                Ok(std::process::ExitCode::SUCCESS)
+            }
         }
     });
     match result {

@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// Log level (error, warn, info, debug, trace) or a tracing filter.
     #[arg(long, env = "BULKHEAD_LOG", default_value = "info")]
     pub log_level: String,
+    /// Log line format on stderr: `text` (for people) or `json` (one object per line, with
+    /// the request's span fields such as `request_id`, for log pipelines).
+    #[arg(long, env = "BULKHEAD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// Warm sandboxes kept ready per template, fixed (the pools do not adapt to demand);
     /// `--pool` entries override it per template.
     #[arg(long, env = "BULKHEAD_POOL_SIZE")]
@@ -283,7 +287,7 @@ impl ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    init_logging(&args.log_level);
+    init_logging(&args.log_level, args.log_format);
     let mut config = args.config();
     config.registry = args.registry.config()?;
     let prepared = Server::prepare(config).await?;
@@ -339,15 +343,31 @@ async fn shutdown_signal() {
     }
 }
 
-pub fn init_logging(level: &str) {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+pub fn init_logging(level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .or_else(|_| tracing_subscriber::EnvFilter::try_new("info"))
         .expect("valid filter");
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
+        // The current span's fields (`request_id`, method, path) go in `span`, every
+        // enclosing span's in `spans`.
+        LogFormat::Json => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .try_init(),
+    };
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! The helpers every Bulkhead binary (server and agent) shares, kept in one place so there is
 //! exactly one of each: how an error and its causes are rendered as text, and how secrets are
-//! compared. Depends on nothing of Bulkhead's, so any crate may use it.
+//! compared, and the request id that ties a request's log lines together from the API to the
+//! agent. Depends on nothing of Bulkhead's, so any crate may use it.
+
+pub mod request_id;
 
 /// Renders an error and its chain of sources as `outer: inner: innermost`, for logs and for the
 /// messages whose reader needs the innermost cause (e.g. the errno) to act on it.

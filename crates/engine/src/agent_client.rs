@@ -80,7 +80,8 @@ pub async fn request<T: serde::Serialize + ?Sized>(
 }
 
 /// Sends `req` on a fresh HTTP/1.1 connection over `stream` (with `Host: agent` when it has
-/// none) and returns the answer as it starts: its body streams from the agent.
+/// none, and the id of the API request that caused it, so the agent's log lines name it) and
+/// returns the answer as it starts: its body streams from the agent.
 pub async fn send(
     stream: AgentStream,
     mut req: http::Request<Full<Bytes>>,
@@ -88,6 +89,7 @@ pub async fn send(
     req.headers_mut()
         .entry(http::header::HOST)
         .or_insert(http::HeaderValue::from_static("agent"));
+    add_request_id(req.headers_mut());
     let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
         .await
         .map_err(AgentClientError::Handshake)?;
@@ -99,6 +101,14 @@ pub async fn send(
         .send_request(req)
         .await
         .map_err(AgentClientError::Request)
+}
+
+/// Sets `X-Request-Id` to the current request's id, if this task serves one.
+pub fn add_request_id(headers: &mut http::HeaderMap) {
+    use bulkhead_common::request_id;
+    if let Some(v) = request_id::current().and_then(|id| http::HeaderValue::from_str(&id).ok()) {
+        headers.insert(request_id::HEADER, v);
+    }
 }
 
 /// The answer itself when it is 2xx; otherwise an error carrying the agent's body.

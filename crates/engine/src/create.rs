@@ -80,10 +80,12 @@ impl Engine {
         let turn = self.admission.turn(ticket).await;
         let engine = Arc::clone(self);
         let caller = caller.clone();
-        let task = tokio::spawn(async move {
+        // The create's agent calls carry the request's id, and its log lines the request's span.
+        let work = bulkhead_common::request_id::propagate(async move {
             let _turn = turn;
             engine.create_admitted(&caller, req).await
         });
+        let task = tokio::spawn(tracing::Instrument::in_current_span(work));
         match task.await {
             Ok(r) => r,
             Err(e) => std::panic::resume_unwind(e.into_panic()),

@@ -152,7 +152,7 @@ impl Exhaustion {
 
 /// What `GET /bulkhead/v1/usage` and `bulkhead usage` answer: usage summed per sandbox over
 /// a time range, and the totals.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct UsageReport {
     /// The range asked for (RFC 3339; absent: unbounded). Intervals that overlap it count
     /// whole, so the sums are exact to one metering interval.
@@ -166,7 +166,7 @@ pub struct UsageReport {
     pub sandboxes: Vec<SandboxUsage>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct UsageTotals {
     pub running_seconds: f64,
     pub paused_seconds: f64,
@@ -177,7 +177,7 @@ pub struct UsageTotals {
     pub cost: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, utoipa::ToSchema)]
 pub struct SandboxUsage {
     pub sandbox_id: String,
     pub team_id: String,

@@ -21,7 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 /// E2B's schema that concern inbound traffic (`allowPublicTraffic`, `maskRequestHost`,
 /// `httpsPorts`) or that Bulkhead replaces (`dnsServers`: the proxy answers DNS itself) are not
 /// kept.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SandboxNetworkConfig)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxNetwork {
     /// Domains (`example.com`, `*.example.com`), IPs and CIDRs the sandbox may reach.
@@ -35,13 +36,15 @@ pub struct SandboxNetwork {
     pub rules: BTreeMap<String, Vec<NetworkRule>>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SandboxNetworkRule)]
 pub struct NetworkRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transform: Option<NetworkTransform>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = SandboxNetworkTransform)]
 pub struct NetworkTransform {
     /// Header name → value; values may hold secret placeholders `${e2b.secrets.<name>}`.
     #[serde(default)]

@@ -153,7 +153,7 @@ pub fn clean(path: &str) -> Result<VolPath> {
 }
 
 /// `file`, `directory`, `symlink` or `unknown`, as E2B's `VolumeEntryStat.type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EntryType {
     File,
@@ -163,7 +163,8 @@ pub enum EntryType {
 }
 
 /// E2B's `VolumeEntryStat`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = VolumeEntryStat)]
 pub struct EntryStat {
     pub name: String,
     #[serde(rename = "type")]

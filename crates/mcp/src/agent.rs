@@ -75,9 +75,10 @@ impl Sandbox<'_> {
             if let Some(token) = self.access_token {
                 req = req.header(HEADER_ACCESS_TOKEN, token);
             }
-            let req = req
+            let mut req = req
                 .body(Full::new(body))
                 .map_err(|e| self.agent_error(what, e.to_string()))?;
+            bulkhead_engine::agent_client::add_request_id(req.headers_mut());
             let resp = sender
                 .send_request(req)
                 .await

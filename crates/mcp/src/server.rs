@@ -69,6 +69,13 @@ impl BulkheadMcp {
             .ok_or(ToolError::Unauthenticated)
     }
 
+    /// The id the API layer gave the HTTP request carrying this call (absent over stdio).
+    pub(crate) fn request_id(ctx: &RequestContext<RoleServer>) -> Option<String> {
+        let parts = ctx.extensions.get::<http::request::Parts>()?;
+        let v = parts.headers.get(bulkhead_common::request_id::HEADER)?;
+        bulkhead_common::request_id::accept(v.to_str().ok()?).map(str::to_owned)
+    }
+
     /// The server's address as the client reached it (for signed file URLs).
     pub(crate) fn base_url(ctx: &RequestContext<RoleServer>) -> Option<String> {
         let parts = ctx.extensions.get::<http::request::Parts>()?;

@@ -420,4 +420,23 @@ impl ServerHandler for BulkheadMcp {
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         supported_versions()
     }
+
+    /// The macro's `call_tool`, run with the HTTP request's id as the current one (rmcp runs
+    /// tools in the session's own task, where the API layer's id is not set), so the agent
+    /// calls a tool makes carry it.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData> {
+        let id = BulkheadMcp::request_id(&context);
+        let call = async {
+            let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+            self.tool_router.call(tcc).await
+        };
+        match id {
+            Some(id) => bulkhead_common::request_id::scope(id, call).await,
+            None => call.await,
+        }
+    }
 }

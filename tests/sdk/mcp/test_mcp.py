@@ -365,3 +365,34 @@ def test_stdio_without_a_server_fails_clearly(tmp_path: Path):
     p = subprocess.run([binary, "mcp", "--stdio"], input=init + "\n", env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0
     assert "is `bulkhead serve` running" in p.stderr, p.stderr
+
+
+def test_request_id_reaches_the_agent(server):
+    """A tool call's HTTP request carries the client's `X-Request-Id`; the agent calls the tool
+    makes carry it too, so the agent's log names it (rmcp runs tools in the session's task, where
+    `call_tool` re-enters the request's id)."""
+    import re
+    import uuid
+
+    rid = f"mcp-{uuid.uuid4().hex}"
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+
+    def agent_lines():
+        lines = []
+        for log in Path(server.data_dir).rglob("agent.log"):
+            text = ansi.sub("", log.read_text(errors="replace"))
+            lines += [l for l in text.splitlines() if f"request_id={rid}" in l]
+        return lines
+
+    async def main():
+        headers = {"X-API-Key": server.api_key, "X-Request-Id": rid}
+        async with http_client(server, headers=headers) as c:
+            out = data_of(await c.call_tool("run_command", {"command": "echo traced"}))
+            # Read the agent's log while the session's sandbox (and its slot) still exists.
+            lines = await anyio.to_thread.run_sync(lambda: wait_until(agent_lines, timeout=10))
+            return out, lines
+
+    out, lines = run(main)
+    assert out["stdout"] == "traced\n", out
+    assert any("/process.Process/Start" in l for l in lines), lines
+    assert rid in server.log_since(0, max_lines=100000), "the server's own lines name the id"
