@@ -407,11 +407,9 @@ def test_proc_dev_and_sys_take_no_writes(sandbox, user):
 def test_hardening_flags(sandbox, user, request):
     status = sandbox.commands.run("cat /proc/self/status", user=user).stdout
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    # A fresh sandbox runs without no_new_privs (set-uid sudo reaches the sandbox's own root,
-    # within the bounding set checked below); a process spawned after a restore sets it, as the
-    # kernel requires to re-apply Landlock without CAP_SYS_ADMIN.
-    restored = request.node.callspec.params["sandbox"] != "fresh"
-    assert fields["NoNewPrivs"].strip() == ("1" if restored else "0")
+    # No no_new_privs, fresh or restored (set-uid sudo reaches the sandbox's own root, within
+    # the bounding set checked below; a restore does not re-apply Landlock: docs/persistence.md).
+    assert fields["NoNewPrivs"].strip() == "0", request.node.callspec.params["sandbox"]
     assert fields["Seccomp"].strip() == "2"
     cap_eff = int(fields["CapEff"].strip(), 16)
     cap_bnd = int(fields["CapBnd"].strip(), 16)
