@@ -150,7 +150,7 @@ mod tests {
             );
             assert_eq!(
                 TemplateRecipe::code_interpreter().content_hash(),
-                "389941103ca8d1d497907d9a1e9dc1e39b2ebf92e390f83e2d1bb23dfe0abb0f",
+                "c6e6ac948dbdc1d8da70d40690430353b10afc50d7a8e422738fa2970ae74258",
                 "code-interpreter-v1 recipe hash changed"
             );
         }

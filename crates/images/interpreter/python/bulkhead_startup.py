@@ -10,7 +10,9 @@ shared/reference/e2b-protocol.md §3.1), without importing anything heavy at sta
 - `e2b/data` for pandas DataFrames (column -> list, JSON-safe values);
 - `e2b/chart` for matplotlib Figures (bulkhead_charts), next to the usual `image/png`;
 - `application/json` for dict/list results when they are JSON-representable (numpy-aware);
-- `PIL.Image.Image.save(path)` called from user code also displays the image;
+- `PIL.Image.Image.save(path)` called from user code also displays the image, and
+  `Image.show()` always displays it (Pillow would first try a desktop viewer such as `xdg-open`,
+  which the template has, through R's dependencies, and which shows nothing in a sandbox);
 - `Axes.bxp` tags its artists so box plots are reported exactly.
 Formatters are registered by type *name*, and the PIL/matplotlib patches are applied by an import
 hook when those modules are first imported.
@@ -338,6 +340,18 @@ def patch_pil_image(module) -> None:
     image_cls.save = save
 
 
+def patch_pil_imageshow(module) -> None:
+    viewer = getattr(module, "IPythonViewer", None)
+    viewers = getattr(module, "_viewers", None)
+    if viewer is None or not isinstance(viewers, list) or getattr(module, "_bulkhead_patched", False):
+        return
+    # Pillow registers desktop viewers (xdg-open, display, ...) found on PATH before IPython's;
+    # the first that accepts the image wins. In a kernel the notebook display is the only one.
+    viewers[:] = [v for v in viewers if not isinstance(v, viewer)]
+    module.register(viewer, 0)
+    module._bulkhead_patched = True
+
+
 def patch_matplotlib_axes(module) -> None:
     axes_cls = getattr(module, "Axes", None)
     original = getattr(axes_cls, "bxp", None)
@@ -359,7 +373,13 @@ def patch_matplotlib_axes(module) -> None:
     axes_cls.bxp = bxp
 
 
-_PATCHER = PostImportPatcher({"PIL.Image": patch_pil_image, "matplotlib.axes._axes": patch_matplotlib_axes})
+_PATCHER = PostImportPatcher(
+    {
+        "PIL.Image": patch_pil_image,
+        "PIL.ImageShow": patch_pil_imageshow,
+        "matplotlib.axes._axes": patch_matplotlib_axes,
+    }
+)
 
 
 def _ensure_on_path(here: str) -> None:
