@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import json
 
 
@@ -117,9 +118,19 @@ plt.close(fig)
     assert res == []
 
 
-def test_pil_show_displays_the_image(kernel):
-    res = kernel.results("image.show()")
-    assert any("image/png" in c["data"] for _, c in res)
+def test_pil_show_displays_the_image(fresh_kernel, tmp_path):
+    """Even where a desktop viewer is on PATH (the template has `xdg-open`, through R's
+    dependencies), which Pillow would otherwise prefer and which shows nothing in a sandbox."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ran = tmp_path / "xdg-open-ran"
+    viewer = bin_dir / "xdg-open"
+    viewer.write_text(f"#!/bin/sh\ntouch {ran}\n")
+    viewer.chmod(0o755)
+    k = fresh_kernel(env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    res = k.results("from PIL import Image\nImage.new('RGB', (4, 4), 'red').show()")
+    assert any("image/png" in c["data"] for _, c in res), res
+    assert not ran.exists(), "Pillow ran the desktop viewer"
 
 
 def test_startup_leaves_the_user_namespace_clean_and_imports_nothing_heavy(fresh_kernel):
