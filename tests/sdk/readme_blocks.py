@@ -53,6 +53,21 @@ def run_js(code: str, timeout: float) -> str:
     return r.stdout
 
 
+def check_quick_start(out: str) -> None:
+    """What the "Quick start" blocks print (Python and JS print the same)."""
+    assert out.splitlines() == ["hello from user", "", "42", ""], out
+
+
+def check_code_interpreter(out: str) -> None:
+    """What the "Code interpreter" block prints: a sum, a chart with its PNG, JS, an SQL table."""
+    lines = out.splitlines()
+    assert lines[0] == "6", out
+    assert lines[1].startswith("ChartType.LINE iVBORw0KGgo"), out
+    assert lines[2] == "42", out
+    sql = "\n".join(lines[3:])
+    assert "answer" in sql and "42" in sql, out
+
+
 def _env() -> dict[str, str]:
     keep = ("PATH", "HOME", "LANG", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "NO_PROXY", "no_proxy")
     return {k: os.environ[k] for k in keep if k in os.environ}

@@ -206,28 +206,34 @@ pub fn args(s: &VmSpec) -> Vec<OsString> {
     a
 }
 
+/// A VM spec for unit tests (this module's and the jailer's).
+#[cfg(test)]
+pub(crate) fn sample_spec(accel: Accel) -> VmSpec {
+    VmSpec {
+        kernel: "/k/bzImage".into(),
+        boot_disk: "/c/boot.ext4".into(),
+        root_disk: "/c/root.erofs".into(),
+        rw_disk: "/s/3/rw.img".into(),
+        agent_socket: "/s/3/agent.sock".into(),
+        qmp_socket: "/s/3/qmp.sock".into(),
+        console_log: "/s/3/console.log".into(),
+        cpus: 2,
+        memory_mb: 256,
+        accel,
+        agent_log: "warn".into(),
+        clock: std::time::Duration::from_millis(1_700_000_000_250),
+        memory_file: None,
+        incoming: false,
+        pids_max: 128,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn spec() -> VmSpec {
-        VmSpec {
-            kernel: "/k/bzImage".into(),
-            boot_disk: "/c/boot.ext4".into(),
-            root_disk: "/c/root.erofs".into(),
-            rw_disk: "/s/3/rw.img".into(),
-            agent_socket: "/s/3/agent.sock".into(),
-            qmp_socket: "/s/3/qmp.sock".into(),
-            console_log: "/s/3/console.log".into(),
-            cpus: 2,
-            memory_mb: 256,
-            accel: Accel::Tcg,
-            agent_log: "warn".into(),
-            clock: std::time::Duration::from_millis(1_700_000_000_250),
-            memory_file: None,
-            incoming: false,
-            pids_max: 128,
-        }
+        sample_spec(Accel::Tcg)
     }
 
     fn joined(s: &VmSpec) -> String {

@@ -16,23 +16,7 @@ fn files() -> QemuFiles {
 }
 
 fn spec(accel: Accel) -> VmSpec {
-    VmSpec {
-        kernel: "/k/bzImage".into(),
-        boot_disk: "/c/boot.ext4".into(),
-        root_disk: "/c/root.erofs".into(),
-        rw_disk: "/s/3/rw.img".into(),
-        agent_socket: "/s/3/agent.sock".into(),
-        qmp_socket: "/s/3/qmp.sock".into(),
-        console_log: "/s/3/console.log".into(),
-        cpus: 2,
-        memory_mb: 256,
-        accel,
-        agent_log: "warn".into(),
-        clock: std::time::Duration::ZERO,
-        memory_file: None,
-        incoming: false,
-        pids_max: 128,
-    }
+    crate::qemu::sample_spec(accel)
 }
 
 fn binds(steps: &[Step]) -> Vec<(String, bool, bool, bool)> {

@@ -56,17 +56,7 @@ fn which(tool: &str) -> PathBuf {
 
 fn libs(bin: &Path) -> Vec<PathBuf> {
     let out = Command::new("ldd").arg(bin).output().expect("run ldd");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            let p = match l.split_once("=>") {
-                Some((_, r)) => r.split_whitespace().next()?,
-                None => l.split_whitespace().next()?,
-            };
-            p.starts_with('/').then(|| PathBuf::from(p))
-        })
-        .collect()
+    bulkhead_microvm::jailer::parse_ldd(&String::from_utf8_lossy(&out.stdout))
 }
 
 /// A minimal template tree: a few host tools, their libraries, users `root` and `user`.
