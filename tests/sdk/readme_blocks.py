@@ -34,21 +34,22 @@ def blocks(section: str, language: str) -> list[str]:
     return found
 
 
-def run_python(code: str, timeout: float) -> str:
-    """Run `code` with this interpreter (the test venv: the SDKs and nothing of the tests)."""
+def run_python(code: str, timeout: float, server=None) -> str:
+    """Run `code` with this interpreter (the test venv: the SDKs and nothing of the tests),
+    against `server` (a BulkheadServer) or the one the E2B_* variables name."""
     r = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_env(), cwd="/"
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=_env(server), cwd="/"
     )
     assert r.returncode == 0, f"the README's Python block failed:\n{code}\nstderr:\n{r.stderr[-3000:]}"
     return r.stdout
 
 
-def run_js(code: str, timeout: float) -> str:
+def run_js(code: str, timeout: float, server=None) -> str:
     """Run `code` as an ES module next to tests/sdk/js/node_modules (the npm `e2b` SDK)."""
     with tempfile.NamedTemporaryFile("w", suffix=".mjs", dir=JS_SDK_DIR, prefix=".readme-") as f:
         f.write(code)
         f.flush()
-        r = subprocess.run(["node", f.name], capture_output=True, text=True, timeout=timeout, env=_env(), cwd="/")
+        r = subprocess.run(["node", f.name], capture_output=True, text=True, timeout=timeout, env=_env(server), cwd="/")
     assert r.returncode == 0, f"the README's JS block failed:\n{code}\nstderr:\n{r.stderr[-3000:]}"
     return r.stdout
 
@@ -68,6 +69,9 @@ def check_code_interpreter(out: str) -> None:
     assert "answer" in sql and "42" in sql, out
 
 
-def _env() -> dict[str, str]:
+def _env(server=None) -> dict[str, str]:
     keep = ("PATH", "HOME", "LANG", "E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "NO_PROXY", "no_proxy")
-    return {k: os.environ[k] for k in keep if k in os.environ}
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    if server is not None:
+        env.update(E2B_API_URL=server.url, E2B_SANDBOX_URL=server.url, E2B_API_KEY=server.api_key)
+    return env
