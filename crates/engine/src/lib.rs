@@ -16,6 +16,7 @@ pub mod agent_client;
 mod checkpoints;
 mod clock;
 mod config;
+mod disk_usage;
 pub mod driver;
 mod engine;
 mod error;

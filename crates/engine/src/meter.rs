@@ -5,12 +5,12 @@
 //! sandbox ran). A team whose credits stay at or below zero past the grace has its running
 //! sandboxes paused (or killed, if the operator says so).
 
-use std::path::Path;
 use std::sync::Arc;
 
 use bulkhead_store::{SandboxState, UsageFilter, UsageRow};
 
 use crate::clock::now_ms;
+use crate::disk_usage::{Measure, tree_bytes};
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::metering::{self, ExhaustedAction, UsageReport};
@@ -21,27 +21,6 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 /// Paused and being resumed: holding a checkpoint, not CPU or memory.
 fn holds_checkpoint(state: SandboxState) -> bool {
     matches!(state, SandboxState::Paused | SandboxState::Resuming)
-}
-
-/// Bytes a directory tree takes on disk (allocated blocks: checkpoints can be sparse).
-fn disk_bytes(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.is_dir() {
-                stack.push(e.path());
-            } else {
-                total += m.blocks() * 512;
-            }
-        }
-    }
-    total
 }
 
 impl Engine {
@@ -134,7 +113,7 @@ impl Engine {
             todo
         };
         for (id, dir) in todo {
-            let bytes = tokio::task::spawn_blocking(move || disk_bytes(&dir))
+            let bytes = tokio::task::spawn_blocking(move || tree_bytes(&dir, Measure::Allocated))
                 .await
                 .unwrap_or(0);
             if let Some(l) = self.live.lock().get_mut(&id) {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use bulkhead_envd::rest::InitRequest;
 use bulkhead_images::LayerStore;
 
+use crate::disk_usage::{Measure, tree_bytes};
 use crate::driver::{DriverHandle, SandboxSpec};
 use crate::engine::Engine;
 use crate::lifecycle::Operation;
@@ -506,24 +507,7 @@ fn expand_home(tree: &Path, path: &str) -> Result<String, String> {
 
 async fn dir_size(p: &Path) -> u64 {
     let p = p.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let mut total = 0;
-        let mut stack = vec![p];
-        while let Some(d) = stack.pop() {
-            let Ok(rd) = std::fs::read_dir(&d) else {
-                continue;
-            };
-            for e in rd.flatten() {
-                let Ok(m) = e.metadata() else { continue };
-                if m.is_dir() {
-                    stack.push(e.path());
-                } else {
-                    total += m.len();
-                }
-            }
-        }
-        total
-    })
-    .await
-    .unwrap_or(0)
+    tokio::task::spawn_blocking(move || tree_bytes(&p, Measure::Apparent))
+        .await
+        .unwrap_or(0)
 }
