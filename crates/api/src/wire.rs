@@ -349,7 +349,12 @@ impl From<&SandboxInfo> for Sandbox {
             client_id: CLIENT_ID.to_string(),
             envd_version: s.envd_version.clone(),
             envd_access_token: s.envd_access_token.clone(),
-            traffic_access_token: None,
+            // The official code-interpreter SDKs send this (not the envd token) on their
+            // `/contexts` calls, and port 49999 needs one of the two on every route.
+            traffic_access_token: s
+                .envd_access_token
+                .as_deref()
+                .map(bulkhead_envd::rest::traffic_access_token),
             domain: s.domain.clone(),
             alias: s.alias.clone(),
         }

@@ -20,6 +20,9 @@ pub const HEADER_SANDBOX_ID: &str = "e2b-sandbox-id";
 pub const HEADER_SANDBOX_PORT: &str = "e2b-sandbox-port";
 /// Header with the envd access token.
 pub const HEADER_ACCESS_TOKEN: &str = "x-access-token";
+/// Header with the sandbox's traffic access token (E2B's `trafficAccessToken`): the official
+/// code-interpreter SDKs send it, not the envd token, on their `/contexts` calls.
+pub const HEADER_TRAFFIC_ACCESS_TOKEN: &str = "e2b-traffic-access-token";
 /// Prefix of request headers that set file metadata on upload (`X-Metadata-<key>`).
 pub const HEADER_METADATA_PREFIX: &str = "x-metadata-";
 /// Extended-attribute prefix under which file metadata is stored.
@@ -148,6 +151,17 @@ impl FileOperation {
     }
 }
 
+/// The traffic access token of a sandbox whose envd access token is `access_token`:
+/// `base64url_no_pad(sha256("bulkhead-traffic-v1:<token>"))`. Derived (not a second secret to
+/// store and restore) and one-way, so that handing it to something that only needs the sandbox's
+/// ports (port 49999 is the one that checks it) does not hand over envd (files, processes).
+pub fn traffic_access_token(access_token: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"bulkhead-traffic-v1:");
+    hasher.update(access_token.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(hasher.finalize())
+}
+
 /// Computes the signature of a file URL:
 /// `"v1_" + base64_std_no_pad(sha256("<path>:<op>:<username>:<token>"[":<expiration>"]))`.
 ///
@@ -212,6 +226,17 @@ mod tests {
             sig,
             file_signature("/home/user/a.txt", FileOperation::Read, "root", "tok", None)
         );
+    }
+
+    #[test]
+    fn traffic_token_is_derived_and_differs_from_the_envd_token() {
+        // printf '%s' 'bulkhead-traffic-v1:tok' | sha256sum | xxd -r -p | base64 | tr '+/' '-_' | tr -d =
+        assert_eq!(
+            traffic_access_token("tok"),
+            "fKapw0GrETMmYbwZ5lrL5E8jtl8FGGVVr7bxvBJoawM"
+        );
+        assert_ne!(traffic_access_token("tok"), "tok");
+        assert_ne!(traffic_access_token("tok"), traffic_access_token("tok2"));
     }
 
     #[test]

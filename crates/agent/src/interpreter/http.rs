@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use bulkhead_envd::rest::HEADER_ACCESS_TOKEN;
+use bulkhead_envd::rest::{HEADER_ACCESS_TOKEN, HEADER_TRAFFIC_ACCESS_TOKEN, traffic_access_token};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -41,17 +41,55 @@ pub fn loopback_router(interpreter: Arc<Interpreter>) -> Router {
 
 fn router_with(interpreter: Arc<Interpreter>, check_token: bool) -> Router {
     let state = Arc::clone(&interpreter.state);
+    let api = Api {
+        interpreter,
+        state,
+        check_token,
+    };
+    // Every route but `/health` acts on the kernels (runs code, lists, starts, restarts or
+    // ends them), so every one needs the token; `route_layer` leaves unknown paths a 404.
     Router::new()
-        .route("/health", get(health))
         .route("/execute", post(execute_code))
         .route("/contexts", post(create_context).get(list_contexts))
         .route("/contexts/{id}/restart", post(restart_context))
         .route("/contexts/{id}", axum::routing::delete(delete_context))
-        .with_state(Api {
-            interpreter,
-            state,
-            check_token,
-        })
+        .route_layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            require_token,
+        ))
+        .route("/health", get(health))
+        .with_state(api)
+}
+
+/// Whether `headers` carry the sandbox's token: the envd access token in `X-Access-Token` (the
+/// SDKs send it on `/execute`, Bulkhead's MCP tools on every call) or the traffic access token
+/// derived from it in `E2B-Traffic-Access-Token` (what the official SDKs send on the
+/// `/contexts` calls, from the create answer's `trafficAccessToken`).
+fn token_matches(headers: &HeaderMap, token: &str) -> bool {
+    let sent = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if sent(HEADER_ACCESS_TOKEN).is_some_and(|sent| constant_time_eq(sent, token)) {
+        return true;
+    }
+    sent(HEADER_TRAFFIC_ACCESS_TOKEN)
+        .is_some_and(|sent| constant_time_eq(sent, &traffic_access_token(token)))
+}
+
+/// Refuses a request without the sandbox's token, like envd does, when the sandbox has one and
+/// the request came from the host (the sandbox's own loopback needs none, as on E2B).
+async fn require_token(
+    State(api): State<Api>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(token) = api.state.access_token().filter(|_| api.check_token)
+        && !token_matches(request.headers(), &token)
+    {
+        return text(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized access: send the sandbox's access token in the X-Access-Token header (or its traffic access token in E2B-Traffic-Access-Token)",
+        );
+    }
+    next.run(request).await
 }
 
 fn text(status: StatusCode, message: impl Into<String>) -> Response {
@@ -130,19 +168,7 @@ fn target(context_id: Option<&str>, language: Option<&str>) -> Result<Target, &'
     }
 }
 
-async fn execute_code(State(api): State<Api>, headers: HeaderMap, body: Bytes) -> Response {
-    // The SDKs send the envd access token on /execute only; check it like envd does.
-    if let Some(token) = api.state.access_token().filter(|_| api.check_token) {
-        let sent = headers
-            .get(HEADER_ACCESS_TOKEN)
-            .and_then(|v| v.to_str().ok());
-        if !sent.is_some_and(|sent| constant_time_eq(sent, &token)) {
-            return text(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized access: send the sandbox's access token in the X-Access-Token header",
-            );
-        }
-    }
+async fn execute_code(State(api): State<Api>, body: Bytes) -> Response {
     let request: ExecuteBody = match parse_body(&body) {
         Ok(r) => r,
         Err(response) => return response,
@@ -254,6 +280,110 @@ async fn delete_context(State(api): State<Api>, Path(id): Path<String>) -> Respo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::{AppState, Config};
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    /// An interpreter whose only kernel cannot start: the checks below never reach a kernel
+    /// (every request that passes the token check fails on its body or an unknown context).
+    fn interpreter(token: Option<&str>) -> Arc<Interpreter> {
+        let manifest = serde_json::from_str(
+            r#"{"version": 1, "languages": {"python": {"argv": ["/bin/false", "{connection_file}"]}}}"#,
+        )
+        .unwrap();
+        let state = AppState::new(&Config {
+            default_user: "user".into(),
+            max_background_processes: 1,
+        });
+        state.update_settings(|s| s.access_token = token.map(str::to_owned));
+        Interpreter::new(manifest, super::super::InterpreterConfig::default(), state)
+    }
+
+    async fn call(
+        router: &Router,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, String) {
+        let mut req = axum::http::Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        // A body no route accepts: a request past the token check ends at its parser.
+        let resp = router
+            .clone()
+            .oneshot(req.body(Body::from("{")).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Each kernel route and what it answers once the token check lets it through.
+    const ROUTES: &[(&str, &str, StatusCode)] = &[
+        ("POST", "/execute", StatusCode::UNPROCESSABLE_ENTITY),
+        ("GET", "/contexts", StatusCode::OK),
+        ("POST", "/contexts", StatusCode::UNPROCESSABLE_ENTITY),
+        ("POST", "/contexts/nope/restart", StatusCode::NOT_FOUND),
+        ("DELETE", "/contexts/nope", StatusCode::NOT_FOUND),
+    ];
+
+    #[tokio::test]
+    async fn every_kernel_route_needs_the_token() {
+        let router = router(interpreter(Some("tok")));
+        let traffic = traffic_access_token("tok");
+        for &(method, path, passed) in ROUTES {
+            for refused in [
+                &[][..],
+                &[(HEADER_ACCESS_TOKEN, "wrong")],
+                &[(HEADER_ACCESS_TOKEN, "to")],
+                // The traffic header takes the derived token only, the envd header only the
+                // envd token.
+                &[(HEADER_TRAFFIC_ACCESS_TOKEN, "tok")],
+                &[(HEADER_ACCESS_TOKEN, traffic.as_str())],
+            ] {
+                let (status, body) = call(&router, method, path, refused).await;
+                assert_eq!(
+                    status,
+                    StatusCode::UNAUTHORIZED,
+                    "{method} {path} {refused:?}: {body}"
+                );
+                assert!(body.contains("X-Access-Token"), "{body}");
+            }
+            for accepted in [
+                &[(HEADER_ACCESS_TOKEN, "tok")][..],
+                &[(HEADER_TRAFFIC_ACCESS_TOKEN, traffic.as_str())],
+                &[
+                    (HEADER_ACCESS_TOKEN, "wrong"),
+                    (HEADER_TRAFFIC_ACCESS_TOKEN, traffic.as_str()),
+                ],
+            ] {
+                let (status, body) = call(&router, method, path, accepted).await;
+                assert_eq!(status, passed, "{method} {path} {accepted:?}: {body}");
+            }
+        }
+        // Health stays open (the host and the SDKs probe it without a token).
+        assert_eq!(call(&router, "GET", "/health", &[]).await.0, StatusCode::OK);
+        assert_eq!(
+            call(&router, "GET", "/nowhere", &[]).await.0,
+            StatusCode::NOT_FOUND
+        );
+    }
+
+    #[tokio::test]
+    async fn no_token_is_asked_of_the_loopback_or_of_a_sandbox_without_one() {
+        for router in [
+            loopback_router(interpreter(Some("tok"))),
+            router(interpreter(None)),
+        ] {
+            for &(method, path, passed) in ROUTES {
+                let (status, body) = call(&router, method, path, &[]).await;
+                assert_eq!(status, passed, "{method} {path}: {body}");
+            }
+        }
+    }
 
     #[test]
     fn request_validation_matches_e2b() {
