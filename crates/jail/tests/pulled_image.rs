@@ -80,7 +80,10 @@ async fn sandbox_runs_on_a_pulled_image() {
 
     // The cache lives in the test's directory, which sandbox uids may traverse.
     let cache = ImageCache::new(env.path().join("images"));
-    let mut cfg = RegistryConfig::default();
+    let mut cfg = RegistryConfig {
+        insecure: vec![reg.host()],
+        ..Default::default()
+    };
     cfg.add_mirror(&format!("docker.io=http://{}", reg.host()))
         .unwrap();
     let image = cache

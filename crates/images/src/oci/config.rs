@@ -12,6 +12,9 @@ use oci_client::Reference;
 use serde::Deserialize;
 
 use super::error::OciError;
+use super::policy::{
+    ConnectPolicy, HostPattern, PUBLIC_REGISTRIES, normalize_host, split_authority,
+};
 
 /// Docker Hub's canonical name, as image references normalise it.
 pub const DOCKER_HUB: &str = "docker.io";
@@ -61,7 +64,8 @@ impl Default for PullLimits {
     fn default() -> Self {
         PullLimits {
             max_download_bytes: 8 << 30,
-            max_unpacked_bytes: 16 << 30,
+            // A few GiB: real images are far smaller; a gzip bomb stops here, not at the disk.
+            max_unpacked_bytes: 4 << 30,
             max_entries: 2_000_000,
             max_layers: 256,
         }
@@ -72,11 +76,19 @@ impl Default for PullLimits {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegistryConfig {
     /// Registries (as named in references: `docker.io`, `ghcr.io`, `registry:5000`) images
-    /// may be pulled from. Empty: any.
+    /// may be pulled from, as [`HostPattern`]s (`*.pkg.dev`; `*` for any; no port: any
+    /// port). Default: [`PUBLIC_REGISTRIES`]. A mirror entry does not allow a registry by
+    /// itself. Empty: none.
     pub allowed: Vec<String>,
+    /// Endpoints (`HOST[:PORT]` patterns) the server may reach over plain HTTP and at
+    /// loopback, private or link-local addresses (`--registry-insecure`): a registry on this
+    /// machine or the LAN. Every other connection of a pull, redirects and token services
+    /// included, is HTTPS to public addresses only (see `policy`).
+    pub insecure: Vec<String>,
     /// Registry → endpoint URL serving it (`docker.io` → `https://mirror.example`,
     /// `http://127.0.0.1:5000`): a pull-through mirror, or the registry's own address. The
-    /// scheme decides HTTP or HTTPS; registries without an entry use HTTPS at their name.
+    /// scheme decides HTTP or HTTPS (HTTP only for an [`insecure`](Self::insecure) endpoint);
+    /// registries without an entry use HTTPS at their name, or HTTP when they are insecure.
     pub mirrors: BTreeMap<String, String>,
     /// Credentials by registry name or endpoint host (`host:port`).
     pub credentials: BTreeMap<String, RegistryCredentials>,
@@ -91,7 +103,8 @@ pub struct RegistryConfig {
 impl Default for RegistryConfig {
     fn default() -> Self {
         RegistryConfig {
-            allowed: Vec::new(),
+            allowed: PUBLIC_REGISTRIES.iter().map(|s| (*s).to_owned()).collect(),
+            insecure: Vec::new(),
             mirrors: BTreeMap::new(),
             credentials: BTreeMap::new(),
             platform: None,
@@ -118,6 +131,42 @@ pub struct ResolvedReference {
 }
 
 impl RegistryConfig {
+    /// The connection rules every request of a pull passes (see `policy`).
+    pub(crate) fn connect_policy(&self) -> Result<ConnectPolicy, OciError> {
+        Ok(ConnectPolicy {
+            insecure: patterns(&self.insecure, "--registry-insecure")?,
+        })
+    }
+
+    /// Checks the settings against each other: patterns parse, and a plain-HTTP mirror is an
+    /// insecure endpoint. `resolve` checks this too; call it at startup to fail early.
+    pub fn validate(&self) -> Result<(), OciError> {
+        patterns(&self.allowed, "--registry-allow")?;
+        let policy = self.connect_policy()?;
+        for (registry, url) in &self.mirrors {
+            if let Some(host) = url.strip_prefix("http://") {
+                let (h, port) = split_authority(host).unwrap_or((host, None));
+                if !policy.is_insecure(h, port.unwrap_or(80)) {
+                    return Err(OciError::Config(format!(
+                        "the mirror for {registry} ({url}) is plain HTTP: allow it with \
+                         --registry-insecure {host} (env BULKHEAD_REGISTRY_INSECURE), or use \
+                         https://"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// True when `registry` (as named in a reference) may be pulled from.
+    fn is_allowed(&self, registry: &str) -> Result<bool, OciError> {
+        let (host, port) = split_authority(registry).unwrap_or((registry, None));
+        let host = normalize_host(host);
+        Ok(patterns(&self.allowed, "--registry-allow")?
+            .iter()
+            .any(|p| p.matches(&host, port.unwrap_or(443))))
+    }
+
     /// Parses `REGISTRY=URL` (a `--registry-mirror` value) into [`mirrors`](Self::mirrors).
     pub fn add_mirror(&mut self, spec: &str) -> Result<(), String> {
         let (registry, url) = spec.split_once('=').ok_or_else(|| {
@@ -165,21 +214,31 @@ impl RegistryConfig {
                 reason: e.to_string(),
             })?;
         let registry = parsed.registry().to_owned();
-        if !self.allowed.is_empty() && !self.allowed.iter().any(|a| a == &registry) {
+        self.validate()?;
+        if !self.is_allowed(&registry)? {
             return Err(OciError::NotAllowed {
                 registry,
-                allowed: self.allowed.join(", "),
+                allowed: if self.allowed.is_empty() {
+                    "none".into()
+                } else {
+                    self.allowed.join(", ")
+                },
             });
         }
+        let policy = self.connect_policy()?;
         let (endpoint, host, plain_http) = match self.mirrors.get(&registry) {
             Some(url) => {
                 let plain = url.starts_with("http://");
                 let host = url.split_once("://").map_or(url.as_str(), |(_, h)| h);
                 (url.clone(), host.to_owned(), plain)
             }
-            // A registry on this machine speaks plain HTTP, as Docker assumes for 127.0.0.0/8
-            // (a local `docker-registry`, a registry in a test); nothing crosses a network.
-            None if is_loopback(&registry) => {
+            // An insecure registry (one the operator listed: on this machine or the LAN)
+            // speaks plain HTTP, as Docker's `insecure-registries` do.
+            None if {
+                let (h, port) = split_authority(&registry).unwrap_or((&registry, None));
+                policy.is_insecure(h, port.unwrap_or(80))
+            } =>
+            {
                 (format!("http://{registry}"), registry.clone(), true)
             }
             None => {
@@ -209,13 +268,11 @@ impl RegistryConfig {
     }
 }
 
-/// `localhost` or `127.x.y.z`, with or without a port (references cannot name IPv6 hosts).
-fn is_loopback(registry: &str) -> bool {
-    let host = registry.split(':').next().unwrap_or("");
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+fn patterns(specs: &[String], flag: &str) -> Result<Vec<HostPattern>, OciError> {
+    specs
+        .iter()
+        .map(|s| HostPattern::parse(s).map_err(|e| OciError::Config(format!("{flag} {e}"))))
+        .collect()
 }
 
 #[derive(Deserialize)]
@@ -283,6 +340,13 @@ mod tests {
     fn docker_hub_names_go_to_the_mirror() {
         let mut c = RegistryConfig::default();
         c.add_mirror("docker.io=http://127.0.0.1:5000/").unwrap();
+        // A plain-HTTP mirror needs the operator's explicit trust.
+        let e = c.resolve("python:3.12", None).unwrap_err();
+        assert!(
+            e.to_string().contains("--registry-insecure 127.0.0.1:5000"),
+            "{e}"
+        );
+        c.insecure = vec!["127.0.0.1:5000".into()];
         let r = c.resolve("python:3.12", None).unwrap();
         assert_eq!(r.canonical, "docker.io/library/python:3.12");
         assert_eq!(r.registry, "docker.io");
@@ -301,19 +365,48 @@ mod tests {
     }
 
     #[test]
-    fn loopback_registries_are_plain_http() {
+    fn loopback_registries_need_the_operator_and_then_are_plain_http() {
+        // By default only the public registries: a reference cannot aim a pull at this host.
         let c = RegistryConfig::default();
+        for local in [
+            "127.0.0.1:5000/x/y:1",
+            "localhost:5000/y",
+            "2130706433:5000/y",
+            "10.0.0.5/y:1",
+            "169.254.169.254/latest/meta-data:1",
+        ] {
+            let e = c.resolve(local, None).unwrap_err();
+            assert!(matches!(e, OciError::NotAllowed { .. }), "{local}: {e}");
+        }
+        for public in [
+            "python:3.12",
+            "ghcr.io/o/a:1",
+            "europe-docker.pkg.dev/p/r/i:1",
+        ] {
+            assert!(!c.resolve(public, None).unwrap().plain_http, "{public}");
+        }
+        // Allowed but not insecure: HTTPS (and the guard refuses the loopback address).
+        let c = RegistryConfig {
+            allowed: vec!["127.0.0.1:5000".into(), "localhost".into()],
+            ..Default::default()
+        };
+        assert!(!c.resolve("127.0.0.1:5000/x/y:1", None).unwrap().plain_http);
+        let c = RegistryConfig {
+            insecure: c.allowed.clone(),
+            ..c
+        };
         for (reference, endpoint) in [
             ("127.0.0.1:5000/x/y:1", "http://127.0.0.1:5000"),
             ("localhost:5000/y", "http://localhost:5000"),
+            ("localhost:6000/y", "http://localhost:6000"),
         ] {
             let r = c.resolve(reference, None).unwrap();
             assert_eq!(r.endpoint, endpoint, "{reference}");
             assert!(r.plain_http, "{reference}");
         }
-        for far in ["127.0.0.1.example.com/x:1", "ghcr.io/localhost/x:1"] {
-            assert!(!c.resolve(far, None).unwrap().plain_http, "{far}");
-        }
+        // Only the port listed.
+        let e = c.resolve("127.0.0.1:5001/x/y:1", None).unwrap_err();
+        assert!(matches!(e, OciError::NotAllowed { .. }), "{e}");
     }
 
     #[test]
@@ -325,6 +418,24 @@ mod tests {
         assert!(c.resolve("ubuntu:24.04", None).is_ok());
         let e = c.resolve("quay.io/x/y:1", None).unwrap_err();
         assert!(e.to_string().contains("--registry-allow"), "{e}");
+        // A mirror does not allow its registry by itself.
+        let mut m = c.clone();
+        m.add_mirror("quay.io=https://quay-mirror.example").unwrap();
+        assert!(matches!(
+            m.resolve("quay.io/x/y:1", None),
+            Err(OciError::NotAllowed { .. })
+        ));
+        let none = RegistryConfig {
+            allowed: Vec::new(),
+            ..Default::default()
+        };
+        let e = none.resolve("ubuntu", None).unwrap_err();
+        assert!(e.to_string().contains("allowed: none"), "{e}");
+        let bad = RegistryConfig {
+            allowed: vec!["a/b".into()],
+            ..Default::default()
+        };
+        assert!(matches!(bad.validate(), Err(OciError::Config(_))));
         assert!(matches!(
             c.resolve("UPPER/Case:tag", None),
             Err(OciError::BadReference { .. })

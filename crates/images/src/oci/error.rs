@@ -4,9 +4,9 @@ use std::path::PathBuf;
 
 /// The flags and environment variables an operator sets to reach registries; quoted in
 /// errors so the fix is in the message.
-pub(crate) const CONFIGURE_HINT: &str = "check the network, or point the registry at a \
-     reachable mirror: `bulkhead serve --registry-mirror docker.io=https://mirror.example` (env \
-     BULKHEAD_REGISTRY_MIRRORS)";
+pub(crate) const CONFIGURE_HINT: &str = "check the image name; operators: the server log says \
+     why, and a registry can be pointed at a reachable mirror with `bulkhead serve \
+     --registry-mirror docker.io=https://mirror.example` (env BULKHEAD_REGISTRY_MIRRORS)";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OciError {
@@ -18,13 +18,17 @@ pub enum OciError {
          registry"
     )]
     NotAllowed { registry: String, allowed: String },
-    #[error("Cannot reach the registry {endpoint} to pull {reference} ({reason}): {hint}")]
+    /// Every transport failure (refused, timeout, reset, TLS, DNS) and every connection the
+    /// pull's rules refused (a private address, plain HTTP, a redirect elsewhere): one message,
+    /// so a pull cannot be used to learn what listens where. The detail is logged at info.
+    #[error("Could not pull image {reference} from registry {registry}: {hint}")]
     Unreachable {
         reference: String,
-        endpoint: String,
-        reason: String,
+        registry: String,
         hint: &'static str,
     },
+    #[error("Invalid registry settings: {0}")]
+    Config(String),
     #[error(
         "The registry {endpoint} refused the credentials for {reference} ({reason}): check the \
          username and password (or the operator's --registry-auth-file entry for it)"

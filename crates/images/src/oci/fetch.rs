@@ -1,7 +1,8 @@
 //! Talking to the registry through `oci-client`: the client for a resolved reference, the
 //! manifest (a multi-platform index resolved to this host's platform) and config, and layer
 //! blobs downloaded to files with their size capped. The crate handles the distribution
-//! protocol, anonymous/basic/bearer-token auth and checks every blob against its digest.
+//! protocol, anonymous/basic/bearer-token auth and checks every blob against its digest; every
+//! connection it makes goes through this pull's [`Guard`], which applies the address rules.
 
 use std::path::Path;
 use std::pin::Pin;
@@ -17,6 +18,7 @@ use tokio::io::AsyncWrite;
 
 use super::config::{RegistryConfig, ResolvedReference};
 use super::error::{CONFIGURE_HINT, OciError};
+use super::guard::Guard;
 
 /// The platform to pick from an image index: the configured one, else this host's.
 pub(crate) fn platform(config: &RegistryConfig) -> (String, String) {
@@ -32,9 +34,27 @@ pub(crate) fn platform(config: &RegistryConfig) -> (String, String) {
     })
 }
 
+/// The registry client of one pull and the guard its connections go through (stopped when
+/// this is dropped).
+pub(crate) struct RegistryClient {
+    client: Client,
+    guard: Guard,
+}
+
+impl std::ops::Deref for RegistryClient {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
 /// A client for one resolved reference (its endpoint's scheme, the configured timeouts and
-/// platform).
-pub(crate) fn client(config: &RegistryConfig, r: &ResolvedReference) -> Client {
+/// platform), whose every request — redirects and token fetches included — goes through a
+/// [`Guard`] applying the operator's connection rules.
+pub(crate) async fn client(
+    config: &RegistryConfig,
+    r: &ResolvedReference,
+) -> Result<RegistryClient, OciError> {
     static PROVIDER: Once = Once::new();
     // reqwest is built without a default TLS provider; use ring, which the workspace already
     // ships. Fails only if another provider is installed, which is just as good.
@@ -47,8 +67,21 @@ pub(crate) fn client(config: &RegistryConfig, r: &ResolvedReference) -> Client {
     } else {
         ClientProtocol::Https
     };
-    Client::new(ClientConfig {
+    let guard = Guard::start(config.connect_policy()?, config.connect_timeout)
+        .await
+        .map_err(|source| OciError::Io {
+            action: "start the registry connection guard on",
+            path: "127.0.0.1".into(),
+            source,
+        })?;
+    let proxy = guard.proxy_url().to_owned();
+    // `try_from`, not `new`: `new` falls back to a default client (no proxy, so no checks)
+    // when the configuration is rejected.
+    let client = Client::try_from(ClientConfig {
         protocol,
+        http_proxy: Some(proxy.clone()),
+        https_proxy: Some(proxy),
+        no_proxy: None,
         platform_resolver: Some(Box::new(move |entries: &[ImageIndexEntry]| {
             entries
                 .iter()
@@ -59,10 +92,13 @@ pub(crate) fn client(config: &RegistryConfig, r: &ResolvedReference) -> Client {
                 })
                 .map(|e| e.digest.clone())
         })),
+        // Connecting to the guard is instant; the guard applies the connect timeout upstream.
         connect_timeout: Some(config.connect_timeout),
         read_timeout: Some(config.read_timeout),
         ..Default::default()
     })
+    .map_err(|e| OciError::Config(format!("cannot set up the registry client: {e}")))?;
+    Ok(RegistryClient { client, guard })
 }
 
 pub(crate) fn auth(r: &ResolvedReference) -> RegistryAuth {
@@ -74,20 +110,20 @@ pub(crate) fn auth(r: &ResolvedReference) -> RegistryAuth {
 
 /// The image manifest for this platform, its digest, and the config JSON.
 pub(crate) async fn manifest_and_config(
-    client: &Client,
+    client: &RegistryClient,
     config: &RegistryConfig,
     r: &ResolvedReference,
 ) -> Result<(OciImageManifest, String, String), OciError> {
     client
         .pull_manifest_and_config(&r.fetch, &auth(r))
         .await
-        .map_err(|e| classify(e, config, r))
+        .map_err(|e| classify(e, config, r, &client.guard))
 }
 
 /// Downloads one blob to `dest`, refusing more than `budget` bytes; returns the bytes taken.
 /// The client verifies the content against the descriptor's digest.
 pub(crate) async fn blob(
-    client: &Client,
+    client: &RegistryClient,
     config: &RegistryConfig,
     r: &ResolvedReference,
     desc: &OciDescriptor,
@@ -123,24 +159,42 @@ pub(crate) async fn blob(
                     limit,
                 }
             }
-            other => classify(other, config, r),
+            other => classify(other, config, r, &client.guard),
         })?;
     Ok(out.written)
 }
 
-/// Maps the client's error onto what the user should do.
-fn classify(e: OciDistributionError, config: &RegistryConfig, r: &ResolvedReference) -> OciError {
+/// Maps the client's error onto what the user should do. Anything at the transport level,
+/// and anything after the guard refused or failed a connection, is the one generic
+/// [`OciError::Unreachable`] (detail in the log); the registry's own answers (401, unknown
+/// manifest) are told apart, as only an allowed registry at a checked address gives them.
+fn classify(
+    e: OciDistributionError,
+    config: &RegistryConfig,
+    r: &ResolvedReference,
+    guard: &Guard,
+) -> OciError {
     let reference = r.canonical.clone();
     let endpoint = r.endpoint.clone();
-    match e {
-        OciDistributionError::RequestError(req) if req.is_connect() || req.is_timeout() => {
-            OciError::Unreachable {
-                reference,
-                endpoint,
-                reason: chain(&req),
-                hint: CONFIGURE_HINT,
-            }
+    let notes = guard.take_notes();
+    let generic = |detail: String| {
+        tracing::info!(
+            reference = %reference,
+            endpoint = %endpoint,
+            guard = ?notes,
+            "pull failed: {detail}"
+        );
+        OciError::Unreachable {
+            reference: reference.clone(),
+            registry: r.registry.clone(),
+            hint: CONFIGURE_HINT,
         }
+    };
+    if !notes.is_empty() {
+        return generic(chain(&e));
+    }
+    match e {
+        OciDistributionError::RequestError(req) => generic(chain(&req)),
         OciDistributionError::AuthenticationFailure(reason) => OciError::Auth {
             reference,
             endpoint,
@@ -197,11 +251,9 @@ fn classify(e: OciDistributionError, config: &RegistryConfig, r: &ResolvedRefere
             endpoint,
             reason: format!("{url} answered 404"),
         },
-        other => OciError::Registry {
-            reference,
-            endpoint,
-            reason: chain(&other),
-        },
+        // Redirect loops, bodies that are not a registry's: nothing a user can act on that
+        // the log cannot tell the operator.
+        other => generic(chain(&other)),
     }
 }
 

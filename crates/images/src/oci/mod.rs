@@ -21,7 +21,9 @@ mod confine;
 mod decode;
 mod error;
 mod fetch;
+mod guard;
 mod image_config;
+mod policy;
 mod prepare;
 mod unpack;
 
@@ -34,6 +36,7 @@ use serde::{Deserialize, Serialize};
 pub use config::{DOCKER_HUB, PullLimits, RegistryConfig, RegistryCredentials, ResolvedReference};
 pub use error::OciError;
 pub use image_config::ImageConfig;
+pub use policy::{HostPattern, PUBLIC_REGISTRIES, is_public, normalize_host};
 pub use prepare::sandbox_blockers;
 pub use unpack::{UnpackLimits, UnpackStats, Unpacker};
 
@@ -134,7 +137,7 @@ impl ImageCache {
             return Ok(hit);
         }
         progress.stage(&format!("resolving {} at {}", r.canonical, r.endpoint));
-        let client = fetch::client(registry, &r);
+        let client = fetch::client(registry, &r).await?;
         let (manifest, digest, config_json) =
             fetch::manifest_and_config(&client, registry, &r).await?;
         let hash = image_hash(&digest);
@@ -278,7 +281,7 @@ impl ImageCache {
     #[allow(clippy::too_many_arguments)]
     async fn unpack_layers(
         &self,
-        client: &oci_client::Client,
+        client: &fetch::RegistryClient,
         registry: &RegistryConfig,
         r: &ResolvedReference,
         manifest: &oci_client::manifest::OciImageManifest,

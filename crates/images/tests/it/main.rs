@@ -8,6 +8,7 @@
 //! throwaway one when it is unset).
 
 mod oci;
+mod pull_guard;
 mod registry;
 
 use std::io::Write;

@@ -121,7 +121,10 @@ fn scratch_cache() -> (tempfile::TempDir, ImageCache) {
 
 /// The operator's view: Docker Hub names go to the local registry (as to a mirror).
 fn mirror_to(reg: &Registry) -> RegistryConfig {
-    let mut c = RegistryConfig::default();
+    let mut c = RegistryConfig {
+        insecure: vec![reg.host()],
+        ..Default::default()
+    };
     c.add_mirror(&format!("docker.io=http://{}", reg.host()))
         .unwrap();
     c
@@ -442,11 +445,10 @@ async fn unreachable_registry_fails_fast_with_what_to_configure() {
     let (_dir, cache) = scratch_cache();
     let mut cfg = RegistryConfig::default();
     // Nothing listens there: connection refused at once.
-    cfg.add_mirror(&format!(
-        "docker.io=http://127.0.0.1:{}",
-        registry::free_port()
-    ))
-    .unwrap();
+    let port = registry::free_port();
+    cfg.insecure = vec![format!("127.0.0.1:{port}")];
+    cfg.add_mirror(&format!("docker.io=http://127.0.0.1:{port}"))
+        .unwrap();
     cfg.connect_timeout = Duration::from_secs(5);
     let started = Instant::now();
     let e = cache
