@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::bootstrap::{BootstrapTool, DebianBootstrap};
-use crate::entry::Entry;
+use crate::entry::{Entry, make_private};
 use crate::error::{ImageError, Result};
 use crate::exec::blocking;
 use crate::layer::{HOST_CA_BUNDLE, LayerBuild, host_ca_bundle};
@@ -164,6 +164,10 @@ impl ImageCache {
             None => None,
         };
         let hash = recipe.hash_with_ca(ca.as_deref());
+        if nix::unistd::geteuid().is_root() {
+            let cache = self.clone();
+            blocking(move || cache.make_private()).await?;
+        }
         let entry = Entry::new(&self.root, &hash);
         if entry.is_ready() {
             progress.stage(&format!(
@@ -248,6 +252,29 @@ impl ImageCache {
             short(&hash)
         ));
         Ok(rootfs)
+    }
+
+    /// Makes the cache root and every directory in it owner-only ([`PRIVATE_MODE`]): caches
+    /// made by older versions had world-traversable (0755) entries, through which any host
+    /// user could run a tenant's set-uid root file. Called before every build (so at each
+    /// server start); new entries are created private.
+    ///
+    /// [`PRIVATE_MODE`]: crate::entry::PRIVATE_MODE
+    pub fn make_private(&self) -> Result<()> {
+        let entries = match fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(ImageError::io("list", &self.root)(e)),
+        };
+        make_private(&self.root)?;
+        for e in entries {
+            let e = e.map_err(ImageError::io("list", &self.root))?;
+            // `file_type` does not follow a symlink; only root writes the cache root.
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                make_private(&e.path())?;
+            }
+        }
+        Ok(())
     }
 
     /// Every entry in the cache, ready or not, sorted by hash.

@@ -97,7 +97,13 @@ impl Entry {
     }
 
     fn open_lock(&self) -> Result<fs::File> {
-        fs::create_dir_all(&self.dir).map_err(ImageError::io("create", &self.dir))?;
+        if let Some(root) = self.dir.parent() {
+            if let Some(above) = root.parent() {
+                fs::create_dir_all(above).map_err(ImageError::io("create", above))?;
+            }
+            make_private(root)?;
+        }
+        make_private(&self.dir)?;
         let path = self.dir.join(LOCK);
         fs::OpenOptions::new()
             .create(true)
@@ -113,6 +119,25 @@ impl Entry {
             _lock: lock,
         }
     }
+}
+
+/// Mode of the cache root and of every entry directory: owner (root) only. An entry holds
+/// trees that tenants wrote (build steps, registry layers), set-uid root files included (a
+/// sandbox's `sudo` needs them); only the sandboxes' own mounts may reach them, never another
+/// host user through the path (`nobody` executing a planted set-uid copy of a shell).
+pub(crate) const PRIVATE_MODE: u32 = 0o700;
+
+/// Creates `dir` (its parent must exist) or tightens it to [`PRIVATE_MODE`].
+pub(crate) fn make_private(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match fs::DirBuilder::new().mode(PRIVATE_MODE).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(ImageError::io("create", dir)(e)),
+    }
+    // Also for a directory made by an older version (0755), and whatever the umask.
+    fs::set_permissions(dir, fs::Permissions::from_mode(PRIVATE_MODE))
+        .map_err(ImageError::io("set permissions on", dir))
 }
 
 /// An entry whose lock this process holds: the one producer allowed to write it.

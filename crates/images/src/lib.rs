@@ -10,13 +10,17 @@
 //! <root>/<hash>/READY         build metadata (JSON), written last: its presence means "usable"
 //! ```
 //!
+//! The root and every `<hash>` directory are owner-only (0700, fixed on caches made by older
+//! versions before each build): the trees hold what tenants wrote, set-uid root files included,
+//! which must work inside sandboxes (their own `sudo`) and never for another host user.
+//!
 //! Layered templates (e.g. `code-interpreter-v1` on `base`) are built from a copy of the
 //! parent's finished tree: apt, pinned pip/npm installs and files run in a chroot inside a
 //! private mount namespace, with the host's CA bundle available for downloads only.
 //!
 //! `<hash>` is [`TemplateRecipe::content_hash`]: everything that changes the output except the
 //! mirror, so a template id or a mirror switch does not force a rebuild. Building needs root
-//! (the bootstrap tools create device nodes and chroot); reading the cache does not.
+//! (the bootstrap tools create device nodes and chroot), and so does reading the cache (owner-only).
 //!
 //! Modules, from data to effects (each imports only modules listed before it):
 //! `error`, `progress`; `recipe` (what a tree is built from, and its hash: data only) and
@@ -36,6 +40,7 @@ mod error;
 mod exec;
 mod finalize;
 mod fsutil;
+mod gc;
 mod interpreter;
 mod layer;
 mod mirror;
@@ -49,6 +54,7 @@ mod stack;
 pub use bootstrap::BootstrapTool;
 pub use cache::{CachedImage, DEFAULT_CACHE_ROOT, ImageCache, ImageInfo};
 pub use error::{ImageError, Result};
+pub use gc::{GcReport, entries_named_in};
 pub use interpreter::{
     INTERPRETER_DIR, KERNELS_JSON, TEMPLATE_ID as CODE_INTERPRETER_ID,
     asset_paths as interpreter_asset_paths, kernels_json,

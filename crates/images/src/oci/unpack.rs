@@ -252,7 +252,10 @@ impl<'a> Unpacker<'a> {
         Ok(())
     }
 
-    /// Owner, then mode (chown clears set-id bits), then mtime.
+    /// Owner, then mode (chown clears set-id bits), then mtime. Set-uid/set-gid bits are kept:
+    /// an image's own `sudo`/`passwd` need them inside the sandbox. They are never effective
+    /// for the host: the tree is unpacked into an owner-only cache entry (`entry::PRIVATE_MODE`),
+    /// and sandboxes reach it only through `nosuid` idmapped views.
     fn finish(
         &self,
         p: &Path,

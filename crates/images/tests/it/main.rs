@@ -10,6 +10,7 @@
 mod oci;
 mod pull_guard;
 mod registry;
+mod setid;
 
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
