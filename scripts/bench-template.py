@@ -83,7 +83,7 @@ def main():
     ctx = Path(tempfile.mkdtemp(prefix="bulkhead-bench-tpl-", dir="/var/tmp"))
     try:
         srv = BulkheadServer.start(
-            ["--registry-mirror", f"docker.io=http://{reg.host}", "--pool-size", "0"]
+            ["--registry-mirror", f"docker.io=http://{reg.host}", "--registry-insecure", reg.host, "--pool-size", "0"]
         )
         os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key)
         name = f"bench-{uuid.uuid4().hex[:8]}"

@@ -62,6 +62,10 @@ def server():
         extra += [
             "--registry-mirror", f"docker.io=http://{hub}",
             "--registry-mirror", f"unreachable.invalid=http://127.0.0.1:{registrylab.free_port()}",
+            # Loopback registries (the mirror, tests' own on other ports) are the operator's
+            # explicit choice: allowed by name and reached over plain HTTP.
+            "--registry-allow", "docker.io,unreachable.invalid,127.0.0.1,localhost",
+            "--registry-insecure", "127.0.0.1,localhost",
             "--registry-connect-timeout", "3",
         ]
     srv = BulkheadServer.from_env(extra_args=extra)

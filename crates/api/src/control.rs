@@ -519,10 +519,14 @@ fn list_request(query: Option<&str>) -> ApiResult<ListRequest> {
 }
 
 #[utoipa::path(get, path = "/templates", responses((status = 200, description = "The templates sandboxes can be created from", body = Vec<TemplateListed>)))]
-async fn list_templates(State(st): State<AppState>) -> Json<Vec<TemplateListed>> {
+async fn list_templates(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> Json<Vec<TemplateListed>> {
+    // Built-ins and the caller's team's templates (another team's are not listed).
     Json(
         st.engine
-            .templates()
+            .templates_for(&caller)
             .iter()
             .map(|t| TemplateListed {
                 template_id: t.id.clone(),

@@ -123,6 +123,7 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
             Limit::Credits => (StatusCode::PAYMENT_REQUIRED, Some("credits_exhausted")),
             Limit::CreateRate => (StatusCode::TOO_MANY_REQUESTS, Some("rate_limited")),
             Limit::MaxSandboxes => (StatusCode::TOO_MANY_REQUESTS, Some("team_sandbox_limit")),
+            Limit::ConcurrentBuilds => (StatusCode::TOO_MANY_REQUESTS, Some("team_build_limit")),
             Limit::MaxVcpus | Limit::MaxMemory | Limit::MaxTimeout => {
                 (StatusCode::FORBIDDEN, Some("team_quota"))
             }

@@ -130,7 +130,8 @@ async fn list_snapshots(
     Ok((StatusCode::OK, headers, Json(items)).into_response())
 }
 
-/// `DELETE /templates/{id}`: a snapshot is a template (built templates are the operator's).
+/// `DELETE /templates/{id}`: a snapshot is a template; the caller's team's built templates
+/// are deleted too (built-in ones are the operator's; another team's are not found).
 #[utoipa::path(delete, path = "/templates/{id}", params(("id" = String, Path, description = "A template built through the API, or a snapshot ID or name")), responses((status = 204, description = "Deleted")))]
 async fn delete_template(
     State(st): State<AppState>,
@@ -141,11 +142,11 @@ async fn delete_template(
         .map(|c| c.into_owned())
         .unwrap_or(id);
     // E2B deletes snapshots and built templates through this one route.
-    if st.engine.is_custom_template(&id) {
-        st.engine.delete_template(&id).await?;
+    if st.engine.is_custom_template(&caller, &id) {
+        st.engine.delete_template(&caller, &id).await?;
         return Ok(StatusCode::NO_CONTENT);
     }
-    if st.engine.template(&id).is_some() {
+    if st.engine.public_template(&id).is_some() {
         return Err(ApiError::bad_request(format!(
             "Template '{id}' is built by the server operator and cannot be deleted through the API"
         )));

@@ -1,12 +1,14 @@
 //! E2B's Template API (what `Template.build` and friends call in the 2.x SDKs): build requests,
 //! file-context upload links and the upload itself, build status with logs, aliases, tags and
-//! deletion. Handlers translate to `Engine`'s `template_builds` verbs only.
+//! deletion. Handlers translate to `Engine`'s `template_builds` verbs only, with the
+//! caller: templates, builds and uploads are the caller's team's.
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bulkhead_engine::Caller;
 use bulkhead_engine::template_builds::{
     BuildRequest, BuildStart, MAX_UPLOAD_BYTES, RegistryCredentials,
 };
@@ -65,7 +67,11 @@ struct NewBuild {
 }
 
 #[utoipa::path(post, path = "/v3/templates", request_body = NewBuild, responses((status = 202, description = "The template and build IDs to upload files and start the build with", body = TemplateRequestResponseV3)))]
-async fn request_build(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
+async fn request_build(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let req: NewBuild = parse_body(&body)?;
     let name = req
         .name
@@ -73,12 +79,15 @@ async fn request_build(State(st): State<AppState>, body: Bytes) -> ApiResult<Res
         .ok_or_else(|| ApiError::bad_request("name is required"))?;
     let created = st
         .engine
-        .request_template_build(BuildRequest {
-            name,
-            tags: req.tags,
-            cpu_count: req.cpu_count,
-            memory_mb: req.memory_mb,
-        })
+        .request_template_build(
+            &caller,
+            BuildRequest {
+                name,
+                tags: req.tags,
+                cpu_count: req.cpu_count,
+                memory_mb: req.memory_mb,
+            },
+        )
         .await?;
     Ok((
         StatusCode::ACCEPTED,
@@ -98,13 +107,14 @@ async fn request_build(State(st): State<AppState>, body: Bytes) -> ApiResult<Res
     responses((status = 201, description = "Whether the archive is already present, else a one-time upload link", body = TemplateBuildFileUpload)))]
 async fn upload_link(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((id, hash)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
-    let present = st.engine.template_file_present(&id, &hash)?;
+    let present = st.engine.template_file_present(&caller, &id, &hash)?;
     let mut body = TemplateBuildFileUpload { present, url: None };
     if !present {
-        let token = st.engine.issue_upload_token(&hash);
+        let token = st.engine.issue_upload_token(&caller, &hash);
         body.url = Some(format!(
             "{}{UPLOAD_PATH}/{}?token={token}",
             base_url(&headers),
@@ -146,14 +156,15 @@ async fn upload(
     body: Body,
 ) -> ApiResult<Response> {
     let token = q.token.unwrap_or_default();
-    if !st.engine.take_upload_token(&hash, &token) {
+    // The link's team: the archive goes into that team's files only.
+    let Some(team) = st.engine.take_upload_token(&hash, &token) else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "invalid or expired upload link: ask for a new one with GET /templates/{id}/files/{hash}",
         ));
-    }
+    };
     let stream = body.into_data_stream().map_err(std::io::Error::other);
-    st.engine.store_template_file(&hash, stream).await?;
+    st.engine.store_template_file(&team, &hash, stream).await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -235,6 +246,7 @@ struct StepBody {
 #[utoipa::path(post, path = "/v2/templates/{id}/builds/{build}", params(("id" = String, Path, description = "The template ID"), ("build" = String, Path, description = "The build ID")), request_body = StartBody, responses((status = 202, description = "The build started")))]
 async fn start_build(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
     body: Bytes,
 ) -> ApiResult<Response> {
@@ -261,6 +273,7 @@ async fn start_build(
     }
     st.engine
         .start_template_build(
+            &caller,
             &id,
             &build,
             BuildStart {
@@ -299,10 +312,12 @@ fn entry_json(e: &bulkhead_engine::template_builds::BuildLogEntry) -> BuildLogEn
     responses((status = 200, description = "The build's status and logs", body = TemplateBuildInfo)))]
 async fn build_status(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((id, build)): Path<(String, String)>,
     Query(q): Query<StatusQuery>,
 ) -> ApiResult<Json<TemplateBuildInfo>> {
     let r = st.engine.template_build_status(
+        &caller,
         &id,
         &build,
         q.logs_offset.unwrap_or(0),
@@ -325,9 +340,10 @@ async fn build_status(
 #[utoipa::path(get, path = "/templates/aliases/{alias}", params(("alias" = String, Path, description = "A template name")), responses((status = 200, description = "The template with that name", body = TemplateAliasResponse)))]
 async fn alias(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(alias): Path<String>,
 ) -> ApiResult<Json<TemplateAliasResponse>> {
-    let template_id = st.engine.template_by_alias(&alias)?;
+    let template_id = st.engine.template_by_alias(&caller, &alias)?;
     Ok(Json(TemplateAliasResponse {
         template_id,
         public: false,
@@ -343,9 +359,16 @@ struct AssignBody {
 }
 
 #[utoipa::path(post, path = "/templates/tags", request_body = AssignBody, responses((status = 201, description = "The tags now point at the target build", body = AssignedTemplateTags)))]
-async fn assign_tags(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
+async fn assign_tags(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<Response> {
     let b: AssignBody = parse_body(&body)?;
-    let (build, tags) = st.engine.assign_template_tags(&b.target, &b.tags).await?;
+    let (build, tags) = st
+        .engine
+        .assign_template_tags(&caller, &b.target, &b.tags)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(AssignedTemplateTags {
@@ -365,18 +388,25 @@ struct RemoveBody {
 }
 
 #[utoipa::path(delete, path = "/templates/tags", request_body = RemoveBody, responses((status = 204, description = "Removed")))]
-async fn remove_tags(State(st): State<AppState>, body: Bytes) -> ApiResult<StatusCode> {
+async fn remove_tags(
+    State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let b: RemoveBody = parse_body(&body)?;
-    st.engine.remove_template_tags(&b.name, &b.tags).await?;
+    st.engine
+        .remove_template_tags(&caller, &b.name, &b.tags)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/templates/{id}/tags", params(("id" = String, Path, description = "The template ID")), responses((status = 200, description = "The template's tags", body = Vec<TemplateTag>)))]
 async fn list_tags(
     State(st): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<Vec<TemplateTag>>> {
-    let tags = st.engine.template_tags(&id)?;
+    let tags = st.engine.template_tags(&caller, &id)?;
     Ok(Json(
         tags.into_iter()
             .map(|(tag, build_id, at)| {

@@ -188,8 +188,12 @@ async fn secrets_crud_in_e2b_shapes_without_values() {
     assert_eq!(st, StatusCode::OK, "{v}");
     assert_eq!(v["currentVersion"], 2);
     assert_eq!(
-        c.store.get_secret("openai").await.unwrap().unwrap().value,
-        "sk-2"
+        c.store
+            .secret_value("default", "openai")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("sk-2")
     );
     let (st, _) = call(&c, "POST", "/secrets/nope", Some(json!({"value": "x"}))).await;
     assert_eq!(st, StatusCode::NOT_FOUND);

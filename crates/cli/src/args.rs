@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use crate::client;
 
-/// Where the server keeps its state; shared by `serve`, `keys` and `template`.
+/// Where the server keeps its state; shared by `serve`, `keys`, `teams` and `template`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DataArgs {
     /// Data directory (database, sandboxes, images).
@@ -23,6 +23,10 @@ pub struct DataArgs {
     /// Template image cache (content-addressed root filesystems); default: <data-dir>/images.
     #[arg(long, global = true, env = "BULKHEAD_IMAGE_CACHE")]
     pub image_cache: Option<PathBuf>,
+    /// File with the 256-bit key (64 hex characters, e.g. `openssl rand -hex 32`) that encrypts
+    /// secret values in the database; default: <data-dir>/secrets.key, generated on first start.
+    #[arg(long, global = true, env = "BULKHEAD_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 impl DataArgs {

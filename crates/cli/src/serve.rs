@@ -75,6 +75,10 @@ pub struct ServeArgs {
     /// Most sandboxes running at once.
     #[arg(long, env = "BULKHEAD_MAX_SANDBOXES", default_value_t = 500)]
     pub max_sandboxes: usize,
+    /// Template builds one team may run at once; one more is refused with a 429. A build's
+    /// sandbox also gets no more vCPUs or memory than the team's quotas allow its sandboxes.
+    #[arg(long, env = "BULKHEAD_MAX_BUILDS_PER_TEAM", default_value_t = 2)]
+    pub max_builds_per_team: usize,
     /// How long a paused sandbox is kept, in seconds (default 30 days); then its checkpoint
     /// and record are deleted.
     #[arg(long, env = "BULKHEAD_PAUSED_RETENTION", default_value_t = 30 * 24 * 3600)]
@@ -141,6 +145,54 @@ pub struct ServeArgs {
     pub sandbox_domain: Option<String>,
     #[command(flatten)]
     pub metering: MeteringArgs,
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
+}
+
+/// Client connection caps and timeouts of the HTTP listener (README "Operating Bulkhead").
+#[derive(clap::Args, Debug)]
+pub struct ConnectionArgs {
+    /// Most client connections open at once (the REST API and the sandbox proxy share them).
+    /// Default: what the open-files limit leaves after the server's and its sandboxes'
+    /// descriptors (the log says the figure at start).
+    #[arg(long, env = "BULKHEAD_HTTP_MAX_CONNECTIONS")]
+    pub http_max_connections: Option<usize>,
+    /// Most connections from one source address; more are closed at once (0: no cap; raise
+    /// it, or set 0, behind a reverse proxy that connects from one address).
+    #[arg(
+        long,
+        env = "BULKHEAD_HTTP_MAX_CONNECTIONS_PER_IP",
+        default_value_t = 1024
+    )]
+    pub http_max_connections_per_ip: usize,
+    /// The last connection slots, kept for requests that are `/health`, carry a valid API key
+    /// or go to a running sandbox (at most a quarter of the cap).
+    #[arg(
+        long,
+        env = "BULKHEAD_HTTP_RESERVED_CONNECTIONS",
+        default_value_t = 512
+    )]
+    pub http_reserved_connections: usize,
+    /// Seconds a client has to send a request head, from connecting or from the end of the
+    /// previous response (idle HTTP/1.1 keep-alive connections close after it).
+    #[arg(long, env = "BULKHEAD_HTTP_HEADER_TIMEOUT", default_value_t = 10)]
+    pub http_header_timeout: u64,
+    /// Seconds a connection with no request in flight (an HTTP/2 connection without streams)
+    /// stays open. A streamed response is never cut by either timeout.
+    #[arg(long, env = "BULKHEAD_HTTP_IDLE_TIMEOUT", default_value_t = 60)]
+    pub http_idle_timeout: u64,
+}
+
+impl ConnectionArgs {
+    fn limits(&self) -> bulkhead_server::ConnectionLimits {
+        bulkhead_server::ConnectionLimits {
+            max_connections: self.http_max_connections,
+            max_per_ip: self.http_max_connections_per_ip,
+            reserved: self.http_reserved_connections,
+            header_timeout: Duration::from_secs(self.http_header_timeout),
+            idle_timeout: Duration::from_secs(self.http_idle_timeout),
+        }
+    }
 }
 
 /// Usage metering and credits (README "Operating Bulkhead").
@@ -235,6 +287,7 @@ impl ServeArgs {
             listen: self.listen,
             data_dir: self.data.data_dir.clone(),
             database_url: self.data.database_url.clone(),
+            secrets_key_file: self.data.secrets_key_file.clone(),
             image_cache: self.data.image_cache.clone(),
             api_key: std::env::var("BULKHEAD_API_KEY").ok(),
             pools: self.pools(),
@@ -246,6 +299,7 @@ impl ServeArgs {
             default_timeout: Duration::from_secs(self.default_timeout),
             max_timeout: Duration::from_secs(self.max_timeout),
             max_sandboxes: self.max_sandboxes,
+            max_builds_per_team: self.max_builds_per_team,
             paused_retention: Duration::from_secs(self.paused_retention),
             max_background_processes: self.max_background_processes,
             extra_ca_bundle: self.extra_ca_bundle.clone(),
@@ -272,6 +326,7 @@ impl ServeArgs {
                 .map(|(t, d)| (t.clone(), d.kind()))
                 .collect(),
             guest_kernel: self.guest_kernel.clone(),
+            connections: self.connections.limits(),
             network: NetworkConfig {
                 default: match net.network_default {
                     crate::netargs::NetworkDefault::Deny => NetworkDefault::Deny,

@@ -1,8 +1,10 @@
 //! The helpers every Bulkhead binary (server and agent) shares, kept in one place so there is
-//! exactly one of each: how an error and its causes are rendered as text, and how secrets are
-//! compared, and the request id that ties a request's log lines together from the API to the
-//! agent. Depends on nothing of Bulkhead's, so any crate may use it.
+//! exactly one of each: how an error and its causes are rendered as text, how secrets are
+//! compared, the request id that ties a request's log lines together from the API to the
+//! agent, and the confined walk of trees a sandbox writes ([`confined`]). Depends on nothing of
+//! Bulkhead's, so any crate may use it.
 
+pub mod confined;
 pub mod request_id;
 
 /// Renders an error and its chain of sources as `outer: inner: innermost`, for logs and for the

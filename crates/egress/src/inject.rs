@@ -200,7 +200,8 @@ async fn handle(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Body> {
     }
     for rule in policy.header_rules(host).unwrap_or_default() {
         for (name, template) in &rule.headers {
-            let value = match render(template, sb.shared.secrets.as_ref()).await {
+            let scope = policy.source.secret_scope.as_deref();
+            let value = match render(template, scope, sb.shared.secrets.as_ref()).await {
                 Ok(v) => v,
                 Err(e) => {
                     let msg = format!("Bulkhead egress: header rule {name} for {host}: {e}");

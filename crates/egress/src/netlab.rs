@@ -282,11 +282,18 @@ impl AuditSink for ChannelAudit {
     }
 }
 
-/// Secret source backed by a map (secret name → value).
+/// The secret scope (team) a lab's secrets belong to; a policy must name it to use them.
+pub const LAB_SECRET_SCOPE: &str = "lab-team";
+
+/// Secret source backed by a map (secret name → value) of [`LAB_SECRET_SCOPE`]'s secrets;
+/// every other scope has none.
 pub struct MapSecrets(pub HashMap<String, String>);
 #[async_trait::async_trait]
 impl SecretSource for MapSecrets {
-    async fn resolve(&self, reference: &str) -> Option<String> {
+    async fn resolve(&self, scope: &str, reference: &str) -> Option<String> {
+        if scope != LAB_SECRET_SCOPE {
+            return None;
+        }
         self.0.get(reference).cloned()
     }
 }

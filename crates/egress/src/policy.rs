@@ -30,6 +30,10 @@ pub struct NetworkPolicy {
     /// Host (exact or `*.` wildcard) → header transforms applied by the TLS-terminating proxy.
     #[serde(default)]
     pub rules: BTreeMap<String, Vec<HeaderRule>>,
+    /// Whose secrets `${e2b.secrets.NAME}` in `rules` resolve in: the sandbox's team. None: no
+    /// secret resolves (a reference is refused like a missing secret).
+    #[serde(default)]
+    pub secret_scope: Option<String>,
 }
 
 /// Header transform for one host. Values may contain secret references (`${e2b.secrets.NAME}`).
@@ -443,6 +447,7 @@ mod tests {
             allow_out: allow.iter().map(|s| s.to_string()).collect(),
             deny_out: deny.iter().map(|s| s.to_string()).collect(),
             rules: BTreeMap::new(),
+            secret_scope: None,
         })
     }
 

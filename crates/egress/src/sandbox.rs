@@ -131,7 +131,7 @@ pub(crate) mod tests {
     pub(crate) struct NoSecrets;
     #[async_trait::async_trait]
     impl SecretSource for NoSecrets {
-        async fn resolve(&self, _reference: &str) -> Option<String> {
+        async fn resolve(&self, _scope: &str, _reference: &str) -> Option<String> {
             None
         }
     }

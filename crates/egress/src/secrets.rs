@@ -8,11 +8,14 @@ const OPEN: &str = "${";
 const SECRET_NS: &str = "e2b.secrets.";
 const E2B_NS: &str = "e2b.";
 
-/// Where the proxy looks up secret values; `reference` is the secret NAME from
-/// `${e2b.secrets.NAME}`. Returns `None` when no such secret exists.
+/// Where the proxy looks up secret values: `reference` is the secret NAME from
+/// `${e2b.secrets.NAME}`, `scope` the owner whose secrets the sandbox's rules may use (its
+/// team, [`NetworkPolicy::secret_scope`](crate::NetworkPolicy::secret_scope)). Returns `None`
+/// when that owner has no such secret; another owner's secret of the same name must never be
+/// returned.
 #[async_trait]
 pub trait SecretSource: Send + Sync {
-    async fn resolve(&self, reference: &str) -> Option<String>;
+    async fn resolve(&self, scope: &str, reference: &str) -> Option<String>;
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -97,18 +100,24 @@ pub(crate) enum RenderError {
     BadValue(String),
 }
 
-/// Resolves every reference in `value`. Never returns a partially rendered value: an unknown
-/// secret is an error, so the literal placeholder is never forwarded upstream.
-pub(crate) async fn render(value: &str, source: &dyn SecretSource) -> Result<String, RenderError> {
+/// Resolves every reference in `value` among `scope`'s secrets. Never returns a partially
+/// rendered value: an unknown secret (or any secret without a scope) is an error, so the
+/// literal placeholder is never forwarded upstream.
+pub(crate) async fn render(
+    value: &str,
+    scope: Option<&str>,
+    source: &dyn SecretSource,
+) -> Result<String, RenderError> {
     let mut out = String::with_capacity(value.len());
     for piece in parse_template(value)? {
         match piece {
             Piece::Literal(s) => out.push_str(s),
             Piece::Secret(name) => {
-                let v = source
-                    .resolve(name)
-                    .await
-                    .ok_or_else(|| RenderError::Unknown(name.to_string()))?;
+                let found = match scope {
+                    Some(scope) => source.resolve(scope, name).await,
+                    None => None,
+                };
+                let v = found.ok_or_else(|| RenderError::Unknown(name.to_string()))?;
                 if has_ctl(&v) {
                     return Err(RenderError::BadValue(name.to_string()));
                 }
@@ -124,12 +133,19 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    struct Map(HashMap<String, String>);
+    /// (scope, name) → value.
+    struct Map(HashMap<(String, String), String>);
     #[async_trait]
     impl SecretSource for Map {
-        async fn resolve(&self, reference: &str) -> Option<String> {
-            self.0.get(reference).cloned()
+        async fn resolve(&self, scope: &str, reference: &str) -> Option<String> {
+            self.0
+                .get(&(scope.to_string(), reference.to_string()))
+                .cloned()
         }
+    }
+
+    fn entry(scope: &str, name: &str, value: &str) -> ((String, String), String) {
+        ((scope.to_string(), name.to_string()), value.to_string())
     }
 
     #[test]
@@ -168,21 +184,42 @@ mod tests {
     #[tokio::test]
     async fn render_values() {
         let m = Map(HashMap::from([
-            ("tok".to_string(), "s3cr3t".to_string()),
-            ("bad".to_string(), "a\nb".to_string()),
+            entry("a", "tok", "s3cr3t"),
+            entry("a", "bad", "a\nb"),
         ]));
+        let a = Some("a");
         assert_eq!(
-            render("Bearer ${e2b.secrets.tok}", &m).await.unwrap(),
+            render("Bearer ${e2b.secrets.tok}", a, &m).await.unwrap(),
             "Bearer s3cr3t"
         );
-        assert_eq!(render("plain", &m).await.unwrap(), "plain");
+        assert_eq!(render("plain", a, &m).await.unwrap(), "plain");
         assert_eq!(
-            render("${e2b.secrets.nope}", &m).await,
+            render("${e2b.secrets.nope}", a, &m).await,
             Err(RenderError::Unknown("nope".into()))
         );
         assert_eq!(
-            render("${e2b.secrets.bad}", &m).await,
+            render("${e2b.secrets.bad}", a, &m).await,
             Err(RenderError::BadValue("bad".into()))
         );
+    }
+
+    #[tokio::test]
+    async fn render_only_in_scope() {
+        let m = Map(HashMap::from([
+            entry("team-a", "tok", "A-VALUE"),
+            entry("team-b", "tok", "B-VALUE"),
+            entry("team-a", "only-a", "A-ONLY"),
+        ]));
+        let r = |scope| render("${e2b.secrets.tok}", scope, &m);
+        assert_eq!(r(Some("team-a")).await.unwrap(), "A-VALUE");
+        assert_eq!(r(Some("team-b")).await.unwrap(), "B-VALUE");
+        // Another scope's name is as unknown as a name nobody has.
+        assert_eq!(
+            render("${e2b.secrets.only-a}", Some("team-b"), &m).await,
+            Err(RenderError::Unknown("only-a".into()))
+        );
+        // No scope: nothing resolves, whatever exists.
+        assert_eq!(r(None).await, Err(RenderError::Unknown("tok".into())));
+        assert_eq!(render("plain", None, &m).await.unwrap(), "plain");
     }
 }

@@ -543,6 +543,7 @@ fn inject_policy(header_value: &str) -> NetworkPolicy {
             ]),
         }],
     );
+    p.secret_scope = Some(bulkhead_egress::netlab::LAB_SECRET_SCOPE.into());
     p
 }
 
@@ -667,6 +668,23 @@ async fn injection_sets_secret_header_upstream() {
     );
     assert_eq!(lab.seen.lock().unwrap().len(), before);
     assert!(!lab.seen.lock().unwrap().iter().any(|s| s.contains("${e2b")));
+
+    // The same name in another team's policy (or in one with no team) is just as unknown:
+    // the lab's value never reaches the upstream.
+    for scope in [Some("another-team".to_string()), None] {
+        let mut p = inject_policy("Bearer ${e2b.secrets.tok}");
+        p.secret_scope = scope;
+        lab.egress.set_policy(&lab.sandbox_id, p).unwrap();
+        let r = curl(
+            &lab,
+            &["--cacert", &ca, "-i", "https://inject.allowed.test/"],
+        )
+        .await;
+        assert!(r.stdout.starts_with("HTTP/1.1 502"), "{}", r.stdout);
+        assert!(r.stdout.contains("\"tok\""), "{}", r.stdout);
+        assert_eq!(lab.seen.lock().unwrap().len(), before);
+        assert!(!r.stdout.contains("s3cr3t"));
+    }
 }
 
 #[requires(Root, Tun)]

@@ -77,13 +77,15 @@ impl Engine {
         }
     }
 
-    /// The checkpoint directory of a snapshot, the baseline of `?since=`.
-    async fn snapshot_dir(&self, _caller: &Caller, snapshot: &str) -> Result<PathBuf> {
+    /// The checkpoint directory of one of the caller's team's snapshots, the baseline of
+    /// `?since=`; another team's is as unknown as a missing one.
+    pub(crate) async fn snapshot_dir(&self, caller: &Caller, snapshot: &str) -> Result<PathBuf> {
         let missing = || ChangesError::SnapshotNotFound(snapshot.chars().take(80).collect());
         let row = self
             .store
             .get_snapshot(crate::snapshots::bare_name(snapshot))
             .await?
+            .filter(|r| r.team_id == caller.team_id)
             .ok_or_else(missing)?;
         let dir = PathBuf::from(row.checkpoint_dir);
         match checkpoints::completed(&dir) {

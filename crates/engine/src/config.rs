@@ -78,6 +78,8 @@ pub struct BuildLimits {
     pub max_step_bytes: u64,
     /// Destinations build sandboxes may reach (package registries and code hosts).
     pub allow_out: Vec<String>,
+    /// Builds one team may run at once (`--max-builds-per-team`); one more is refused (429).
+    pub max_builds_per_team: usize,
 }
 
 impl Default for BuildLimits {
@@ -103,6 +105,7 @@ impl Default for BuildLimits {
             ]
             .map(String::from)
             .to_vec(),
+            max_builds_per_team: 2,
         }
     }
 }

@@ -60,11 +60,14 @@ impl Engine {
         // A metric label: a known template's id, never the caller's string (a snapshot id
         // or a typo would make a new time series each).
         let label = self
-            .template(if req.template.is_empty() {
-                "base"
-            } else {
-                &req.template
-            })
+            .template_for(
+                caller,
+                if req.template.is_empty() {
+                    "base"
+                } else {
+                    &req.template
+                },
+            )
             .map_or_else(|| "other".to_owned(), |t| t.id.clone());
         let r = self.create_queued(caller, req).await;
         telemetry::create_done(&label, r.as_ref().map(|_| ()), started.elapsed());
@@ -102,15 +105,22 @@ impl Engine {
         } else {
             req.template.as_str()
         };
-        let source = match self.template(template_name) {
-            Some(t) => Source::Template(t),
-            // E2B: a snapshot is a template; creating from it restores it.
-            None => match self.snapshot_source(caller, template_name).await? {
-                Some(s) => Source::Checkpoint(s),
-                None => return Err(EngineError::TemplateNotFound(template_name.to_string())),
-            },
-        };
+        let source = self.resolve_source(caller, template_name).await?;
         self.create_from(caller, req, source).await
+    }
+
+    /// What a create's `template` names, for the caller: the caller's team's template, else
+    /// a built-in, else (E2B: a snapshot is a template; creating from it restores it) the
+    /// team's snapshot. A name is never both a template and a snapshot of one team (builds
+    /// and snapshots refuse it), and another team's names are not looked at.
+    pub(crate) async fn resolve_source(&self, caller: &Caller, name: &str) -> Result<Source> {
+        if let Some(t) = self.template_for(caller, name) {
+            return Ok(Source::Template(t));
+        }
+        match self.snapshot_source(caller, name).await? {
+            Some(s) => Ok(Source::Checkpoint(s)),
+            None => Err(EngineError::TemplateNotFound(name.to_string())),
+        }
     }
 
     /// Create a sandbox from `source` with the settings of `req` (its `template` is ignored).
@@ -143,7 +153,7 @@ impl Engine {
         let allow_internet = req
             .allow_internet_access
             .unwrap_or(self.cfg.network_default_allow);
-        let policy = self.check_network(allow_internet, req.network.as_ref())?;
+        let policy = self.check_network(&caller.team_id, allow_internet, req.network.as_ref())?;
         // Paused sandboxes hold no processes or memory: only running ones count.
         let running = self
             .live

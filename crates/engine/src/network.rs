@@ -52,8 +52,9 @@ pub struct NetworkTransform {
 }
 
 impl SandboxNetwork {
-    /// The proxy policy for this config.
-    pub fn policy(&self, allow_internet: bool) -> NetworkPolicy {
+    /// The proxy policy for this config in a sandbox of team `team_id`: its header rules
+    /// resolve `${e2b.secrets.NAME}` among that team's secrets only.
+    pub fn policy(&self, allow_internet: bool, team_id: &str) -> NetworkPolicy {
         let rules = self
             .rules
             .iter()
@@ -73,6 +74,7 @@ impl SandboxNetwork {
             allow_out: self.allow_out.clone(),
             deny_out: self.deny_out.clone(),
             rules,
+            secret_scope: Some(team_id.to_string()),
         }
     }
 }
@@ -228,7 +230,9 @@ async fn audit_writer(store: Store, mut rx: mpsc::Receiver<AuditMsg>) {
 // ----- secrets -----
 
 /// Resolves `${e2b.secrets.<name>}` placeholders (or bare names) from the store at request
-/// time, so a secret updated through the API applies to the next request.
+/// time, so a secret updated through the API applies to the next request. The scope is the
+/// sandbox's team (set by [`SandboxNetwork::policy`]): another team's secret of that name is
+/// never read.
 pub struct StoreSecrets {
     store: Store,
 }
@@ -249,11 +253,15 @@ pub fn secret_name(reference: &str) -> &str {
 
 #[async_trait]
 impl SecretSource for StoreSecrets {
-    async fn resolve(&self, reference: &str) -> Option<String> {
-        match self.store.get_secret(secret_name(reference)).await {
-            Ok(row) => row.map(|r| r.value),
+    async fn resolve(&self, scope: &str, reference: &str) -> Option<String> {
+        match self.store.secret_value(scope, secret_name(reference)).await {
+            Ok(value) => value,
             Err(e) => {
-                tracing::error!(error = %e, "reading a secret for header injection failed");
+                tracing::error!(
+                    team = %scope,
+                    error = &e as &dyn std::error::Error,
+                    "reading a secret for header injection failed"
+                );
                 None
             }
         }
@@ -288,7 +296,7 @@ mod tests {
         let n: SandboxNetwork = serde_json::from_value(json.clone()).unwrap();
         assert_eq!(n.allow_out.len(), 3);
         assert_eq!(serde_json::to_value(&n).unwrap(), json);
-        let p = n.policy(false);
+        let p = n.policy(false, "team-a");
         assert!(!p.allow_internet);
         assert_eq!(p.deny_out, ["0.0.0.0/0"]);
         // A rule without a transform adds no header rule.
@@ -297,9 +305,13 @@ mod tests {
             p.rules["api.example.com"][0].headers["Authorization"],
             "Bearer ${e2b.secrets.k}"
         );
+        // The rules resolve secrets in the sandbox's team, never server-wide.
+        assert_eq!(p.secret_scope.as_deref(), Some("team-a"));
         assert!(egress_allowed(&p));
-        assert!(!egress_allowed(&SandboxNetwork::default().policy(false)));
-        assert!(egress_allowed(&SandboxNetwork::default().policy(true)));
+        assert!(!egress_allowed(
+            &SandboxNetwork::default().policy(false, "t")
+        ));
+        assert!(egress_allowed(&SandboxNetwork::default().policy(true, "t")));
     }
 
     #[test]

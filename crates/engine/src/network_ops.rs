@@ -15,13 +15,18 @@ use crate::types::{Caller, EgressEvent};
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
-    /// Validate a network config and build its proxy policy (400 on bad input).
+    /// Validate a network config and build its proxy policy for a sandbox of `team_id` (400 on
+    /// bad input).
     pub(crate) fn check_network(
         &self,
+        team_id: &str,
         allow_internet: bool,
         net: Option<&SandboxNetwork>,
     ) -> Result<bulkhead_egress::NetworkPolicy> {
-        let policy = net.cloned().unwrap_or_default().policy(allow_internet);
+        let policy = net
+            .cloned()
+            .unwrap_or_default()
+            .policy(allow_internet, team_id);
         policy
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("Invalid network config: {e}")))?;
@@ -81,7 +86,8 @@ impl Engine {
         self.authorize(caller, id).await?;
         let row = self.running_row(id, Operation::UpdateNetwork).await?;
         let allow_internet = allow_internet_access.unwrap_or(self.cfg.network_default_allow);
-        let policy = self.check_network(allow_internet, Some(&net))?;
+        // The sandbox's team (the owner), which `authorize` has matched to the caller's.
+        let policy = self.check_network(&row.team_id, allow_internet, Some(&net))?;
         let wanted = network::egress_allowed(&policy);
         let _guard = self.net_lock.lock().await;
         let (handle, attached) = {
@@ -161,7 +167,7 @@ impl Engine {
             .as_deref()
             .and_then(|n| serde_json::from_str(n).ok())
             .unwrap_or_default();
-        let policy = net.policy(row.allow_internet);
+        let policy = net.policy(row.allow_internet, &row.team_id);
         if !network::egress_allowed(&policy) {
             return false;
         }

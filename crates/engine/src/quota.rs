@@ -13,6 +13,8 @@ pub enum Limit {
     MaxVcpus,
     MaxMemory,
     MaxTimeout,
+    /// Template builds of the team running at once.
+    ConcurrentBuilds,
 }
 
 impl Limit {
@@ -24,6 +26,7 @@ impl Limit {
             Limit::MaxVcpus => "max_vcpus",
             Limit::MaxMemory => "max_memory_mb",
             Limit::MaxTimeout => "max_timeout",
+            Limit::ConcurrentBuilds => "concurrent_builds",
         }
     }
 }
@@ -127,6 +130,54 @@ pub fn check_create(team: &str, q: &TeamQuotas, running: i64, ask: Ask) -> Resul
     Ok(())
 }
 
+/// Checks a template build's sandbox (its `cpu_count` and `memory_mb`) against the team's
+/// per-sandbox quotas: a build sandbox is a sandbox of the team, so it gets no more than the
+/// team's own sandboxes may.
+pub fn check_build(
+    team: &str,
+    q: &TeamQuotas,
+    vcpus: i64,
+    memory_mb: i64,
+) -> Result<(), QuotaError> {
+    if let Some(max) = q.max_vcpus
+        && vcpus > max
+    {
+        return Err(QuotaError::new(
+            Limit::MaxVcpus,
+            team,
+            format!(
+                "The build asks for {vcpus} vCPUs but team {team} may use at most {max} per sandbox: build with cpu_count={max} or less, or ask the operator to raise it with `bulkhead teams set-quota {team} --max-vcpus {vcpus}`"
+            ),
+        ));
+    }
+    if let Some(max) = q.max_memory_mb
+        && memory_mb > max
+    {
+        return Err(QuotaError::new(
+            Limit::MaxMemory,
+            team,
+            format!(
+                "The build asks for {memory_mb} MiB of memory but team {team} may use at most {max} MiB per sandbox: build with memory_mb={max} or less, or ask the operator to raise it with `bulkhead teams set-quota {team} --max-memory-mb {memory_mb}`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one more running build of a team against the server's per-team limit.
+pub fn check_concurrent_builds(team: &str, running: usize, max: usize) -> Result<(), QuotaError> {
+    if running >= max {
+        return Err(QuotaError::new(
+            Limit::ConcurrentBuilds,
+            team,
+            format!(
+                "Team {team} already runs {running} template builds, the server's limit per team is {max}: wait for one to finish and retry (the operator sets it with `bulkhead serve --max-builds-per-team N`)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a TTL (at create, or a later timeout change) against the team's longest.
 pub fn check_timeout(team: &str, q: &TeamQuotas, secs: u64) -> Result<(), QuotaError> {
     match q.max_timeout_secs {
@@ -184,6 +235,31 @@ pub fn burst_of(q: &TeamQuotas) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builds_get_no_more_than_the_teams_sandboxes() {
+        let q = TeamQuotas {
+            max_vcpus: Some(1),
+            max_memory_mb: Some(256),
+            ..Default::default()
+        };
+        assert!(check_build("b", &q, 1, 256).is_ok());
+        let e = check_build("b", &q, 64, 256).unwrap_err();
+        assert_eq!(e.limit, Limit::MaxVcpus);
+        assert!(e.message.contains("cpu_count=1"), "{}", e.message);
+        let e = check_build("b", &q, 1, 65536).unwrap_err();
+        assert_eq!(e.limit, Limit::MaxMemory);
+        // No quotas: anything the build request's own bounds allow.
+        assert!(check_build("b", &TeamQuotas::default(), 64, 65536).is_ok());
+    }
+
+    #[test]
+    fn concurrent_builds_stop_at_the_limit() {
+        assert!(check_concurrent_builds("b", 1, 2).is_ok());
+        let e = check_concurrent_builds("b", 2, 2).unwrap_err();
+        assert_eq!(e.limit, Limit::ConcurrentBuilds);
+        assert_eq!(e.limit.label(), "concurrent_builds");
+    }
 
     #[test]
     fn bucket_allows_a_burst_then_the_rate() {

@@ -191,10 +191,10 @@ impl Engine {
         let filter = SandboxFilter {
             states,
             metadata: req.metadata.clone(),
-            template_id: req
-                .template
-                .as_ref()
-                .map(|t| self.template(t).map(|t| t.id.clone()).unwrap_or(t.clone())),
+            template_id: req.template.as_ref().map(|t| {
+                self.template_for(caller, t)
+                    .map_or_else(|| t.clone(), |t| t.id.clone())
+            }),
             started_after: req.started_after.map(|d| d.timestamp_millis()),
             owner_key_id: None,
             team_id: Some(caller.team_id.clone()),

@@ -1,8 +1,11 @@
-//! Secrets: write-only values the egress proxy injects into HTTPS headers; clients see metadata only.
+//! Secrets: write-only values the egress proxy injects into HTTPS headers; clients see metadata
+//! only. Each belongs to a team: every verb works on the caller's team's secrets alone (another
+//! team's is 404, whatever its name or id), and a name is unique within a team. The store keeps
+//! values sealed with the server's secrets key.
 
 use std::collections::BTreeMap;
 
-use bulkhead_store::{SecretRow, StoreError};
+use bulkhead_store::{SecretRow, Store, StoreError};
 
 use crate::clock::now_ms;
 use crate::engine::Engine;
@@ -17,36 +20,18 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 impl Engine {
     pub async fn create_secret(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         name: &str,
         value: &str,
         metadata: BTreeMap<String, String>,
     ) -> Result<SecretInfo> {
-        network::validate_secret_name(name).map_err(EngineError::BadRequest)?;
-        validate_secret_value(value)?;
-        validate_metadata(&metadata)?;
-        let now = now_ms();
-        let row = SecretRow {
-            id: format!("sec_{}", ids::random_hex(12)),
-            name: name.to_string(),
-            value: value.to_string(),
-            version: 1,
-            metadata,
-            created_at: now,
-            updated_at: now,
-        };
-        self.store.insert_secret(&row).await.map_err(|e| match e {
-            StoreError::Conflict { what } => EngineError::Conflict(what),
-            e => e.into(),
-        })?;
-        tracing::info!(secret = %row.id, name = %row.name, "secret created");
-        Ok(SecretInfo::from(&row))
+        create_in(&self.store, &caller.team_id, name, value, metadata).await
     }
 
-    /// By id or name.
-    pub async fn get_secret(&self, _caller: &Caller, id_or_name: &str) -> Result<SecretInfo> {
+    /// By id or name, among the caller's team's secrets.
+    pub async fn get_secret(&self, caller: &Caller, id_or_name: &str) -> Result<SecretInfo> {
         self.store
-            .get_secret(id_or_name)
+            .get_secret(&caller.team_id, id_or_name)
             .await?
             .map(|r| SecretInfo::from(&r))
             .ok_or_else(|| EngineError::SecretNotFound(id_or_name.to_string()))
@@ -54,7 +39,7 @@ impl Engine {
 
     pub async fn update_secret(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         id_or_name: &str,
         value: &str,
         metadata: Option<BTreeMap<String, String>>,
@@ -65,43 +50,98 @@ impl Engine {
         }
         let row = self
             .store
-            .update_secret(id_or_name, value, metadata.as_ref(), now_ms())
+            .update_secret(
+                &caller.team_id,
+                id_or_name,
+                value,
+                metadata.as_ref(),
+                now_ms(),
+            )
             .await?
             .ok_or_else(|| EngineError::SecretNotFound(id_or_name.to_string()))?;
-        tracing::info!(secret = %row.id, version = row.version, "secret updated");
+        tracing::info!(secret = %row.id, team = %row.team_id, version = row.version, "secret updated");
         Ok(SecretInfo::from(&row))
     }
 
-    /// Delete a secret by id or name.
-    pub async fn delete_secret(&self, _caller: &Caller, id_or_name: &str) -> Result<()> {
-        if self.store.delete_secret(id_or_name).await? {
+    /// Delete one of the caller's team's secrets by id or name.
+    pub async fn delete_secret(&self, caller: &Caller, id_or_name: &str) -> Result<()> {
+        if self
+            .store
+            .delete_secret(&caller.team_id, id_or_name)
+            .await?
+        {
+            tracing::info!(secret = %id_or_name, team = %caller.team_id, "secret deleted");
             Ok(())
         } else {
             Err(EngineError::SecretNotFound(id_or_name.to_string()))
         }
     }
 
+    /// The caller's team's secrets, oldest first, a page at a time.
     pub async fn list_secrets(
         &self,
-        _caller: &Caller,
+        caller: &Caller,
         limit: Option<usize>,
         next_token: Option<&str>,
     ) -> Result<SecretPage> {
-        let limit = limit.unwrap_or(100).clamp(1, 100);
-        let after = match next_token {
-            Some(t) if !t.is_empty() => Some(decode_token(t)?),
-            _ => None,
-        };
-        let mut rows = self.store.list_secrets(limit as i64 + 1, after).await?;
-        let next_token = if rows.len() > limit {
-            rows.truncate(limit);
-            rows.last().map(|r| encode_token(r.created_at, &r.id))
-        } else {
-            None
-        };
-        Ok(SecretPage {
-            items: rows.iter().map(SecretInfo::from).collect(),
-            next_token,
-        })
+        list_in(&self.store, &caller.team_id, limit, next_token).await
     }
+}
+
+/// Creates a secret of team `team_id` (the API's create, and `bulkhead secrets create --team`
+/// for the operator).
+pub async fn create_in(
+    store: &Store,
+    team_id: &str,
+    name: &str,
+    value: &str,
+    metadata: BTreeMap<String, String>,
+) -> Result<SecretInfo> {
+    network::validate_secret_name(name).map_err(EngineError::BadRequest)?;
+    validate_secret_value(value)?;
+    validate_metadata(&metadata)?;
+    let now = now_ms();
+    let row = SecretRow {
+        id: format!("sec_{}", ids::random_hex(12)),
+        team_id: team_id.to_string(),
+        name: name.to_string(),
+        version: 1,
+        metadata,
+        created_at: now,
+        updated_at: now,
+    };
+    store
+        .insert_secret(&row, value)
+        .await
+        .map_err(|e| match e {
+            StoreError::Conflict { what } => EngineError::Conflict(what),
+            e => e.into(),
+        })?;
+    tracing::info!(secret = %row.id, team = %row.team_id, name = %row.name, "secret created");
+    Ok(SecretInfo::from(&row))
+}
+
+/// A page of team `team_id`'s secrets (the API's list, and `bulkhead secrets ls --team`).
+pub async fn list_in(
+    store: &Store,
+    team_id: &str,
+    limit: Option<usize>,
+    next_token: Option<&str>,
+) -> Result<SecretPage> {
+    let limit = limit.unwrap_or(100).clamp(1, 100);
+    let after = match next_token {
+        Some(t) if !t.is_empty() => Some(decode_token(t)?),
+        _ => None,
+    };
+    let mut rows = store.list_secrets(team_id, limit as i64 + 1, after).await?;
+    let next_token = if rows.len() > limit {
+        rows.truncate(limit);
+        rows.last().map(|r| encode_token(r.created_at, &r.id))
+    } else {
+        None
+    };
+    Ok(SecretPage {
+        items: rows.iter().map(SecretInfo::from).collect(),
+        next_token,
+    })
 }

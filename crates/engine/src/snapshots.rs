@@ -69,12 +69,7 @@ impl Engine {
         self.authorize(caller, id).await?;
         let name = name.map(bare_name).filter(|n| !n.is_empty());
         if let Some(n) = name {
-            validate_name(n)?;
-            if self.template(n).is_some() {
-                return Err(EngineError::BadRequest(format!(
-                    "Snapshot name '{n}' is a template's name: choose another"
-                )));
-            }
+            self.check_snapshot_name(caller, n)?;
         }
         let (id, step) = self.enter(id, Operation::Snapshot)?;
         let snapshot_id = ids::sandbox_id();
@@ -124,6 +119,19 @@ impl Engine {
         }
         tracing::info!(sandbox = %id, snapshot = %snap.id, memory = snap.memory, "snapshot taken");
         Ok(info(&snap))
+    }
+
+    /// A valid snapshot name that is not a template's the caller can start (its team's, a
+    /// built-in, or one its team is building): one name, one thing for the team's creates.
+    pub(crate) fn check_snapshot_name(&self, caller: &Caller, name: &str) -> Result<()> {
+        validate_name(name)?;
+        if self.template_for(caller, name).is_some() || self.team_build_id(caller, name).is_some() {
+            return Err(EngineError::Conflict(format!(
+                "A template named '{name}' (a snapshot cannot take a template's name: choose \
+                 another snapshot name)"
+            )));
+        }
+        Ok(())
     }
 
     /// A complete checkpoint of sandbox `id` (in `snapshotting`) in `dir`: from the running

@@ -286,7 +286,9 @@ impl Engine {
     ) -> Result<(), String> {
         if step.kind == StepKind::Copy {
             let hash = step.files_hash.as_deref().unwrap_or_default();
-            let path = self.upload_path(hash).map_err(|e| e.to_string())?;
+            let path = self
+                .upload_path(&record.team_id, hash)
+                .map_err(|e| e.to_string())?;
             let data = tokio::fs::read(&path).await.map_err(|_| {
                 format!("the files of step {n} ({}) were not uploaded", step.args[0])
             })?;

@@ -5,6 +5,11 @@
 //! A custom template is saved as `<template dir>/<id>.json` (its builds, and which build each
 //! tag names) next to its store row; its trees are build layers in the image cache, so both
 //! survive a restart (`load_custom_templates`).
+//!
+//! Every verb takes the [`Caller`]: a custom template is its team's (names unique per team,
+//! built-in names reserved), and another team's template, build or upload is "not found".
+//! Uploaded archives are kept per team (`files/<team>/<hash>.tar`), so a team can only ever
+//! fill its own cache.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -21,9 +26,10 @@ pub use crate::template_types::{
     MAX_UPLOAD_BYTES, TemplateBuildError, TemplateBuilds,
 };
 use crate::template_types::{
-    BuildRecord, BuildState, BuiltTemplate, CustomTemplate, DEFAULT_TAG, UPLOAD_LINK_TTL, io_err,
+    BuildRecord, BuildState, BuiltTemplate, CustomTemplate, DEFAULT_TAG, UPLOAD_LINK_TTL,
+    UploadGrant, io_err,
 };
-use crate::types::TemplateInfo;
+use crate::types::{Caller, TemplateInfo};
 /// Registry credentials a build request carries (redacted `Debug`).
 pub use bulkhead_images::oci::RegistryCredentials;
 
@@ -96,21 +102,44 @@ impl Engine {
             .ok_or(TemplateBuildError::NotConfigured)
     }
 
-    /// Where the uploaded archive of `files_hash` is kept.
-    pub(crate) fn upload_path(&self, files_hash: &str) -> Result<PathBuf, TemplateBuildError> {
+    /// Where team `team_id`'s uploaded archive of `files_hash` is kept (each team its own
+    /// directory: an upload never serves another team's build).
+    pub(crate) fn upload_path(
+        &self,
+        team_id: &str,
+        files_hash: &str,
+    ) -> Result<PathBuf, TemplateBuildError> {
         if !valid_files_hash(files_hash) {
             return Err(TemplateBuildError::Invalid(format!(
                 "{files_hash:?} is not a files hash (64 hex digits)"
             )));
         }
+        // Team ids are generated (`default`, `team_<hex>`); anything else must not become a
+        // path.
+        if team_id.is_empty()
+            || !team_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(TemplateBuildError::Invalid(format!(
+                "team id {team_id:?} cannot name an upload directory"
+            )));
+        }
         Ok(self
             .template_dir()?
             .join("files")
+            .join(team_id)
             .join(format!("{}.tar", files_hash.to_ascii_lowercase())))
     }
 
-    /// `POST /v3/templates`: a new build of the named template (created when new).
-    pub async fn request_template_build(&self, req: BuildRequest) -> Result<BuildCreated> {
+    /// `POST /v3/templates`: a new build of the named template (created when new). The
+    /// template is the caller's team's; a name of a built-in template or of one of the
+    /// team's snapshots is refused (one name never means two things to a create).
+    pub async fn request_template_build(
+        &self,
+        caller: &Caller,
+        req: BuildRequest,
+    ) -> Result<BuildCreated> {
         self.template_dir()?;
         let (name, tag) = split_name(&req.name);
         validate_name(name)?;
@@ -122,35 +151,35 @@ impl Engine {
                 tags.push(t.clone());
             }
         }
-        if let Some(t) = self.template(name)
-            && self
-                .builds
-                .custom
-                .lock()
-                .expect("custom")
-                .get(&t.id)
-                .is_none()
-        {
+        if self.public_template(name).is_some() {
             return Err(TemplateBuildError::Invalid(format!(
                 "{name:?} is a built-in template of this server; choose another name"
             ))
             .into());
         }
-        let existing = {
-            let custom = self.builds.custom.lock().expect("custom");
-            custom.values().find(|c| c.name == name).cloned()
-        };
-        let template_id = existing
-            .as_ref()
-            .map_or_else(ids::template_id, |c| c.id.clone());
+        self.check_not_snapshot(caller, name).await?;
+        // The team's template of that name, or the one a first build still in flight made
+        // (two first builds must not make two templates of one name).
+        let template_id = self
+            .custom_by_name(caller, name)
+            .map(|c| c.id)
+            .or_else(|| self.team_build_id(caller, name))
+            .unwrap_or_else(ids::template_id);
+        let cpu_count = req.cpu_count.unwrap_or(2).clamp(1, 64);
+        let memory_mb = req.memory_mb.unwrap_or(1024).clamp(128, 65536);
+        // Refused here, before anything runs: a build sandbox is as big as the team's own
+        // sandboxes may be.
+        self.check_build_quotas(&caller.team_id, cpu_count, memory_mb)
+            .await?;
         let build_id = ids::uuid();
         let record = Arc::new(BuildRecord {
+            team_id: caller.team_id.clone(),
             template_id: template_id.clone(),
             build_id: build_id.clone(),
             name: name.to_owned(),
             tags: tags.clone(),
-            cpu_count: req.cpu_count.unwrap_or(2).clamp(1, 64),
-            memory_mb: req.memory_mb.unwrap_or(1024).clamp(128, 65536),
+            cpu_count,
+            memory_mb,
             state: Mutex::new(BuildState {
                 status: BuildStatus::Waiting,
                 logs: Default::default(),
@@ -171,7 +200,48 @@ impl Engine {
         })
     }
 
-    fn build_record(&self, template_id: &str, build_id: &str) -> Result<Arc<BuildRecord>> {
+    /// Refuses a template name that is one of the caller's team's snapshots (409).
+    async fn check_not_snapshot(&self, caller: &Caller, name: &str) -> Result<()> {
+        let snapshot = self
+            .store
+            .get_snapshot(name)
+            .await?
+            .filter(|s| s.team_id == caller.team_id && s.name.as_deref() == Some(name));
+        if snapshot.is_some() {
+            return Err(EngineError::Conflict(format!(
+                "A snapshot named '{name}' (a template and a snapshot of a team cannot share a \
+                 name, or creates from it would be ambiguous: choose another template name, or \
+                 delete the snapshot with DELETE /templates/{name})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The template id of a build of the caller's team's template `name` that is requested
+    /// or running (its name is taken even before the first build finishes).
+    pub(crate) fn team_build_id(&self, caller: &Caller, name: &str) -> Option<String> {
+        self.builds
+            .builds
+            .lock()
+            .expect("builds")
+            .values()
+            .find(|b| {
+                b.team_id == caller.team_id
+                    && b.name == name
+                    && matches!(
+                        b.state.lock().expect("build state").status,
+                        BuildStatus::Waiting | BuildStatus::Building
+                    )
+            })
+            .map(|b| b.template_id.clone())
+    }
+
+    fn build_record(
+        &self,
+        caller: &Caller,
+        template_id: &str,
+        build_id: &str,
+    ) -> Result<Arc<BuildRecord>> {
         let b = self
             .builds
             .builds
@@ -180,7 +250,8 @@ impl Engine {
             .get(build_id)
             .cloned();
         match b {
-            Some(b) if b.template_id == template_id => Ok(b),
+            // Another team's build is as unknown as a missing one.
+            Some(b) if b.template_id == template_id && b.team_id == caller.team_id => Ok(b),
             _ => Err(TemplateBuildError::NotFound(format!(
                 "build {build_id} of template {template_id} not found"
             ))
@@ -188,65 +259,84 @@ impl Engine {
         }
     }
 
-    /// `GET /templates/{id}/files/{hash}`: is this archive already uploaded?
-    pub fn template_file_present(&self, template_id: &str, files_hash: &str) -> Result<bool> {
+    /// `GET /templates/{id}/files/{hash}`: has the caller's team already uploaded this
+    /// archive? (Another team's uploads are never looked at: no oracle across teams.)
+    pub fn template_file_present(
+        &self,
+        caller: &Caller,
+        template_id: &str,
+        files_hash: &str,
+    ) -> Result<bool> {
         let known = self
             .builds
             .custom
             .lock()
             .expect("custom")
-            .contains_key(template_id)
+            .get(template_id)
+            .is_some_and(|c| c.team_id == caller.team_id)
             || self
                 .builds
                 .builds
                 .lock()
                 .expect("builds")
                 .values()
-                .any(|b| b.template_id == template_id);
+                .any(|b| b.template_id == template_id && b.team_id == caller.team_id);
         if !known {
             return Err(
                 TemplateBuildError::NotFound(format!("template {template_id} not found")).into(),
             );
         }
-        Ok(self.upload_path(files_hash)?.is_file())
+        Ok(self.upload_path(&caller.team_id, files_hash)?.is_file())
     }
 
-    /// A token that lets the bearer upload the archive of `files_hash` once, within an hour
-    /// (the SDK uploads without its API key).
-    pub fn issue_upload_token(&self, files_hash: &str) -> String {
+    /// A token that lets the bearer upload the archive of `files_hash` once, within an hour,
+    /// into the caller's team's files (the SDK uploads without its API key).
+    pub fn issue_upload_token(&self, caller: &Caller, files_hash: &str) -> String {
         let token = ids::random_hex(24);
         let now = std::time::Instant::now();
         let mut up = self.builds.uploads.lock().expect("uploads");
-        up.retain(|_, (_, exp)| *exp > now);
+        up.retain(|_, g| g.expires > now);
         up.insert(
             token.clone(),
-            (files_hash.to_ascii_lowercase(), now + UPLOAD_LINK_TTL),
+            UploadGrant {
+                team_id: caller.team_id.clone(),
+                files_hash: files_hash.to_ascii_lowercase(),
+                expires: now + UPLOAD_LINK_TTL,
+            },
         );
         token
     }
 
     /// Takes an upload token for `files_hash` (constant-time comparison of the hash it was
-    /// issued for).
-    pub fn take_upload_token(&self, files_hash: &str, token: &str) -> bool {
+    /// issued for): the team whose files the upload goes to, or None.
+    pub fn take_upload_token(&self, files_hash: &str, token: &str) -> Option<String> {
         let mut up = self.builds.uploads.lock().expect("uploads");
         match up.remove(token) {
-            Some((h, exp)) if exp > std::time::Instant::now() => {
-                bulkhead_common::constant_time_eq(&h, &files_hash.to_ascii_lowercase())
+            Some(g)
+                if g.expires > std::time::Instant::now()
+                    && bulkhead_common::constant_time_eq(
+                        &g.files_hash,
+                        &files_hash.to_ascii_lowercase(),
+                    ) =>
+            {
+                Some(g.team_id)
             }
-            _ => false,
+            _ => None,
         }
     }
 
-    /// Stores an uploaded build-context archive (written to a temporary file, renamed into
-    /// place when complete, so a broken upload never looks present).
+    /// Stores an uploaded build-context archive in team `team_id`'s files (written to a
+    /// temporary file, renamed into place when complete, so a broken upload never looks
+    /// present).
     pub async fn store_template_file(
         &self,
+        team_id: &str,
         files_hash: &str,
         mut body: impl futures::Stream<Item = std::result::Result<bytes::Bytes, io::Error>> + Unpin,
     ) -> Result<u64> {
         use futures::StreamExt;
         use tokio::io::AsyncWriteExt;
-        let dest = self.upload_path(files_hash)?;
+        let dest = self.upload_path(team_id, files_hash)?;
         let dir = dest.parent().expect("files dir").to_owned();
         tokio::fs::create_dir_all(&dir)
             .await
@@ -270,6 +360,16 @@ impl Engine {
                     .map_err(io_err(format!("write {}", tmp.display())))?;
             }
             f.sync_all().await.map_err(io_err("sync the upload"))?;
+            let check = tmp.clone();
+            tokio::task::spawn_blocking(move || check_archive(&check))
+                .await
+                .map_err(|e| io_err("check the upload")(io::Error::other(e)))?
+                .map_err(|why| {
+                    TemplateBuildError::Invalid(format!(
+                        "the upload is not a tar archive (plain or gzip): {why}; upload the \
+                         archive the SDK makes for the step"
+                    ))
+                })?;
             tokio::fs::rename(&tmp, &dest)
                 .await
                 .map_err(io_err(format!("rename {}", tmp.display())))
@@ -285,11 +385,12 @@ impl Engine {
     /// `POST /v2/templates/{id}/builds/{build}`: starts the build in the background.
     pub async fn start_template_build(
         self: &Arc<Self>,
+        caller: &Caller,
         template_id: &str,
         build_id: &str,
         spec: BuildStart,
     ) -> Result<()> {
-        let record = self.build_record(template_id, build_id)?;
+        let record = self.build_record(caller, template_id, build_id)?;
         if spec.from_image.is_some() == spec.from_template.is_some() {
             return Err(TemplateBuildError::Invalid(
                 "give exactly one of fromImage and fromTemplate".into(),
@@ -299,16 +400,9 @@ impl Engine {
         for (i, s) in spec.steps.iter().enumerate() {
             s.validate(i).map_err(TemplateBuildError::Invalid)?;
         }
-        {
-            let mut s = record.state.lock().expect("build state");
-            if s.status != BuildStatus::Waiting {
-                return Err(TemplateBuildError::Invalid(format!(
-                    "build {build_id} was already started; request a new build"
-                ))
-                .into());
-            }
-            s.status = BuildStatus::Building;
-        }
+        // The team's quotas (read again: they may have changed since the request) and its
+        // concurrent builds; 429 when the team already runs its limit.
+        self.admit_build(&record).await?;
         let engine = self.clone();
         tokio::spawn(async move { engine.run_template_build(record, spec).await });
         Ok(())
@@ -317,12 +411,13 @@ impl Engine {
     /// `GET /templates/{id}/builds/{build}/status`.
     pub fn template_build_status(
         &self,
+        caller: &Caller,
         template_id: &str,
         build_id: &str,
         offset: usize,
         limit: usize,
     ) -> Result<BuildReport> {
-        let record = self.build_record(template_id, build_id)?;
+        let record = self.build_record(caller, template_id, build_id)?;
         let s = record.state.lock().expect("build state");
         let from = offset.saturating_sub(s.dropped).min(s.logs.len());
         let to = (from + limit).min(s.logs.len());
@@ -357,6 +452,7 @@ impl Engine {
             .cloned()
             .unwrap_or_else(|| CustomTemplate {
                 id: record.template_id.clone(),
+                team_id: record.team_id.clone(),
                 name: record.name.clone(),
                 cpu_count: record.cpu_count,
                 memory_mb: record.memory_mb,
@@ -414,13 +510,13 @@ impl Engine {
         })
     }
 
-    /// Makes a custom template's tags startable: the default tag under its id and name, the
-    /// others as `name:tag` and `id:tag`.
+    /// Makes a custom template's tags startable: the default tag under its id, the others as
+    /// `id:tag` (its name and `name:tag` resolve to these within its team: `template_for`).
     async fn register_custom(&self, t: &CustomTemplate) -> Result<()> {
-        self.unregister_custom(&t.id, &t.name);
+        self.unregister_custom(&t.id);
         let main = t.main_build().map(|(b, _)| b.clone());
         if let Some(info) = main.as_deref().and_then(|b| self.info_for(t, b)) {
-            self.register_template(info).await?;
+            self.register_in(info, Some(&t.team_id)).await?;
             // Members started from the previous build's tree must not be handed out.
             self.drain_pool(&t.id).await;
         }
@@ -434,21 +530,16 @@ impl Engine {
             {
                 let info = Arc::new(info);
                 let mut map = self.templates.write().expect("templates lock");
-                map.insert(format!("{}:{tag}", t.name), info.clone());
                 map.insert(format!("{}:{tag}", t.id), info);
             }
         }
         Ok(())
     }
 
-    fn unregister_custom(&self, id: &str, name: &str) {
+    fn unregister_custom(&self, id: &str) {
+        let prefix = format!("{id}:");
         let mut map = self.templates.write().expect("templates lock");
-        map.retain(|k, v| {
-            v.id != id
-                && k != name
-                && !k.starts_with(&format!("{name}:"))
-                && !k.starts_with(&format!("{id}:"))
-        });
+        map.retain(|k, v| v.id != id && !k.starts_with(&prefix));
     }
 
     /// Re-registers the custom templates saved by earlier runs whose trees are still cached.
@@ -493,25 +584,46 @@ impl Engine {
         Ok(n)
     }
 
-    fn custom_by_name(&self, id_or_name: &str) -> Option<CustomTemplate> {
+    /// The caller's team's custom template with this id or name (an id wins); another
+    /// team's is None.
+    fn custom_by_name(&self, caller: &Caller, id_or_name: &str) -> Option<CustomTemplate> {
         let custom = self.builds.custom.lock().expect("custom");
         custom
             .get(id_or_name)
-            .or_else(|| custom.values().find(|c| c.name == id_or_name))
+            .filter(|c| c.team_id == caller.team_id)
+            .or_else(|| {
+                custom
+                    .values()
+                    .find(|c| c.team_id == caller.team_id && c.name == id_or_name)
+            })
             .cloned()
     }
 
-    /// Is `id_or_name` a template built through the Template API?
-    pub fn is_custom_template(&self, id_or_name: &str) -> bool {
-        self.custom_by_name(id_or_name).is_some()
+    /// The id of team `team_id`'s custom template with this id or name.
+    pub(crate) fn team_template_id(&self, team_id: &str, id_or_name: &str) -> Option<String> {
+        let custom = self.builds.custom.lock().expect("custom");
+        custom
+            .get(id_or_name)
+            .filter(|c| c.team_id == team_id)
+            .or_else(|| {
+                custom
+                    .values()
+                    .find(|c| c.team_id == team_id && c.name == id_or_name)
+            })
+            .map(|c| c.id.clone())
     }
 
-    /// `GET /templates/aliases/{alias}`: the template id a name starts.
-    pub fn template_by_alias(&self, alias: &str) -> Result<String> {
-        if let Some(c) = self.custom_by_name(alias) {
+    /// Is `id_or_name` a template the caller's team built through the Template API?
+    pub fn is_custom_template(&self, caller: &Caller, id_or_name: &str) -> bool {
+        self.custom_by_name(caller, id_or_name).is_some()
+    }
+
+    /// `GET /templates/aliases/{alias}`: the template id a name starts for the caller.
+    pub fn template_by_alias(&self, caller: &Caller, alias: &str) -> Result<String> {
+        if let Some(c) = self.custom_by_name(caller, alias) {
             return Ok(c.id);
         }
-        self.template(alias)
+        self.public_template(alias)
             .map(|t| t.id.clone())
             .ok_or_else(|| EngineError::TemplateNotFound(alias.to_owned()))
     }
@@ -519,6 +631,7 @@ impl Engine {
     /// `POST /templates/tags`: points `tags` at the build `target` (`name:tag`) names.
     pub async fn assign_template_tags(
         &self,
+        caller: &Caller,
         target: &str,
         tags: &[String],
     ) -> Result<(String, Vec<String>)> {
@@ -532,7 +645,7 @@ impl Engine {
         }
         let _guard = self.builds.change.lock().await;
         let mut t = self
-            .custom_by_name(name)
+            .custom_by_name(caller, name)
             .ok_or_else(|| EngineError::TemplateNotFound(name.to_owned()))?;
         let build = t
             .tags
@@ -548,10 +661,15 @@ impl Engine {
     }
 
     /// `DELETE /templates/tags`.
-    pub async fn remove_template_tags(&self, name: &str, tags: &[String]) -> Result<()> {
+    pub async fn remove_template_tags(
+        &self,
+        caller: &Caller,
+        name: &str,
+        tags: &[String],
+    ) -> Result<()> {
         let _guard = self.builds.change.lock().await;
         let mut t = self
-            .custom_by_name(name)
+            .custom_by_name(caller, name)
             .ok_or_else(|| EngineError::TemplateNotFound(name.to_owned()))?;
         for tag in tags {
             validate_tag(tag)?;
@@ -567,9 +685,13 @@ impl Engine {
     }
 
     /// `GET /templates/{id}/tags`: (tag, build id, assigned at in ms).
-    pub fn template_tags(&self, id_or_name: &str) -> Result<Vec<(String, String, i64)>> {
+    pub fn template_tags(
+        &self,
+        caller: &Caller,
+        id_or_name: &str,
+    ) -> Result<Vec<(String, String, i64)>> {
         let t = self
-            .custom_by_name(id_or_name)
+            .custom_by_name(caller, id_or_name)
             .ok_or_else(|| EngineError::TemplateNotFound(id_or_name.to_owned()))?;
         Ok(t.tags
             .iter()
@@ -579,10 +701,10 @@ impl Engine {
 
     /// `DELETE /templates/{id}`: the template can no longer be started; running sandboxes keep
     /// their tree, and its layers stay in the cache for other templates that share them.
-    pub async fn delete_template(&self, id_or_name: &str) -> Result<()> {
+    pub async fn delete_template(&self, caller: &Caller, id_or_name: &str) -> Result<()> {
         let _guard = self.builds.change.lock().await;
-        let Some(t) = self.custom_by_name(id_or_name) else {
-            if self.template(id_or_name).is_some() {
+        let Some(t) = self.custom_by_name(caller, id_or_name) else {
+            if self.public_template(id_or_name).is_some() {
                 return Err(TemplateBuildError::Invalid(format!(
                     "{id_or_name:?} is a built-in template and cannot be deleted"
                 ))
@@ -597,23 +719,41 @@ impl Engine {
             Err(e) => return Err(io_err(format!("remove {}", path.display()))(e).into()),
         }
         self.builds.custom.lock().expect("custom").remove(&t.id);
-        self.unregister_custom(&t.id, &t.name);
+        self.unregister_custom(&t.id);
         self.drain_pool(&t.id).await;
         self.store.delete_template(&t.id).await?;
         Ok(())
     }
+}
 
-    /// Custom templates for `GET /templates`: (id, name, default build id, created, updated).
-    pub fn custom_templates(&self) -> Vec<(String, String, String, i64, i64)> {
-        let custom = self.builds.custom.lock().expect("custom");
-        custom
-            .values()
-            .map(|t| {
-                let (build, at) = t.main_build().cloned().unwrap_or_default();
-                (t.id.clone(), t.name.clone(), build, t.created_at_ms, at)
-            })
-            .collect()
+/// Is the file at `path` a tar archive, plain or gzip-compressed (what the SDKs upload)?
+/// Every entry is read through (and a gzip stream to its checksum), so a truncated, corrupt
+/// or foreign upload is refused when it arrives instead of failing the step that unpacks it.
+fn check_archive(path: &Path) -> std::result::Result<(), String> {
+    use std::io::{Read, Seek};
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut magic = [0u8; 2];
+    let gzip = f.read(&mut magic).map_err(|e| e.to_string())? == 2 && magic == [0x1f, 0x8b];
+    f.rewind().map_err(|e| e.to_string())?;
+    let f = io::BufReader::new(f);
+    let reader: Box<dyn Read> = if gzip {
+        Box::new(flate2::read::GzDecoder::new(f))
+    } else {
+        Box::new(f)
+    };
+    let mut archive = tar::Archive::new(reader);
+    let mut entries = 0usize;
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        io::copy(&mut entry, &mut io::sink()).map_err(|e| e.to_string())?;
+        entries += 1;
     }
+    // The rest of the stream (tar padding, the gzip trailer with its CRC).
+    io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(|e| e.to_string())?;
+    if entries == 0 {
+        return Err("it holds no files".into());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -634,5 +774,326 @@ mod tests {
         assert!(validate_tag("a:b").is_err());
         assert_eq!(split_name("x:v1"), ("x", "v1"));
         assert_eq!(split_name("x"), ("x", "default"));
+    }
+
+    use crate::create::Source;
+    use crate::error::ChangesError;
+    use crate::testing::{FakeEngine, base_template, fake_engine};
+    use bulkhead_store::SnapshotRow;
+
+    struct Two {
+        dir: tempfile::TempDir,
+        engine: Arc<Engine>,
+        store: bulkhead_store::Store,
+        a: Caller,
+        b: Caller,
+    }
+
+    async fn two_teams() -> Two {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::EngineConfig {
+            checkpoint_dir: dir.path().join("checkpoints"),
+            template_dir: Some(dir.path().join("templates")),
+            ..Default::default()
+        };
+        let FakeEngine { store, engine, .. } = fake_engine(dir.path(), cfg, base_template()).await;
+        let team = |t: &str| Caller {
+            key_id: format!("key-{t}"),
+            team_id: t.to_owned(),
+        };
+        Two {
+            dir,
+            engine,
+            store,
+            a: team("default"),
+            b: team("team_b"),
+        }
+    }
+
+    /// Builds `name` for `caller` as a finished build would record it (no driver run).
+    async fn build(t: &Two, caller: &Caller, name: &str) -> (String, String) {
+        let created = t
+            .engine
+            .request_template_build(
+                caller,
+                BuildRequest {
+                    name: name.to_owned(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let record = t
+            .engine
+            .build_record(caller, &created.template_id, &created.build_id)
+            .unwrap();
+        let rootfs = t.dir.path().join(&created.build_id);
+        t.engine
+            .record_custom_build(
+                &record,
+                BuiltTemplate {
+                    rootfs,
+                    content_hash: created.build_id.clone(),
+                    runtime: Default::default(),
+                    created_at_ms: 0,
+                },
+            )
+            .await
+            .unwrap();
+        record.finish(None);
+        (created.template_id, created.build_id)
+    }
+
+    /// A complete snapshot of team `team` named `name`, taken on `base`.
+    async fn snapshot(t: &Two, team: &str, name: &str) {
+        let dir = t.dir.path().join(format!("snap-{name}-{team}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        crate::checkpoints::mark_complete(&crate::driver::CheckpointInfo {
+            driver: "fake".into(),
+            format: 1,
+            dir: dir.clone(),
+            size_bytes: 0,
+            memory: false,
+        })
+        .unwrap();
+        t.store
+            .insert_snapshot(&SnapshotRow {
+                id: crate::ids::sandbox_id(),
+                name: Some(name.to_owned()),
+                sandbox_id: crate::ids::sandbox_id(),
+                template_id: "base".into(),
+                checkpoint_dir: dir.display().to_string(),
+                memory: false,
+                env_vars: Default::default(),
+                envd_access_token: None,
+                created_at: 0,
+                team_id: team.to_owned(),
+            })
+            .await
+            .unwrap();
+    }
+
+    fn is_not_found(e: &EngineError) -> bool {
+        matches!(
+            e,
+            EngineError::TemplateNotFound(_)
+                | EngineError::TemplateBuild(TemplateBuildError::NotFound(_))
+        )
+    }
+
+    #[tokio::test]
+    async fn a_template_is_its_teams_and_names_are_per_team() {
+        let t = two_teams().await;
+        let (a_id, a_build) = build(&t, &t.a, "my-tmpl").await;
+        let e = &t.engine;
+        assert_eq!(e.template_for(&t.a, "my-tmpl").unwrap().id, a_id);
+        assert_eq!(e.template_for(&t.a, &a_id).unwrap().id, a_id);
+        // Team B neither sees A's name nor A's id.
+        assert!(e.template_for(&t.b, "my-tmpl").is_none());
+        assert!(e.template_for(&t.b, &a_id).is_none());
+        assert!(e.template_for(&t.b, &format!("{a_id}:default")).is_none());
+        assert!(is_not_found(
+            &e.template_by_alias(&t.b, "my-tmpl").unwrap_err()
+        ));
+        assert!(is_not_found(&e.template_tags(&t.b, &a_id).unwrap_err()));
+        assert!(is_not_found(
+            &e.template_build_status(&t.b, &a_id, &a_build, 0, 10)
+                .unwrap_err()
+        ));
+        assert!(is_not_found(
+            &e.template_file_present(&t.b, &a_id, &"ab".repeat(32))
+                .unwrap_err()
+        ));
+        assert!(is_not_found(
+            &e.assign_template_tags(&t.b, "my-tmpl", &["evil".into()])
+                .await
+                .unwrap_err()
+        ));
+        assert!(is_not_found(
+            &e.remove_template_tags(&t.b, "my-tmpl", &["default".into()])
+                .await
+                .unwrap_err()
+        ));
+        assert!(is_not_found(
+            &e.delete_template(&t.b, &a_id).await.unwrap_err()
+        ));
+        assert!(!e.is_custom_template(&t.b, "my-tmpl"));
+        assert!(
+            e.templates_for(&t.b).iter().all(|x| x.id != a_id),
+            "B lists A's template"
+        );
+
+        // B's build of the same name is a template of its own; A's stays A's.
+        let (b_id, _) = build(&t, &t.b, "my-tmpl").await;
+        assert_ne!(a_id, b_id);
+        assert_eq!(e.template_for(&t.a, "my-tmpl").unwrap().id, a_id);
+        assert_eq!(e.template_for(&t.b, "my-tmpl").unwrap().id, b_id);
+        assert_eq!(e.template_by_alias(&t.b, "my-tmpl").unwrap(), b_id);
+        // A rebuild by A keeps A's id.
+        assert_eq!(build(&t, &t.a, "my-tmpl").await.0, a_id);
+
+        // Tags: B's tag on its own template is not A's.
+        e.assign_template_tags(&t.b, "my-tmpl", &["v1".into()])
+            .await
+            .unwrap();
+        assert!(e.template_for(&t.a, "my-tmpl:v1").is_none());
+        assert_eq!(e.template_for(&t.b, "my-tmpl:v1").unwrap().id, b_id);
+
+        // Deleting B's leaves A's.
+        e.delete_template(&t.b, "my-tmpl").await.unwrap();
+        assert!(e.template_for(&t.b, "my-tmpl").is_none());
+        assert_eq!(e.template_for(&t.a, "my-tmpl").unwrap().id, a_id);
+        assert!(e.templates_for(&t.a).iter().any(|x| x.id == a_id));
+        // Built-ins are everyone's, and reserved.
+        assert_eq!(e.template_for(&t.b, "base").unwrap().id, "base");
+        assert!(matches!(
+            e.request_template_build(
+                &t.b,
+                BuildRequest {
+                    name: "base".into(),
+                    ..Default::default()
+                }
+            )
+            .await
+            .unwrap_err(),
+            EngineError::TemplateBuild(TemplateBuildError::Invalid(_))
+        ));
+        assert!(e.delete_template(&t.b, "base").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn resolution_order_and_one_name_one_thing() {
+        let t = two_teams().await;
+        let e = &t.engine;
+        snapshot(&t, "default", "asnap").await;
+        // A template may not take a name of one of the team's snapshots...
+        let err = e
+            .request_template_build(
+                &t.a,
+                BuildRequest {
+                    name: "asnap".into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, EngineError::Conflict(_)), "{err:?}");
+        // ...but another team's snapshot names do not matter to B, nor B's template to A.
+        let (b_id, _) = build(&t, &t.b, "asnap").await;
+        match e.resolve_source(&t.a, "asnap").await.unwrap() {
+            Source::Checkpoint(c) => assert_eq!(c.template.id, "base"),
+            Source::Template(x) => panic!("A's create got template {}", x.id),
+        }
+        match e.resolve_source(&t.b, "asnap").await.unwrap() {
+            Source::Template(x) => assert_eq!(x.id, b_id),
+            Source::Checkpoint(_) => panic!("B's create restored A's snapshot"),
+        }
+        // The team's template comes before a built-in of the same id... which it cannot
+        // take; built-ins come before snapshots (a snapshot cannot take their names).
+        assert!(matches!(
+            e.resolve_source(&t.a, "base").await.unwrap(),
+            Source::Template(x) if x.id == "base"
+        ));
+        assert!(matches!(
+            e.resolve_source(&t.b, "nothing").await,
+            Err(EngineError::TemplateNotFound(_))
+        ));
+        // Snapshot names: not a built-in, not one of the team's templates or builds; another
+        // team's template names are free.
+        let (a_id, _) = build(&t, &t.a, "a-tmpl").await;
+        for n in ["base", "a-tmpl", a_id.as_str()] {
+            let err = e.check_snapshot_name(&t.a, n).unwrap_err();
+            assert!(matches!(err, EngineError::Conflict(_)), "{n}: {err:?}");
+        }
+        e.check_snapshot_name(&t.b, "a-tmpl").unwrap();
+        e.request_template_build(
+            &t.a,
+            BuildRequest {
+                name: "pending".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert!(e.check_snapshot_name(&t.a, "pending").is_err());
+        e.check_snapshot_name(&t.b, "pending").unwrap();
+    }
+
+    #[tokio::test]
+    async fn since_resolves_only_the_callers_snapshots() {
+        let t = two_teams().await;
+        snapshot(&t, "default", "asnap").await;
+        assert!(t.engine.snapshot_dir(&t.a, "asnap").await.is_ok());
+        let err = t.engine.snapshot_dir(&t.b, "asnap").await.unwrap_err();
+        assert!(
+            matches!(err, EngineError::Changes(ChangesError::SnapshotNotFound(_))),
+            "{err:?}"
+        );
+    }
+
+    fn tar_gz(files: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
+        for (name, data) in files {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            tar.append_data(&mut h, name, *data).unwrap();
+        }
+        tar.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[tokio::test]
+    async fn uploads_are_kept_per_team() {
+        let t = two_teams().await;
+        let e = &t.engine;
+        let (a_id, _) = build(&t, &t.a, "a-tmpl").await;
+        let (b_id, _) = build(&t, &t.b, "b-tmpl").await;
+        let hash = "cd".repeat(32);
+        // B uploads under the hash A's SDK will ask for: it lands in B's files only.
+        let token = e.issue_upload_token(&t.b, &hash);
+        assert_eq!(
+            e.take_upload_token(&hash, &token).as_deref(),
+            Some("team_b")
+        );
+        assert_eq!(
+            e.take_upload_token(&hash, &token),
+            None,
+            "a token is used once"
+        );
+        let body =
+            |data: Vec<u8>| futures::stream::iter([Ok::<_, io::Error>(bytes::Bytes::from(data))]);
+        // What is not a tar archive (plain or gzip) is refused and not kept.
+        for junk in [
+            b"poison".to_vec(),
+            vec![0x1f, 0x8b, 8, 0, 1, 2, 3],
+            tar_gz(&[]),
+        ] {
+            let err = e
+                .store_template_file("team_b", &hash, body(junk))
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    EngineError::TemplateBuild(TemplateBuildError::Invalid(_))
+                ),
+                "{err:?}"
+            );
+            assert!(!e.template_file_present(&t.b, &b_id, &hash).unwrap());
+        }
+        e.store_template_file("team_b", &hash, body(tar_gz(&[("app.py", b"poison")])))
+            .await
+            .unwrap();
+        assert!(e.template_file_present(&t.b, &b_id, &hash).unwrap());
+        assert!(!e.template_file_present(&t.a, &a_id, &hash).unwrap());
+        // A token is for the hash it was issued for.
+        let token = e.issue_upload_token(&t.a, &hash);
+        assert_eq!(e.take_upload_token(&"ef".repeat(32), &token), None);
+        // Team ids never make paths of their own.
+        assert!(e.upload_path("../x", &hash).is_err());
     }
 }

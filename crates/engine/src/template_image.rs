@@ -82,8 +82,9 @@ impl Engine {
             },
             (None, None) => return Err("no base image or template given".into()),
         };
+        // The build's team's templates and the built-ins, never another team's.
         let parent = self
-            .template(&name)
+            .template_in_team(&record.team_id, &name)
             .ok_or_else(|| format!("template {name:?} not found on this server"))?;
         let state = match &parent.runtime {
             Some(rt) => RunState {

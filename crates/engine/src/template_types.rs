@@ -124,6 +124,9 @@ pub struct BuildReport {
 
 /// One build in flight or finished (kept in memory for this server's life).
 pub(crate) struct BuildRecord {
+    /// The team of the key that requested it: the template is this team's, and only its
+    /// keys see the build.
+    pub(crate) team_id: String,
     pub(crate) template_id: String,
     pub(crate) build_id: String,
     pub(crate) name: String,
@@ -181,6 +184,11 @@ pub(crate) struct BuiltTemplate {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct CustomTemplate {
     pub(crate) id: String,
+    /// The team that built it (only its keys see, start, retag or delete it). Files saved
+    /// before templates had teams were built by the seeded default team's keys.
+    #[serde(default = "default_team")]
+    pub(crate) team_id: String,
+    /// Unique within the team.
     pub(crate) name: String,
     pub(crate) cpu_count: u32,
     pub(crate) memory_mb: u64,
@@ -188,6 +196,10 @@ pub(crate) struct CustomTemplate {
     pub(crate) builds: BTreeMap<String, BuiltTemplate>,
     /// Tag → build id; `default` is what the bare name starts.
     pub(crate) tags: BTreeMap<String, (String, i64)>,
+}
+
+fn default_team() -> String {
+    bulkhead_store::DEFAULT_TEAM.to_owned()
 }
 
 impl CustomTemplate {
@@ -207,8 +219,16 @@ pub struct TemplateBuilds {
     pub(crate) custom: Mutex<BTreeMap<String, CustomTemplate>>,
     /// Serialises changes to custom templates (saving, registering, deleting).
     pub(crate) change: tokio::sync::Mutex<()>,
-    /// Upload tokens handed out in upload links: token → (files hash, expiry).
-    pub(crate) uploads: Mutex<HashMap<String, (String, std::time::Instant)>>,
+    /// Upload tokens handed out in upload links: token → the upload it allows.
+    pub(crate) uploads: Mutex<HashMap<String, UploadGrant>>,
+}
+
+/// What an upload link lets its bearer store: one archive, in one team's files.
+pub(crate) struct UploadGrant {
+    pub(crate) team_id: String,
+    /// Lowercase.
+    pub(crate) files_hash: String,
+    pub(crate) expires: std::time::Instant,
 }
 
 /// How long an upload link stays valid (the SDK uploads right after asking).

@@ -1,17 +1,29 @@
 //! Templates the engine can start sandboxes from: registration (recorded in the store) and lookup by id or alias.
+//!
+//! Built-in templates (the server's own and `--templates`) are public: every team starts
+//! them by id or alias. A template built through the Template API is its team's: the map
+//! holds it under its (global, random) id and `id:tag` only, never under its name, and
+//! [`Engine::template_for`] resolves a caller's names and ids within the caller's team.
 
 use std::sync::Arc;
 
 use crate::clock::now_ms;
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::types::TemplateInfo;
+use crate::types::{Caller, TemplateInfo};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
-    /// Make a built template available; records it in the store.
+    /// Make a built-in template available to every team (under its id and aliases); records
+    /// it in the store.
     pub async fn register_template(&self, t: TemplateInfo) -> Result<()> {
+        self.register_in(t, None).await
+    }
+
+    /// Registers `t` as public (`team` None) or as a team's template, which is entered under
+    /// its id only: its name means something only within its team (`template_for`).
+    pub(crate) async fn register_in(&self, t: TemplateInfo, team: Option<&str>) -> Result<()> {
         let now = now_ms();
         let created_at = match self.store.get_template(&t.id).await? {
             Some(row) => row.created_at,
@@ -29,20 +41,26 @@ impl Engine {
                 disk_size_mb: t.disk_size_mb as i64,
                 created_at,
                 updated_at: now,
+                team_id: team.map(str::to_owned),
             })
             .await?;
         let t = Arc::new(t);
         let mut map = self.templates.write().expect("templates lock");
         map.insert(t.id.clone(), t.clone());
-        for a in &t.aliases {
-            map.insert(a.clone(), t.clone());
+        if team.is_none() {
+            for a in &t.aliases {
+                map.insert(a.clone(), t.clone());
+            }
         }
         drop(map);
         self.pool_wakeup.notify_one();
         Ok(())
     }
 
-    pub fn template(&self, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
+    /// The template under this key, whoever's it is: an id, `id:tag`, or a built-in's alias.
+    /// For a template the engine already holds the id of (a sandbox's, a snapshot's);
+    /// a caller's name goes through [`Engine::template_for`].
+    pub(crate) fn template(&self, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
         // `name:default` is the bare name; other tags are entries of their own (see
         // `template_builds`).
         let name = id_or_alias.strip_suffix(":default").unwrap_or(id_or_alias);
@@ -51,6 +69,52 @@ impl Engine {
             .expect("templates lock")
             .get(name)
             .cloned()
+    }
+
+    /// What `name` (a name, `name:tag`, an id or `id:tag`) starts for `caller`: the caller's
+    /// team's template of that name or id, else a built-in one. Another team's templates are
+    /// unknown here, as missing ones are. (Snapshots come after both: `create`.)
+    pub fn template_for(&self, caller: &Caller, name: &str) -> Option<Arc<TemplateInfo>> {
+        self.template_in_team(&caller.team_id, name)
+    }
+
+    /// [`Engine::template_for`] for team `team_id` (a build's parent is looked up in the
+    /// build's team).
+    pub(crate) fn template_in_team(&self, team_id: &str, name: &str) -> Option<Arc<TemplateInfo>> {
+        let (base, tag) = crate::template_builds::split_name(name);
+        if let Some(id) = self.team_template_id(team_id, base) {
+            return self.template(&if tag == crate::template_types::DEFAULT_TAG {
+                id
+            } else {
+                format!("{id}:{tag}")
+            });
+        }
+        self.public_template(name)
+    }
+
+    /// A built-in template by id or alias (None for a key that names a team's template).
+    pub fn public_template(&self, key: &str) -> Option<Arc<TemplateInfo>> {
+        self.template(key).filter(|t| {
+            !self
+                .builds
+                .custom
+                .lock()
+                .expect("custom")
+                .contains_key(&t.id)
+        })
+    }
+
+    /// The templates `caller` may start (built-ins and its team's), one per id.
+    pub fn templates_for(&self, caller: &Caller) -> Vec<Arc<TemplateInfo>> {
+        let custom = self.builds.custom.lock().expect("custom");
+        self.templates()
+            .into_iter()
+            .filter(|t| {
+                custom
+                    .get(&t.id)
+                    .is_none_or(|c| c.team_id == caller.team_id)
+            })
+            .collect()
     }
 
     /// Is `t` what its id starts (so its warm pool holds sandboxes of this tree)? A tag of a

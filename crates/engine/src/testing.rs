@@ -86,6 +86,15 @@ pub async fn owner(store: &bulkhead_store::Store) -> crate::Caller {
         .caller()
 }
 
+/// Gives a test store a fresh secrets key (a server loads its key file at start).
+pub async fn unlock_secrets(store: &bulkhead_store::Store) {
+    let key = bulkhead_store::SecretsKey::generate().expect("generate a secrets key");
+    store
+        .unlock_secrets_with(&key, "test key")
+        .await
+        .expect("unlock the test store's secrets");
+}
+
 /// What engine tests start from: an engine over a fresh SQLite store in `dir` and a
 /// [`FakeDriver`], `template` registered, and the owner of a fresh API key.
 pub struct FakeEngine {
@@ -104,6 +113,7 @@ pub async fn fake_engine(
     let store = bulkhead_store::Store::open_sqlite_in(dir)
         .await
         .expect("open the test store");
+    unlock_secrets(&store).await;
     let driver = std::sync::Arc::new(FakeDriver::default());
     let engine = crate::Engine::new(store.clone(), driver.clone(), cfg);
     engine

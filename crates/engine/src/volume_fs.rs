@@ -17,9 +17,10 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use bulkhead_common::confined;
 use chrono::{DateTime, TimeZone, Utc};
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, OpenHow, ResolveFlag, openat2};
+use nix::fcntl::{OFlag, ResolveFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 use nix::unistd::{Gid, Uid, UnlinkatFlags};
 use serde::Serialize;
@@ -253,20 +254,8 @@ impl VolumeRoot {
 
     /// `openat2` beneath the root.
     fn resolve(&self, rel: &Path, flags: OFlag, shown: &str) -> Result<OwnedFd> {
-        let rel = if rel.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            rel
-        };
-        let how = OpenHow::new()
-            .flags(flags | OFlag::O_CLOEXEC)
-            .resolve(RESOLVE);
-        loop {
-            match openat2(self.fd.as_fd(), rel, how) {
-                Err(Errno::EAGAIN) | Err(Errno::EINTR) => continue,
-                r => return r.map_err(|e| VolumeFsError::from_errno(e, shown)),
-            }
-        }
+        confined::open_beneath(self.fd.as_fd(), rel, flags, RESOLVE)
+            .map_err(|e| VolumeFsError::from_errno(e, shown))
     }
 
     /// The directory holding `p`'s last component.
@@ -355,13 +344,7 @@ impl VolumeRoot {
             let is_dir = st.kind == EntryType::Directory;
             out.push(st);
             if is_dir && depth > 1 {
-                let sub = nix::fcntl::openat(
-                    dir.as_fd(),
-                    name.as_os_str(),
-                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                );
-                match sub {
+                match confined::open_subdir(dir.as_fd(), &name) {
                     Ok(sub) => self.list_into(sub, &child, depth - 1, out)?,
                     Err(Errno::ENOENT) | Err(Errno::ENOTDIR) | Err(Errno::ELOOP) => {}
                     Err(e) => return Err(VolumeFsError::from_errno(e, child.shown())),
@@ -585,23 +568,12 @@ fn clear_nonblock(f: &File) -> Result<()> {
     Ok(())
 }
 
-/// The names in an open directory (without `.` and `..`). Read through the descriptor's
-/// `/proc/self/fd` entry, which opens that very directory, not a path that could be swapped.
+/// The names in an open directory (without `.` and `..`), through the shared confined primitive.
 fn dir_names(dir: BorrowedFd<'_>, shown: &str) -> Result<Vec<std::ffi::OsString>> {
-    use std::os::fd::AsRawFd;
-    let rd =
-        std::fs::read_dir(format!("/proc/self/fd/{}", dir.as_raw_fd())).map_err(|e| {
-            match e.raw_os_error() {
-                Some(n) => VolumeFsError::from_errno(Errno::from_raw(n), shown),
-                None => VolumeFsError::Io(e),
-            }
-        })?;
-    let mut names = Vec::new();
-    for entry in rd {
-        let entry = entry.map_err(VolumeFsError::Io)?;
-        names.push(entry.file_name());
-    }
-    Ok(names)
+    confined::dir_names(dir).map_err(|e| match e.raw_os_error() {
+        Some(n) => VolumeFsError::from_errno(Errno::from_raw(n), shown),
+        None => VolumeFsError::Io(e),
+    })
 }
 
 /// Remove `name` in `dir`; a directory is emptied first, through descriptors only.
@@ -611,13 +583,7 @@ fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, shown: &str) -> Result<()> {
         Err(Errno::EISDIR) => {}
         Err(e) => return Err(VolumeFsError::from_errno(e, shown)),
     }
-    let sub = nix::fcntl::openat(
-        dir,
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| VolumeFsError::from_errno(e, shown))?;
+    let sub = confined::open_subdir(dir, name).map_err(|e| VolumeFsError::from_errno(e, shown))?;
     let names = dir_names(sub.as_fd(), shown)?;
     for n in names {
         let child = format!("{shown}/{}", n.to_string_lossy());

@@ -412,12 +412,17 @@ async fn secrets_are_write_only_and_addressable_by_name() {
     // The proxy's view resolves the current value, by placeholder or name.
     let src = bulkhead_engine::network::StoreSecrets::new(s.store.clone());
     use bulkhead_egress::SecretSource;
-    assert_eq!(src.resolve("openai-key").await.as_deref(), Some("sk-456"));
     assert_eq!(
-        src.resolve("${e2b.secrets.openai-key}").await.as_deref(),
+        src.resolve("default", "openai-key").await.as_deref(),
         Some("sk-456")
     );
-    assert_eq!(src.resolve("nope").await, None);
+    assert_eq!(
+        src.resolve("default", "${e2b.secrets.openai-key}")
+            .await
+            .as_deref(),
+        Some("sk-456")
+    );
+    assert_eq!(src.resolve("default", "nope").await, None);
 
     for i in 0..3 {
         e.create_secret(&me(), &format!("s{i}"), "v", BTreeMap::new())
@@ -441,6 +446,134 @@ async fn secrets_are_write_only_and_addressable_by_name() {
         e.get_secret(&me(), "openai-key").await,
         Err(EngineError::SecretNotFound(_))
     ));
+}
+
+/// Issue 22 row 3: team B's rules naming team A's secret get nothing, B cannot read, change or
+/// delete A's secret, both teams may use one name, and the scope survives a network update and
+/// a restart.
+#[tokio::test]
+async fn secrets_and_rules_stay_within_their_team() {
+    use bulkhead_egress::SecretSource;
+    let s = setup(cfg(0), true).await;
+    let e = &s.engine;
+    let a = s.owner.clone();
+    let team_b = bulkhead_engine::teams::create(&s.store, "team-b", None)
+        .await
+        .unwrap();
+    let b = bulkhead_engine::keys::create_in(&s.store, "b", &team_b.id)
+        .await
+        .unwrap()
+        .0
+        .caller();
+    assert_ne!(a.team_id, b.team_id);
+    let a_secret = e
+        .create_secret(&a, "a-secret", "A-VALUE", BTreeMap::new())
+        .await
+        .unwrap();
+    e.create_secret(&a, "api-token", "A-TOKEN", BTreeMap::new())
+        .await
+        .unwrap();
+    // The same name in another team is no conflict.
+    e.create_secret(&b, "api-token", "B-TOKEN", BTreeMap::new())
+        .await
+        .unwrap();
+
+    // B can neither see, overwrite nor delete A's secret: 404, by id or by name.
+    for id in [a_secret.id.as_str(), "a-secret"] {
+        assert!(matches!(
+            e.get_secret(&b, id).await,
+            Err(EngineError::SecretNotFound(_))
+        ));
+        assert!(matches!(
+            e.update_secret(&b, id, "HIJACKED", None).await,
+            Err(EngineError::SecretNotFound(_))
+        ));
+        assert!(matches!(
+            e.delete_secret(&b, id).await,
+            Err(EngineError::SecretNotFound(_))
+        ));
+    }
+    let names = |page: bulkhead_engine::SecretPage| {
+        page.items.into_iter().map(|i| i.name).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        names(e.list_secrets(&b, None, None).await.unwrap()),
+        ["api-token"]
+    );
+    assert_eq!(
+        names(e.list_secrets(&a, None, None).await.unwrap()),
+        ["a-secret", "api-token"]
+    );
+
+    // B's sandbox: its rules resolve in B's team only.
+    let rules = |header: &str| SandboxNetwork {
+        allow_out: vec!["api.example.com".into()],
+        rules: BTreeMap::from([(
+            "api.example.com".to_string(),
+            vec![NetworkRule {
+                transform: Some(NetworkTransform {
+                    headers: BTreeMap::from([("X-Key".to_string(), header.to_string())]),
+                }),
+            }],
+        )]),
+        ..Default::default()
+    };
+    let sb = e
+        .create(
+            &b,
+            CreateRequest {
+                network: Some(rules("${e2b.secrets.a-secret}")),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let scope_of = |egress: &RecordingEgress, id: &str| {
+        egress.attached.lock().unwrap()[id].secret_scope.clone()
+    };
+    assert_eq!(scope_of(&s.egress, &sb.id), Some(b.team_id.clone()));
+    let src = bulkhead_engine::network::StoreSecrets::new(s.store.clone());
+    assert_eq!(src.resolve(&b.team_id, "a-secret").await, None);
+    assert_eq!(
+        src.resolve(&b.team_id, "${e2b.secrets.api-token}")
+            .await
+            .as_deref(),
+        Some("B-TOKEN")
+    );
+    assert_eq!(
+        src.resolve(&a.team_id, "api-token").await.as_deref(),
+        Some("A-TOKEN")
+    );
+    // A's value is untouched by B's attempts.
+    assert_eq!(
+        src.resolve(&a.team_id, "a-secret").await.as_deref(),
+        Some("A-VALUE")
+    );
+
+    // A network update keeps B's scope.
+    e.update_network(&b, &sb.id, None, rules("${e2b.secrets.api-token}"))
+        .await
+        .unwrap();
+    assert_eq!(scope_of(&s.egress, &sb.id), Some(b.team_id.clone()));
+    // A cannot update B's sandbox (and so cannot move its scope).
+    assert!(
+        e.update_network(&a, &sb.id, None, rules("x"))
+            .await
+            .is_err()
+    );
+
+    // A restart re-adopts it with B's scope (from the sandbox's stored team).
+    e.shutdown().await;
+    let engine2 = Engine::new(s.store.clone(), s.driver.clone(), cfg(0));
+    let egress2 = Arc::new(RecordingEgress::default());
+    engine2.set_egress(egress2.clone() as Arc<dyn EgressControl>, None);
+    engine2
+        .register_template(bulkhead_engine::testing::base_template())
+        .await
+        .unwrap();
+    assert_eq!(engine2.recover().await.unwrap(), 1);
+    assert_eq!(scope_of(&egress2, &sb.id), Some(b.team_id.clone()));
+    engine2.kill(&b, &sb.id).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

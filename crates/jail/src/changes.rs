@@ -269,6 +269,9 @@ pub fn changes(upper: &Path, lower: &Path, since: Option<&Path>) -> Result<Vec<F
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::CString;
+    use std::fs;
+    use std::os::unix::ffi::OsStrExt;
 
     fn whiteout(path: &Path) {
         let c = CString::new(path.as_os_str().as_bytes()).unwrap();
@@ -410,6 +413,157 @@ mod tests {
                 "Deleted file /gone 0",
                 "Deleted file /home/user/.bashrc 0",
             ]
+        );
+    }
+
+    /// A host directory with recognisable names, next to the layers.
+    fn host_dir(l: &Layers) -> PathBuf {
+        let host = l._t.path().join("host");
+        fs::create_dir_all(host.join("HOST-DIR/y")).unwrap();
+        fs::write(host.join("HOST-SECRET"), "host").unwrap();
+        fs::write(host.join("HOST-DIR/y/HOST-NESTED"), "host").unwrap();
+        host
+    }
+
+    fn assert_no_host_entry(list: &[FileChange]) {
+        let leaked: Vec<_> = list.iter().filter(|c| c.path.contains("HOST-")).collect();
+        assert!(leaked.is_empty(), "host entries listed: {leaked:?}");
+    }
+
+    /// What a sandbox leaves after swapping a directory for a symlink to a host path: the
+    /// link is listed as a link, nothing beneath its target.
+    #[test]
+    fn a_symlink_where_a_directory_was_is_not_followed() {
+        let l = layers();
+        let host = host_dir(&l);
+        fs::create_dir_all(l.upper.join("home/user/w")).unwrap();
+        std::os::unix::fs::symlink(&host, l.upper.join("home/user/w/flip")).unwrap();
+        std::os::unix::fs::symlink(&host, l.upper.join("escape")).unwrap();
+        let list = changes(&l.upper, &l.lower, None).unwrap();
+        assert_no_host_entry(&list);
+        assert_eq!(
+            summary(&list)
+                .into_iter()
+                .filter(|s| s.contains("symlink"))
+                .collect::<Vec<_>>(),
+            [
+                format!("Created symlink /escape {}", host.as_os_str().len()),
+                format!(
+                    "Created symlink /home/user/w/flip {}",
+                    host.as_os_str().len()
+                ),
+            ]
+        );
+        // The same tree as a baseline (`since`): walked the same way.
+        let again = changes(&l.upper, &l.lower, Some(&l.upper)).unwrap();
+        assert!(again.is_empty(), "{again:?}");
+    }
+
+    /// A template built from a tenant's steps can hold symlinks to host paths: looking a
+    /// sandbox path up in the lower tree never resolves through them (here an upper `/x/y`
+    /// under a lower `x -> host dir` would have listed the host's `y/HOST-NESTED` as deleted).
+    #[test]
+    fn lower_symlinks_are_not_followed() {
+        let l = layers();
+        let host = host_dir(&l);
+        std::os::unix::fs::symlink(host.join("HOST-DIR"), l.lower.join("x")).unwrap();
+        fs::create_dir_all(l.upper.join("x/y")).unwrap();
+        opaque_or_skip(&l.upper.join("x/y"));
+        let list = changes(&l.upper, &l.lower, None).unwrap();
+        assert_no_host_entry(&list);
+        assert!(
+            summary(&list).contains(&"Created dir /x/y 0".to_string()),
+            "{list:?}"
+        );
+    }
+
+    /// Marks `path` opaque where this user may (root, or a filesystem with user xattrs).
+    fn opaque_or_skip(path: &Path) {
+        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C strings and value buffer.
+        unsafe {
+            libc::lsetxattr(
+                p.as_ptr(),
+                c"user.overlay.opaque".as_ptr(),
+                b"y".as_ptr().cast(),
+                1,
+                0,
+            )
+        };
+    }
+
+    /// The attack itself: a thread swaps a directory and a symlink to a host directory
+    /// (`renameat2(RENAME_EXCHANGE)`, as a sandbox can in its upper dir) as fast as it can,
+    /// among many siblings that widen the window, while listings run for a few seconds. No
+    /// entry of the host directory may ever appear.
+    #[test]
+    fn a_racing_directory_symlink_swap_never_lists_the_host() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::time::{Duration, Instant};
+
+        let l = layers();
+        let host = host_dir(&l);
+        let w = l.upper.join("w");
+        fs::create_dir_all(w.join("flip/sub")).unwrap();
+        fs::write(w.join("flip/inside"), "mine").unwrap();
+        std::os::unix::fs::symlink(&host, w.join("flipl")).unwrap();
+        for i in 0..3000 {
+            fs::write(w.join(format!("f{i:04}")), "").unwrap();
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let swaps = Arc::new(AtomicU64::new(0));
+        let swapper = {
+            let (stop, swaps) = (Arc::clone(&stop), Arc::clone(&swaps));
+            let a = CString::new(w.join("flip").as_os_str().as_bytes()).unwrap();
+            let b = CString::new(w.join("flipl").as_os_str().as_bytes()).unwrap();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: valid C strings; renameat2 with integer flags.
+                    let r = unsafe {
+                        libc::syscall(
+                            libc::SYS_renameat2,
+                            libc::AT_FDCWD,
+                            a.as_ptr(),
+                            libc::AT_FDCWD,
+                            b.as_ptr(),
+                            libc::RENAME_EXCHANGE,
+                        )
+                    };
+                    assert_eq!(r, 0, "renameat2: {}", io::Error::last_os_error());
+                    swaps.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(4);
+        let (mut listings, mut saw_inside) = (0u64, 0u64);
+        while Instant::now() < deadline {
+            let list = changes(&l.upper, &l.lower, None);
+            let list = match list {
+                Ok(list) => list,
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    panic!("listing failed: {e}");
+                }
+            };
+            if list.iter().any(|c| c.path.contains("HOST-")) {
+                stop.store(true, Ordering::Relaxed);
+            }
+            assert_no_host_entry(&list);
+            saw_inside += u64::from(list.iter().any(|c| c.path.ends_with("/inside")));
+            listings += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        swapper.join().unwrap();
+        let swaps = swaps.load(Ordering::Relaxed);
+        assert!(
+            listings > 10 && swaps > 1000,
+            "{listings} listings, {swaps} swaps"
+        );
+        // The walk did see the directory's own entries (under either name) while it raced.
+        assert!(
+            saw_inside > 0,
+            "{listings} listings never saw w/flip/inside"
         );
     }
 

@@ -1,11 +1,17 @@
 //! Moving a saved overlay upper dir to another slot's uid range: every entry owned by an id of
 //! the old range gets the same offset in the new one. Runs on checkpoint copies only, where
-//! no sandbox process is running, and never follows a symlink (the tree is sandbox-written).
+//! no sandbox process is running, and still walks through descriptors only, never following a
+//! symlink (the tree is sandbox-written).
 
+use std::ffi::CString;
 use std::fs;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, lchown};
 use std::path::Path;
+
+use bulkhead_common::confined;
 
 /// Which ids move where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,32 +29,71 @@ impl Shift {
     }
 
     /// Shift ownership of `root` and everything beneath it; returns how many entries changed.
+    ///
+    /// Set-uid/set-gid bits are put back after the chown (which clears them): the sandbox's
+    /// own `sudo` and `passwd` need them. They are only ever effective inside sandboxes: every
+    /// tree this runs on sits in an owner-only directory on the host (a checkpoint, a slot, an
+    /// export, the image cache), so no other host user can reach the file to execute it.
     pub fn apply(&self, root: &Path) -> io::Result<u64> {
         if self.from == self.to {
             return Ok(0);
         }
         let mut changed = 0;
-        let mut stack = vec![root.to_path_buf()];
-        while let Some(p) = stack.pop() {
-            let md = fs::symlink_metadata(&p)?;
-            let (uid, gid) = (self.map(md.uid()), self.map(md.gid()));
-            if uid.is_some() || gid.is_some() {
-                // lchown clears set-uid/set-gid bits on regular files; put the mode back.
-                lchown(&p, uid, gid)?;
-                if md.is_file() && md.mode() & 0o6000 != 0 {
-                    use std::os::unix::fs::PermissionsExt;
-                    fs::set_permissions(&p, fs::Permissions::from_mode(md.mode() & 0o7777))?;
-                }
-                changed += 1;
+        // The root is the server's own path; what lies beneath it was written by a sandbox and
+        // is walked through descriptors only (see `bulkhead_common::confined`).
+        let md = fs::symlink_metadata(root)?;
+        let (uid, gid) = (self.map(md.uid()), self.map(md.gid()));
+        if uid.is_some() || gid.is_some() {
+            lchown(root, uid, gid)?;
+            changed += 1;
+        }
+        for found in confined::Walker::new(root)? {
+            let found = found?;
+            let st = &found.stat;
+            let (uid, gid) = (self.map(st.st_uid), self.map(st.st_gid));
+            if uid.is_none() && gid.is_none() {
+                continue;
             }
-            if md.is_dir() {
-                for e in fs::read_dir(&p)? {
-                    stack.push(e?.path());
+            let name = cstring(&found.name)?;
+            let dir = found.dir.as_raw_fd();
+            // SAFETY: an open directory descriptor and a valid C string; never follows a
+            // symlink; u32::MAX (-1) leaves an id unchanged.
+            let r = unsafe {
+                libc::fchownat(
+                    dir,
+                    name.as_ptr(),
+                    uid.unwrap_or(u32::MAX),
+                    gid.unwrap_or(u32::MAX),
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if st.st_mode & libc::S_IFMT == libc::S_IFREG && st.st_mode & 0o6000 != 0 {
+                // A regular file when it was found; AT_SYMLINK_NOFOLLOW so that a symlink in
+                // its place would fail (EOPNOTSUPP) rather than change its target.
+                // SAFETY: as above.
+                let r = unsafe {
+                    libc::fchmodat(
+                        dir,
+                        name.as_ptr(),
+                        st.st_mode & 0o7777,
+                        libc::AT_SYMLINK_NOFOLLOW,
+                    )
+                };
+                if r != 0 {
+                    return Err(io::Error::last_os_error());
                 }
             }
+            changed += 1;
         }
         Ok(changed)
     }
+}
+
+fn cstring(name: &std::ffi::OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
 #[cfg(test)]

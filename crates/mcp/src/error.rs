@@ -17,6 +17,12 @@ pub enum ToolError {
     /// authenticates; this is a server wiring fault).
     #[error("not authenticated: send the API key in X-API-Key or `Authorization: Bearer <key>`")]
     Unauthenticated,
+    /// A call on a session another API key opened (the HTTP layer answers these with 404
+    /// before they reach a tool; this is its second line).
+    #[error(
+        "this MCP session belongs to another API key: open a session of your own (initialize) with your key"
+    )]
+    ForeignSession,
     /// The sandbox's agent answered with an error.
     #[error("{what} failed in sandbox {sandbox}: {message}")]
     Agent {

@@ -13,9 +13,11 @@
 //!
 //! Layout: `params` (tool arguments and their schemas), `error`, `execution` (the
 //! interpreter's stream as MCP content), `agent` (calls into a sandbox's agent), `session`
-//! (per-session state) are leaves; `server` holds the per-session value and `tools` its tools.
+//! (per-session state) are leaves; `server` holds the per-session value and `tools` its tools;
+//! `bound` wraps rmcp's HTTP service so a session answers only the key that opened it.
 
 mod agent;
+mod bound;
 pub mod bridge;
 mod error;
 mod execution;
@@ -31,14 +33,13 @@ use bulkhead_engine::Engine;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 
+pub use bound::HttpService;
 pub use error::ToolError;
 pub use server::{BulkheadMcp, DEFAULT_SANDBOX_TIMEOUT_SECS, DEFAULT_TEMPLATE};
 
-/// The Streamable HTTP endpoint (a tower service; mount it under `/mcp`).
-pub type HttpService = StreamableHttpService<BulkheadMcp, LocalSessionManager>;
-
 /// The endpoint over `engine`. Requests must reach it authenticated: the caller is read from
-/// the request's extensions (a [`bulkhead_engine::Caller`]), which the API layer sets.
+/// the request's extensions (a [`bulkhead_engine::Caller`]), which the API layer sets, and a
+/// session answers only the caller that opened it.
 pub fn http_service(engine: Arc<Engine>) -> HttpService {
     let config = StreamableHttpServerConfig::default()
         // Host checks guard unauthenticated local servers against DNS rebinding; every request
@@ -46,9 +47,11 @@ pub fn http_service(engine: Arc<Engine>) -> HttpService {
         // reached under whatever name the operator gives it.
         .disable_allowed_hosts()
         .with_sse_keep_alive(Some(Duration::from_secs(15)));
-    StreamableHttpService::new(
+    let sessions = Arc::new(LocalSessionManager::default());
+    let inner = StreamableHttpService::new(
         move || Ok(BulkheadMcp::new(Arc::clone(&engine))),
-        Arc::new(LocalSessionManager::default()),
+        Arc::clone(&sessions),
         config,
-    )
+    );
+    HttpService::new(inner, sessions)
 }

@@ -61,12 +61,24 @@ impl BulkheadMcp {
 
     /// The caller the HTTP layer authenticated (crates/api puts it in the request's
     /// extensions; rmcp hands the request's parts to the tool).
-    pub(crate) fn caller(ctx: &RequestContext<RoleServer>) -> Result<Caller> {
+    pub(crate) fn authenticated(ctx: &RequestContext<RoleServer>) -> Result<Caller> {
         ctx.extensions
             .get::<http::request::Parts>()
             .and_then(|p| p.extensions.get::<Caller>())
             .cloned()
             .ok_or(ToolError::Unauthenticated)
+    }
+
+    /// The caller of a tool call, who must be the one that opened this session. The HTTP layer
+    /// ([`crate::bound`]) already answers another key's requests on a session as if it did
+    /// not exist; this is the same rule where the session's state is used.
+    pub(crate) fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<Caller> {
+        let caller = Self::authenticated(ctx)?;
+        if self.session.admits(&caller) {
+            Ok(caller)
+        } else {
+            Err(ToolError::ForeignSession)
+        }
     }
 
     /// The id the API layer gave the HTTP request carrying this call (absent over stdio).
@@ -90,22 +102,16 @@ impl BulkheadMcp {
     }
 
     /// The sandbox a call addresses: the one named, else the session's default (created on
-    /// first use).
+    /// first use). Every use asks the engine with the caller, so a session never reaches a
+    /// sandbox its caller could not reach over REST.
     pub(crate) async fn resolve(
         &self,
         ctx: &RequestContext<RoleServer>,
         sandbox_id: Option<String>,
     ) -> Result<Resolved> {
-        let caller = Self::caller(ctx)?;
+        let caller = self.caller(ctx)?;
         if let Some(id) = sandbox_id.filter(|s| !s.trim().is_empty()) {
-            let id = id.trim().to_string();
-            let token = self.token(&caller, &id).await?;
-            return Ok(Resolved {
-                caller,
-                id,
-                token,
-                is_default: false,
-            });
+            return self.resolve_named(&caller, id.trim()).await;
         }
         if let Some(r) = self.existing_default(&caller).await? {
             return Ok(r);
@@ -128,8 +134,7 @@ impl BulkheadMcp {
                 },
             )
             .await?;
-        self.session
-            .adopt(&info.id, &caller, info.envd_access_token.clone(), false);
+        self.session.adopt(&info.id, &caller, false);
         Ok(Resolved {
             caller,
             id: info.id,
@@ -138,28 +143,39 @@ impl BulkheadMcp {
         })
     }
 
+    /// A sandbox the call names.
+    async fn resolve_named(&self, caller: &Caller, id: &str) -> Result<Resolved> {
+        let token = self.engine.get(caller, id).await?.envd_access_token;
+        Ok(Resolved {
+            caller: caller.clone(),
+            id: id.to_string(),
+            token,
+            is_default: false,
+        })
+    }
+
     /// The session's default sandbox, if it has one yet.
     async fn existing_default(&self, caller: &Caller) -> Result<Option<Resolved>> {
+        // Only the owner may make the session forget its sandbox (below).
+        if !self.session.admits(caller) {
+            return Err(ToolError::ForeignSession);
+        }
         let Some(id) = self.session.default_sandbox() else {
             return Ok(None);
         };
-        let token = self.token(caller, &id).await?;
-        Ok(Some(Resolved {
+        let mut target = Resolved {
             caller: caller.clone(),
             id,
-            token,
+            token: None,
             is_default: true,
-        }))
-    }
-
-    async fn token(&self, caller: &Caller, id: &str) -> Result<Option<String>> {
-        if let Some(t) = self.session.token(id) {
-            return Ok(t);
+        };
+        match self.engine.get(caller, &target.id).await {
+            Ok(info) => {
+                target.token = info.envd_access_token;
+                Ok(Some(target))
+            }
+            Err(e) => Err(self.gone(&target, e.into())),
         }
-        let info = self.engine.get(caller, id).await?;
-        self.session
-            .remember_token(id, info.envd_access_token.clone());
-        Ok(info.envd_access_token)
     }
 
     /// An engine error on a resolved sandbox; a default sandbox that is gone is forgotten so
@@ -266,6 +282,69 @@ mod tests {
                 "{field} has no description: {schema:?}"
             );
         }
+    }
+
+    #[tokio::test]
+    async fn session_state_is_used_only_through_the_engine_with_the_caller() {
+        use bulkhead_engine::testing::{FakeEngine, base_template, fake_engine};
+        use bulkhead_engine::{EngineConfig, keys, teams};
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = EngineConfig {
+            checkpoint_dir: dir.path().join("checkpoints"),
+            ..Default::default()
+        };
+        let FakeEngine {
+            store,
+            engine,
+            owner: a,
+            ..
+        } = fake_engine(dir.path(), cfg, base_template()).await;
+        teams::create(&store, "b", None).await.unwrap();
+        let b = keys::create_in(&store, "kb", "b").await.unwrap().0.caller();
+        let a2 = keys::create(&store, "a2").await.unwrap().0.caller();
+        let info = engine
+            .create(
+                &a,
+                CreateRequest {
+                    template: "base".into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let mcp = BulkheadMcp::new(Arc::clone(&engine));
+        assert!(mcp.session.admits(&a));
+        mcp.session.adopt(&info.id, &a, false);
+
+        // The owner reaches its default sandbox, with the token the engine has for it.
+        let r = mcp.existing_default(&a).await.unwrap().unwrap();
+        assert_eq!(r.id, info.id);
+        assert!(r.token.is_some());
+        assert_eq!(r.token, info.envd_access_token);
+
+        // Anyone else is refused the session, and the sandbox is not theirs either.
+        assert!(!mcp.session.admits(&b));
+        assert!(!mcp.session.admits(&a2));
+        assert!(mcp.session.admits(&a));
+        assert!(matches!(
+            mcp.existing_default(&b).await,
+            Err(ToolError::ForeignSession)
+        ));
+        // The sandbox is not B's either, whatever B's session remembers.
+        assert!(matches!(
+            mcp.resolve_named(&b, &info.id).await,
+            Err(ToolError::Engine(EngineError::SandboxNotFound(_)))
+        ));
+        assert_eq!(mcp.session.default_sandbox(), Some(info.id.clone()));
+
+        // A default the engine no longer has is forgotten, not served from memory.
+        engine.kill(&a, &info.id).await.unwrap();
+        let e = mcp.existing_default(&a).await.err().unwrap();
+        assert!(
+            matches!(e, ToolError::Invalid(ref m) if m.contains(&info.id) && m.contains("ended")),
+            "{e}"
+        );
+        assert!(mcp.session.default_sandbox().is_none());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! What one MCP session remembers: its default sandbox (created on first use, or the first one
 //! it creates explicitly), the sandboxes it owns (killed when the session ends: the client
-//! closes it, or it stays idle past the transport's keep-alive), and the access tokens of the
-//! sandboxes it has used. A session is one value per MCP session (the transport builds a
-//! handler per session), so nothing here is shared between clients.
+//! closes it, or it stays idle past the transport's keep-alive), and the API key that opened
+//! it. A session is one value per MCP session (the transport builds a handler per session), so
+//! nothing here is shared between clients. Access tokens are not kept: each use asks the engine
+//! with the caller (`BulkheadMcp::resolve`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -11,13 +12,14 @@ use bulkhead_engine::{Caller, Engine};
 
 #[derive(Default)]
 struct State {
+    /// The caller that opened the session (bound at `initialize`, or at the first call of a
+    /// client that skipped it); nobody else may use it.
+    owner: Option<Caller>,
     default: Option<String>,
     /// Sandboxes to kill when the session ends, with the caller that created them.
     owned: HashMap<String, Caller>,
     /// Sandboxes marked "keep after session" (never killed here).
     kept: HashSet<String>,
-    /// Access tokens by sandbox id (None: the sandbox has none).
-    tokens: HashMap<String, Option<String>>,
 }
 
 pub(crate) struct Session {
@@ -41,6 +43,19 @@ impl Session {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether `caller` may use this session: the first caller binds it to its API key (and
+    /// so its team); every later one must be the same key.
+    pub fn admits(&self, caller: &Caller) -> bool {
+        let mut s = self.state();
+        match &s.owner {
+            Some(owner) => owner == caller,
+            None => {
+                s.owner = Some(caller.clone());
+                true
+            }
+        }
+    }
+
     pub fn default_sandbox(&self) -> Option<String> {
         self.state().default.clone()
     }
@@ -51,7 +66,7 @@ impl Session {
     }
 
     /// Record a sandbox this session created; the first becomes the default.
-    pub fn adopt(&self, id: &str, caller: &Caller, token: Option<String>, keep: bool) {
+    pub fn adopt(&self, id: &str, caller: &Caller, keep: bool) {
         let mut s = self.state();
         if s.default.is_none() {
             s.default = Some(id.to_string());
@@ -61,15 +76,6 @@ impl Session {
         } else {
             s.owned.insert(id.to_string(), caller.clone());
         }
-        s.tokens.insert(id.to_string(), token);
-    }
-
-    pub fn token(&self, id: &str) -> Option<Option<String>> {
-        self.state().tokens.get(id).cloned()
-    }
-
-    pub fn remember_token(&self, id: &str, token: Option<String>) {
-        self.state().tokens.insert(id.to_string(), token);
     }
 
     /// A sandbox was killed (by a tool): forget it; a killed default is replaced on next use.
@@ -77,7 +83,6 @@ impl Session {
         let mut s = self.state();
         s.owned.remove(id);
         s.kept.remove(id);
-        s.tokens.remove(id);
         if s.default.as_deref() == Some(id) {
             s.default = None;
         }

@@ -72,7 +72,7 @@ impl BulkheadMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let p: CreateSandbox = parse("create_sandbox", args)?;
-        let caller = Self::caller(&ctx)?;
+        let caller = self.caller(&ctx)?;
         let network =
             (!p.allowed_domains.is_empty() || !p.denied_destinations.is_empty()).then(|| {
                 bulkhead_engine::SandboxNetwork {
@@ -97,12 +97,7 @@ impl BulkheadMcp {
                 },
             )
             .await?;
-        self.session.adopt(
-            &info.id,
-            &caller,
-            info.envd_access_token.clone(),
-            p.keep_after_session,
-        );
+        self.session.adopt(&info.id, &caller, p.keep_after_session);
         let mut v = sandbox_json(&info);
         v["session_default"] = json!(self.session.default_sandbox().as_deref() == Some(&info.id));
         json_result(v)
@@ -327,7 +322,7 @@ impl BulkheadMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let p: ListSandboxes = parse("list_sandboxes", args)?;
-        let caller = Self::caller(&ctx)?;
+        let caller = self.caller(&ctx)?;
         let list = self
             .engine
             .list_all(
@@ -398,7 +393,7 @@ impl BulkheadMcp {
     )]
     async fn kill_sandbox(&self, args: JsonObject, ctx: RequestContext<RoleServer>) -> ToolResult {
         let p: SandboxRef = parse("kill_sandbox", args)?;
-        let caller = Self::caller(&ctx)?;
+        let caller = self.caller(&ctx)?;
         let id = match p.sandbox_id.filter(|s| !s.trim().is_empty()) {
             Some(id) => id.trim().to_string(),
             None => self.session.default_sandbox().ok_or_else(|| {
@@ -419,6 +414,19 @@ impl ServerHandler for BulkheadMcp {
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
         supported_versions()
+    }
+
+    /// The default handshake, which also binds the session to the API key that opened it.
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, rmcp::ErrorData> {
+        if let Ok(caller) = BulkheadMcp::authenticated(&context) {
+            self.session.admits(&caller);
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
     }
 
     /// The macro's `call_tool`, run with the HTTP request's id as the current one (rmcp runs

@@ -61,6 +61,9 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// `sqlite:///path/db` or `postgres://…`; `None`: SQLite in the data dir.
     pub database_url: Option<String>,
+    /// Key file that encrypts secret values at rest (`--secrets-key-file`); `None`:
+    /// `<data-dir>/secrets.key`, generated on the first start.
+    pub secrets_key_file: Option<PathBuf>,
     /// `None`: `<data-dir>/images`.
     pub image_cache: Option<PathBuf>,
     /// Key to accept from the start (`BULKHEAD_API_KEY`); without one and without any active
@@ -75,6 +78,8 @@ pub struct ServerConfig {
     pub default_timeout: Duration,
     pub max_timeout: Duration,
     pub max_sandboxes: usize,
+    /// Template builds one team may run at once (`--max-builds-per-team`).
+    pub max_builds_per_team: usize,
     /// How long a paused sandbox (its checkpoint under `<data-dir>/checkpoints`) is kept.
     pub paused_retention: Duration,
     pub max_background_processes: u32,
@@ -106,6 +111,8 @@ pub struct ServerConfig {
     pub driver_for: Vec<(String, DriverKind)>,
     /// The microvm driver's guest kernel (`--guest-kernel`; `scripts/guest-kernel.sh`).
     pub guest_kernel: Option<PathBuf>,
+    /// Client connection caps and timeouts of the HTTP listener (`--http-*`).
+    pub connections: crate::ConnectionLimits,
 }
 
 /// The isolation driver of a server's sandboxes.
@@ -162,12 +169,20 @@ pub enum ConfigError {
         "--max-sandboxes and the warm pools' maxima need {needed} uid ranges, more than fit above --uid-base {uid_base}: lower them or the uid base"
     )]
     UidRange { needed: u64, uid_base: u32 },
+    #[error(transparent)]
+    Connections(#[from] crate::LimitsError),
 }
 
 impl ServerConfig {
+    /// Where the secrets key comes from: the operator's file, or one kept in the data dir.
+    pub fn secrets_key_source(&self) -> bulkhead_store::SecretsKeySource {
+        bulkhead_store::SecretsKeySource::new(self.secrets_key_file.as_deref(), &self.data_dir)
+    }
+
     /// Checks everything that can be checked without touching the host.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.recipes()?;
+        self.connections.validate()?;
         if self.uses(DriverKind::Microvm) && self.guest_kernel.is_none() {
             return Err(ConfigError::NoGuestKernel);
         }
@@ -179,6 +194,12 @@ impl ServerConfig {
             && !is_domain_name(d)
         {
             return Err(ConfigError::SandboxDomain(d.clone()));
+        }
+        if self.max_builds_per_team == 0 {
+            return Err(ConfigError::TooSmall {
+                flag: "--max-builds-per-team",
+                min: 1,
+            });
         }
         if self.admission.max_concurrent == 0 {
             return Err(ConfigError::TooSmall {
@@ -350,10 +371,12 @@ mod tests {
             listen: "127.0.0.1:3000".parse().unwrap(),
             data_dir: "/var/lib/bulkhead".into(),
             database_url: None,
+            secrets_key_file: None,
             image_cache: None,
             api_key: None,
             pools: default_pools(),
             admission: AdmissionLimits::default(),
+            max_builds_per_team: bulkhead_engine::BuildLimits::default().max_builds_per_team,
             pool_checkpoint: bulkhead_engine::CheckpointPools::Auto,
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
@@ -386,6 +409,7 @@ mod tests {
             driver: DriverKind::Jail,
             driver_for: Vec::new(),
             guest_kernel: None,
+            connections: Default::default(),
         }
     }
 
@@ -520,6 +544,14 @@ mod tests {
         let mut c = config();
         c.max_background_processes = 0;
         assert!(err(c).contains("--max-background-processes"));
+    }
+
+    #[test]
+    fn connection_limits_are_validated_with_the_rest() {
+        let mut c = config();
+        c.connections.max_connections = Some(1000);
+        c.connections.reserved = 1000;
+        assert!(err(c).contains("--http-reserved-connections"));
     }
 
     #[test]

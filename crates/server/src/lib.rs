@@ -8,12 +8,18 @@
 //! takes the built root filesystems and sizes each template from the configuration.
 
 mod config;
+mod limits;
+mod listener;
 mod network;
+mod probe;
 mod server;
 
 pub use config::{
     ConfigError, DriverKind, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize,
     default_pools,
 };
+pub use limits::{ConnectionLimits, LimitsError, Resolved as ResolvedLimits};
+pub use listener::serve;
 pub use network::NetworkSetupError;
+pub use probe::Vouch;
 pub use server::{BuiltTemplate, KeyBootstrap, Prepared, Server, StartError};

@@ -23,6 +23,8 @@ use crate::network::{self, NetworkSetupError};
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1800);
 /// How long in-flight requests get after a shutdown signal before streams are closed.
 const DRAIN: Duration = Duration::from_secs(2);
+/// Pending connections the kernel queues before accept (capped by `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +107,7 @@ pub struct Server {
     jail: Option<Arc<JailDriver>>,
     pruner: JoinHandle<()>,
     listen: SocketAddr,
+    connections: crate::ResolvedLimits,
     /// Sandboxes of the previous run that were re-adopted.
     pub readopted: usize,
 }
@@ -128,6 +131,17 @@ impl Server {
         }
         .map_err(StartError::Store)?;
         tracing::info!(backend = store.backend(), "store ready");
+        // Before anything reads a secret: a wrong or lost key stops the start here.
+        let secrets = store
+            .unlock_secrets(&config.secrets_key_source())
+            .await
+            .map_err(StartError::Store)?;
+        tracing::info!(
+            key_file = %secrets.key_file.display(),
+            generated = secrets.generated,
+            sealed_now = secrets.sealed_now,
+            "secrets key loaded"
+        );
         let keys = seed_keys(&store, config.api_key.as_deref()).await?;
         Ok(Prepared {
             config,
@@ -145,47 +159,52 @@ impl Server {
         bulkhead_api::router(self.engine.clone())
     }
 
-    /// Binds the configured listen address.
+    /// Binds the configured listen address, with a backlog deep enough that a burst of
+    /// connects waits in the kernel rather than being dropped (the kernel caps it at
+    /// `net.core.somaxconn`).
     pub async fn bind(&self) -> Result<tokio::net::TcpListener, StartError> {
-        tokio::net::TcpListener::bind(self.listen)
-            .await
-            .map_err(|source| StartError::Listen {
-                addr: self.listen,
-                source,
-            })
+        let listen = |addr: SocketAddr| {
+            let socket = match addr {
+                SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+                SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+            };
+            socket.set_reuseaddr(true)?;
+            socket.bind(addr)?;
+            socket.listen(LISTEN_BACKLOG)
+        };
+        listen(self.listen).map_err(|source| StartError::Listen {
+            addr: self.listen,
+            source,
+        })
     }
 
-    /// Serves the REST API on `listener` until `signal` completes, then gives in-flight
-    /// requests a moment and closes the rest.
+    /// The connection limits in force (the cap resolved against the open-files limit).
+    pub fn connection_limits(&self) -> &crate::ResolvedLimits {
+        &self.connections
+    }
+
+    /// Serves the REST API (and the sandbox proxy, which shares the listener) on `listener`
+    /// until `signal` completes, within the configured connection limits; then gives
+    /// in-flight requests a moment and closes the rest.
     pub async fn serve_http(
         &self,
         listener: tokio::net::TcpListener,
         signal: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), StartError> {
-        let stop = Arc::new(tokio::sync::Notify::new());
-        let stopping = stop.clone();
-        // Streamed responses (command output, /execute lines) are many small writes; with Nagle
-        // on, each waits for the client's delayed ACK (~40 ms per round trip).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
-            }
-        });
-        let server = axum::serve(listener, self.router()).with_graceful_shutdown(async move {
-            signal.await;
-            stopping.notify_waiters();
-        });
         // Long-lived streams (a background command's output, a watch) would hold a graceful
-        // shutdown open forever: give in-flight requests a moment, then close the rest.
+        // shutdown open forever: in-flight requests get DRAIN, then the rest are closed.
         // Processes inside sandboxes keep running; clients reconnect after the restart.
-        tokio::select! {
-            r = server => r.map_err(StartError::Serve)?,
-            _ = async {
-                stop.notified().await;
-                tokio::time::sleep(DRAIN).await;
-            } => tracing::info!("closing the remaining client streams"),
-        }
-        Ok(())
+        let vouch = Arc::new(EngineVouch(self.engine.clone()));
+        crate::listener::serve(
+            listener,
+            self.router(),
+            vouch,
+            self.connections.clone(),
+            signal,
+            DRAIN,
+        )
+        .await
+        .map_err(StartError::Serve)
     }
 
     /// Stops the timers, the engine's background work and warm pools, then drops unused
@@ -300,6 +319,10 @@ impl Prepared {
                 sandbox_domain: config.sandbox_domain.clone(),
                 registry: config.registry.clone(),
                 metering: config.metering,
+                build_limits: bulkhead_engine::BuildLimits {
+                    max_builds_per_team: config.max_builds_per_team,
+                    ..Default::default()
+                },
                 ..EngineConfig::default()
             },
         );
@@ -333,6 +356,17 @@ impl Prepared {
             Err(e) => tracing::warn!(error = %e, "loading custom templates failed"),
         }
         let readopted = engine.recover().await.map_err(StartError::Recover)?;
+        let connections = config
+            .connections
+            .resolve(open_files_limit(), u64::from(config.slots()));
+        tracing::info!(
+            max = connections.max,
+            reserved = connections.reserved,
+            per_address = connections.max_per_ip,
+            header_timeout_s = connections.header_timeout.as_secs_f64(),
+            idle_timeout_s = connections.idle_timeout.as_secs_f64(),
+            "client connection limits"
+        );
         engine.start_background();
         // Idmapped template views are kept per slot for fast starts; drop the unused ones now
         // and then so replaced templates do not stay mounted.
@@ -353,6 +387,7 @@ impl Prepared {
             jail,
             pruner,
             listen: config.listen,
+            connections,
             readopted,
         })
     }
@@ -430,11 +465,13 @@ fn cgroup_parent(data_dir: &Path) -> String {
     format!("bulkhead/{}", &hex::encode(digest)[..8])
 }
 
-const FD_LIMIT_WANTED: libc::rlim_t = 65536;
+/// Beyond this the soft limit is not raised: sandboxes inherit it, and programs that walk
+/// every possible descriptor (old `close_fds` loops) crawl at millions.
+const FD_LIMIT_CEILING: libc::rlim_t = 1 << 20;
 
-/// Raise the soft limit on open files toward the hard one: each sandbox holds a few descriptors
-/// (pidfd, agent connections, its network link) and each client connection one, so 500
-/// concurrent creates overrun the common default soft limit of 1024.
+/// Raise the soft limit on open files to the hard one (up to [`FD_LIMIT_CEILING`]): each
+/// sandbox holds a few descriptors (pidfd, agent connections, its network link) and each client
+/// connection one; the connection cap is computed from what this leaves.
 fn raise_fd_limit() {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
@@ -442,12 +479,11 @@ fn raise_fd_limit() {
     };
     // SAFETY: getrlimit/setrlimit only read and write the struct we pass.
     unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= lim.rlim_max {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
             return;
         }
         let old = lim.rlim_cur;
-        // Sandboxes inherit it: enough for the server, not the hard limit's millions.
-        lim.rlim_cur = lim.rlim_max.min(FD_LIMIT_WANTED);
+        lim.rlim_cur = lim.rlim_max.min(FD_LIMIT_CEILING);
         if lim.rlim_cur <= old {
             return;
         }
@@ -459,6 +495,35 @@ fn raise_fd_limit() {
                 "could not raise the open-files limit; many concurrent sandboxes may fail: raise it (ulimit -n)"
             );
         }
+    }
+}
+
+/// The soft limit on open files now.
+fn open_files_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    lim.rlim_cur
+}
+
+/// The engine vouches for connections in the reserve: active API keys, running sandboxes.
+struct EngineVouch(Arc<Engine>);
+
+impl crate::Vouch for EngineVouch {
+    fn api_key<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move { matches!(self.0.authenticate(key).await, Ok(Some(_))) })
+    }
+
+    fn live_sandbox(&self, id: &str) -> bool {
+        self.0.is_live(id)
     }
 }
 

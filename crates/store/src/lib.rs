@@ -32,6 +32,23 @@ pub enum StoreError {
     Ambiguous { query: String, count: usize },
     #[error("Stored data is corrupt: {0}")]
     Corrupt(String),
+    /// A secret's value was read or written before the server loaded its secrets key.
+    #[error("Secrets are not available: the server has not loaded its secrets key")]
+    SecretsLocked,
+    /// The key does not open what this database's secrets were sealed with.
+    #[error(
+        "The secrets key {key} is not the key this database's secrets were encrypted with: start with the original key file (`--secrets-key-file` or BULKHEAD_SECRETS_KEY_FILE; by default <data-dir>/secrets.key) or the secrets cannot be read"
+    )]
+    SecretsKeyMismatch { key: String },
+    /// A stored value does not decrypt under its team and id (altered, or copied from another
+    /// row).
+    #[error(
+        "Secret {id} cannot be decrypted with this server's secrets key (its row was altered or copied): set its value again"
+    )]
+    SecretUnreadable { id: String },
+    /// Loading, creating or using the secrets key failed.
+    #[error(transparent)]
+    SecretCrypto(#[from] secret_crypto::SecretCryptoError),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -169,34 +186,25 @@ pub struct TemplateRow {
     pub disk_size_mb: i64,
     pub created_at: i64,
     pub updated_at: i64,
+    /// The team that built it through the API; None: a built-in template, public to every
+    /// team. `alias` is unique within a team.
+    pub team_id: Option<String>,
 }
 
-/// A secret. `value` is only for server-side use (header injection); API layers never return it.
-#[derive(Clone, PartialEq)]
+/// A secret's metadata. The value is not part of it: it is written sealed with
+/// [`Store::insert_secret`]/[`Store::update_secret`] and read back only by
+/// [`Store::secret_value`] (header injection); API layers never return it.
+#[derive(Debug, Clone, PartialEq)]
 pub struct SecretRow {
     pub id: String,
+    /// The owning team; `name` is unique within it.
+    pub team_id: String,
     pub name: String,
-    pub value: String,
     /// 1 for a new secret, +1 on every value update.
     pub version: i64,
     pub metadata: BTreeMap<String, String>,
     pub created_at: i64,
     pub updated_at: i64,
-}
-
-impl std::fmt::Debug for SecretRow {
-    // Never print the value (logs, panics, test failures).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SecretRow")
-            .field("id", &self.id)
-            .field("name", &self.name)
-            .field("value", &"<redacted>")
-            .field("version", &self.version)
-            .field("metadata", &self.metadata)
-            .field("created_at", &self.created_at)
-            .field("updated_at", &self.updated_at)
-            .finish()
-    }
 }
 
 /// One egress decision of a sandbox (see the `egress_events` table).
@@ -256,8 +264,10 @@ pub struct SandboxVolumeRow {
 }
 
 mod persistence;
+pub mod secret_crypto;
 mod sql;
 mod tenancy;
 pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};
-pub use sql::Store;
+pub use secret_crypto::{SecretCipher, SecretsKey};
+pub use sql::{SecretsKeySource, SecretsUnlocked, Store};
 pub use tenancy::{DEFAULT_TEAM, TeamQuotas, TeamRow, UsageFilter, UsageRow, UsageSum};

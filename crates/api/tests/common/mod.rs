@@ -30,6 +30,7 @@ pub async fn ctx_with(
 ) -> Ctx {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+    bulkhead_engine::testing::unlock_secrets(&store).await;
     let (_, key) = bulkhead_engine::keys::create(&store, "t").await.unwrap();
     let mut cfg = EngineConfig {
         pools: bulkhead_engine::PoolConfig::fixed(0),

@@ -130,6 +130,9 @@ impl JailDriver {
         }
         fs::create_dir_all(dir)
             .map_err(|e| DriverError::io(format!("create {}", dir.display()), e))?;
+        // Owner-only: the sandbox's files (its set-uid ones included) and its memory.
+        fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| DriverError::io(format!("chmod {}", dir.display()), e))?;
 
         let pids = self.inner.cgroups.pids(&sb.cgroup).unwrap_or_default();
         wait_for_host_connections_to_close(&pids).await?;

@@ -4,6 +4,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use bulkhead_driver::{CheckpointOptions, DriverError, DriverHandle};
@@ -45,6 +46,9 @@ impl JailDriver {
                 count: IDS_PER_SLOT,
             }
             .apply(&upper)?;
+            // Now owned by host root with the sandbox's set-uid bits: owner-only before it
+            // becomes visible at `dest` (the upper dir's own mode is not part of a layer).
+            fs::set_permissions(&upper, fs::Permissions::from_mode(0o700))?;
             fs::rename(&upper, &dest2)?;
             fs::remove_dir_all(&tmp2)
         })

@@ -131,25 +131,22 @@ pub(super) fn fnv32(b: &[u8]) -> u32 {
     })
 }
 
-/// Bytes allocated under `dir` (not following symlinks, not crossing mounts).
+/// Bytes allocated under `dir` (not following symlinks, not crossing mounts). `dir` may be a
+/// running sandbox's upper dir: the walk is confined to it (`bulkhead_common::confined`), so a
+/// directory swapped for a symlink never makes the server walk a host tree.
 pub(super) fn disk_usage(dir: &Path) -> u64 {
     let Ok(root) = fs::symlink_metadata(dir) else {
         return 0;
     };
     let dev = root.dev();
     let mut total = root.blocks() * 512;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = fs::read_dir(&d) else { continue };
-        for e in rd.flatten() {
-            let Ok(m) = e.metadata() else { continue };
-            if m.dev() != dev {
-                continue;
-            }
-            total += m.blocks() * 512;
-            if m.is_dir() {
-                stack.push(e.path());
-            }
+    let Ok(walk) = bulkhead_common::confined::Walker::new(dir) else {
+        return total;
+    };
+    // Unreadable entries count nothing; directories on another mount are never entered.
+    for found in walk.flatten() {
+        if found.stat.st_dev == dev {
+            total += found.stat.st_blocks as u64 * 512;
         }
     }
     total
@@ -203,5 +200,17 @@ mod tests {
         let u = disk_usage(t.path());
         assert!(u >= 64 * 1024, "{u}");
         assert!(statvfs_total(t.path()) > u);
+    }
+
+    #[test]
+    fn disk_usage_never_counts_what_a_symlink_points_at() {
+        let t = tempfile::tempdir().unwrap();
+        let (upper, host) = (t.path().join("upper"), t.path().join("host"));
+        fs::create_dir_all(upper.join("d")).unwrap();
+        fs::create_dir(&host).unwrap();
+        fs::write(host.join("big"), vec![1u8; 4 << 20]).unwrap();
+        std::os::unix::fs::symlink(&host, upper.join("d/link")).unwrap();
+        let u = disk_usage(&upper);
+        assert!(u < 1 << 20, "{u}");
     }
 }

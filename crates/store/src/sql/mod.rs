@@ -22,13 +22,16 @@ mod volumes;
 
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::{AnyPool, AssertSqlSafe, Executor};
 
 use self::url::{Backend, backend_name, encode_path, is_sqlite_memory, normalize_url, redact};
-use crate::{Result, StoreError};
+use crate::{Result, SecretCipher, StoreError};
+
+pub use self::secrets::{SecretsKeySource, SecretsUnlocked};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -40,6 +43,8 @@ const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// Seals and opens secret values once [`Store::unlock_secrets`] has run; shared by clones.
+    secrets: Arc<OnceLock<SecretCipher>>,
 }
 
 impl Store {
@@ -106,7 +111,11 @@ impl Store {
 
         MIGRATOR.run(&pool).await.map_err(StoreError::Migrate)?;
         tracing::debug!(backend = backend_name(backend), url = %redact(&url), "store opened");
-        Ok(Store { pool, backend })
+        Ok(Store {
+            pool,
+            backend,
+            secrets: Arc::default(),
+        })
     }
 
     /// Opens `<dir>/bulkhead.db`, creating the directory and the file as needed.

@@ -6,22 +6,17 @@ use std::collections::BTreeMap;
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::{
-    ApiKeyRow, EgressEventRow, Result, SandboxRow, SandboxState, SecretRow, StoreError, TemplateRow,
-};
+use crate::{ApiKeyRow, EgressEventRow, Result, SandboxRow, SandboxState, StoreError, TemplateRow};
 
 pub(super) const SANDBOX_COLUMNS: &str = "id, template_id, alias, state, owner_key_id, \
      team_id, metadata, env_vars, envd_access_token, cpu_count, memory_mb, disk_size_mb, started_at, \
      end_at, driver_handle, end_reason, allow_internet, network";
 
-pub(super) const SECRET_COLUMNS: &str =
-    "id, name, value, version, metadata, created_at, updated_at";
-
 pub(super) const EGRESS_EVENT_COLUMNS: &str =
     "sandbox_id, at, protocol, host, ip, port, allowed, rule, bytes_out, bytes_in";
 
 pub(super) const TEMPLATE_COLUMNS: &str = "id, alias, content_hash, status, rootfs_path, \
-     cpu_count, memory_mb, disk_size_mb, created_at, updated_at";
+     cpu_count, memory_mb, disk_size_mb, created_at, updated_at, team_id";
 
 pub(super) const API_KEY_COLUMNS: &str =
     "id, name, hash, prefix, created_at, revoked_at, team_id, last_used_at";
@@ -81,25 +76,6 @@ pub(super) fn sandbox_from_row(row: &AnyRow) -> Result<SandboxRow> {
     })
 }
 
-pub(super) fn secret_from_row(row: &AnyRow) -> Result<SecretRow> {
-    let id: String = row.try_get("id")?;
-    let metadata: BTreeMap<String, String> =
-        serde_json::from_str(&row.try_get::<String, _>("metadata")?).map_err(|e| {
-            StoreError::Corrupt(format!(
-                "secret {id}: column metadata is not a JSON string map: {e}"
-            ))
-        })?;
-    Ok(SecretRow {
-        name: row.try_get("name")?,
-        value: row.try_get("value")?,
-        version: row.try_get("version")?,
-        metadata,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        id,
-    })
-}
-
 pub(super) fn egress_event_from_row(row: &AnyRow) -> Result<EgressEventRow> {
     Ok(EgressEventRow {
         sandbox_id: row.try_get("sandbox_id")?,
@@ -127,5 +103,6 @@ pub(super) fn template_from_row(row: &AnyRow) -> Result<TemplateRow> {
         disk_size_mb: row.try_get("disk_size_mb")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        team_id: row.try_get("team_id")?,
     })
 }

@@ -1,4 +1,6 @@
 //! The `templates` table: template ids and aliases mapped to their content hash and rootfs.
+//! A template built through the API has a team (its alias is unique within it); a built-in
+//! one has none and is public.
 
 use sqlx::AssertSqlSafe;
 
@@ -12,12 +14,12 @@ impl Store {
     pub async fn upsert_template(&self, t: &TemplateRow) -> Result<()> {
         let sql = format!(
             "INSERT INTO templates ({TEMPLATE_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
              ON CONFLICT (id) DO UPDATE SET alias = excluded.alias, \
              content_hash = excluded.content_hash, status = excluded.status, \
              rootfs_path = excluded.rootfs_path, cpu_count = excluded.cpu_count, \
              memory_mb = excluded.memory_mb, disk_size_mb = excluded.disk_size_mb, \
-             updated_at = excluded.updated_at"
+             updated_at = excluded.updated_at, team_id = excluded.team_id"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(t.id.as_str())
@@ -30,12 +32,13 @@ impl Store {
             .bind(t.disk_size_mb)
             .bind(t.created_at)
             .bind(t.updated_at)
+            .bind(t.team_id.as_deref())
             .execute(&self.pool)
             .await
             .map_err(|e| {
                 conflict(e, || {
                     format!(
-                        "A template with alias {:?}",
+                        "A template of this team with alias {:?}",
                         t.alias.as_deref().unwrap_or("")
                     )
                 })
@@ -43,10 +46,12 @@ impl Store {
         Ok(())
     }
 
-    /// Looks a template up by id, or else by alias (an id match wins).
+    /// Looks a template up by id, or else a built-in (public) one by alias (an id match
+    /// wins). A team's aliases are not global, so they are not looked up here.
     pub async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRow>> {
         let sql = format!(
-            "SELECT {TEMPLATE_COLUMNS} FROM templates WHERE id = $1 OR alias = $1 \
+            "SELECT {TEMPLATE_COLUMNS} FROM templates \
+             WHERE id = $1 OR (alias = $1 AND team_id IS NULL) \
              ORDER BY CASE WHEN id = $1 THEN 0 ELSE 1 END LIMIT 1"
         );
         let row = sqlx::query(AssertSqlSafe(sql))

@@ -5,6 +5,7 @@
 
 mod harness;
 mod suite;
+mod suite_secrets;
 mod suite_teams;
 
 /// Generates one SQLite and one PostgreSQL test per suite function.
@@ -46,6 +47,9 @@ store_tests!(
     concurrent_writes,
     sandbox_network_updates,
     secrets_crud,
+    secrets_per_team,
+    secrets_sealed_at_rest,
+    secrets_wrong_key,
     egress_events,
     persistence_roundtrip,
     snapshots_crud_and_pagination,
@@ -55,6 +59,11 @@ store_tests!(
 );
 
 mod sqlite_only {
+    #[tokio::test]
+    async fn secrets_migrate_into_default_team() {
+        crate::suite_secrets::secrets_migrate_into_default_team().await;
+    }
+
     use bulkhead_store::{SandboxFilter, Store, StoreError};
 
     #[tokio::test]

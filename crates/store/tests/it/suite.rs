@@ -1,11 +1,14 @@
 use std::collections::BTreeMap;
 
 use bulkhead_store::{
-    ApiKeyRow, EgressEventRow, SandboxFilter, SandboxRow, SandboxState, SandboxVolumeRow,
-    SecretRow, Store, StoreError, TemplateRow, VolumeRow,
+    ApiKeyRow, EgressEventRow, SandboxFilter, SandboxRow, SandboxState, SandboxVolumeRow, Store,
+    StoreError, TemplateRow, VolumeRow,
 };
 
 use crate::harness::Harness;
+pub use crate::suite_secrets::{
+    secrets_crud, secrets_per_team, secrets_sealed_at_rest, secrets_wrong_key,
+};
 pub use crate::suite_teams::{teams_credits_and_quotas, usage_records_and_sums};
 
 pub(crate) fn key(id: &str, prefix: &str, created_at: i64) -> ApiKeyRow {
@@ -21,7 +24,7 @@ pub(crate) fn key(id: &str, prefix: &str, created_at: i64) -> ApiKeyRow {
     }
 }
 
-fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+pub(crate) fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -63,6 +66,7 @@ fn template(id: &str, alias: Option<&str>, created_at: i64) -> TemplateRow {
         disk_size_mb: 2048,
         created_at,
         updated_at: created_at,
+        team_id: None,
     }
 }
 
@@ -486,10 +490,29 @@ pub async fn templates_upsert_and_lookup(h: &Harness) {
     s.upsert_template(&shadow).await.unwrap();
     assert_eq!(s.get_template("base").await.unwrap().unwrap().id, "base");
 
-    // Aliases are unique.
-    let clash = template("third", Some("code-interpreter-v1"), 50);
-    let err = s.upsert_template(&clash).await.unwrap_err();
+    // A team's aliases are unique within the team, and only there.
+    let team = |id: &str, t: &str, at| TemplateRow {
+        team_id: Some(t.to_owned()),
+        ..template(id, Some("my-tmpl"), at)
+    };
+    s.upsert_template(&team("a-1", "team-a", 50)).await.unwrap();
+    let err = s
+        .upsert_template(&team("a-2", "team-a", 51))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+    s.upsert_template(&team("b-1", "team-b", 52)).await.unwrap();
+    assert_eq!(
+        s.get_template("b-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .team_id
+            .as_deref(),
+        Some("team-b")
+    );
+    // A team's alias is not a server-wide name.
+    assert_eq!(s.get_template("my-tmpl").await.unwrap(), None);
 }
 
 pub async fn concurrent_writes(h: &Harness) {
@@ -541,81 +564,6 @@ pub async fn sandbox_network_updates(h: &Harness) {
     assert!(!got.allow_internet);
     assert_eq!(got.network, None);
     assert!(!s.set_sandbox_network("nope", true, None).await.unwrap());
-}
-
-fn secret(id: &str, name: &str, created_at: i64) -> SecretRow {
-    SecretRow {
-        id: id.to_owned(),
-        name: name.to_owned(),
-        value: format!("value-of-{name}"),
-        version: 1,
-        metadata: map(&[("owner", "ops")]),
-        created_at,
-        updated_at: created_at,
-    }
-}
-
-pub async fn secrets_crud(h: &Harness) {
-    let s = &h.store;
-    let a = secret("sec_a", "openai-key", 10);
-    s.insert_secret(&a).await.unwrap();
-    assert_eq!(s.get_secret("sec_a").await.unwrap(), Some(a.clone()));
-    assert_eq!(s.get_secret("openai-key").await.unwrap(), Some(a.clone()));
-    assert_eq!(s.get_secret("nope").await.unwrap(), None);
-    // Names are unique.
-    let err = s
-        .insert_secret(&secret("sec_b", "openai-key", 11))
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
-    // The Debug form never shows the value.
-    assert!(!format!("{a:?}").contains("value-of-openai-key"));
-
-    // Update by name: new value, version + 1, metadata kept when not given.
-    let up = s
-        .update_secret("openai-key", "v2", None, 50)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (up.value.as_str(), up.version, up.updated_at),
-        ("v2", 2, 50)
-    );
-    assert_eq!(up.metadata, a.metadata);
-    assert_eq!(up.created_at, 10);
-    let up = s
-        .update_secret("sec_a", "v3", Some(&map(&[("k", "v")])), 60)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((up.version, up.metadata.clone()), (3, map(&[("k", "v")])));
-    assert_eq!(s.update_secret("nope", "x", None, 1).await.unwrap(), None);
-
-    // Keyset listing by (created_at, id).
-    for (i, n) in ["b", "c", "d"].iter().enumerate() {
-        s.insert_secret(&secret(&format!("sec_{n}"), n, 20 + i as i64))
-            .await
-            .unwrap();
-    }
-    let page1 = s.list_secrets(2, None).await.unwrap();
-    assert_eq!(
-        page1.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
-        ["sec_a", "sec_b"]
-    );
-    let last = page1.last().unwrap();
-    let page2 = s
-        .list_secrets(2, Some((last.created_at, last.id.clone())))
-        .await
-        .unwrap();
-    assert_eq!(
-        page2.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
-        ["sec_c", "sec_d"]
-    );
-
-    assert!(s.delete_secret("c").await.unwrap());
-    assert!(s.delete_secret("sec_d").await.unwrap());
-    assert!(!s.delete_secret("sec_d").await.unwrap());
-    assert_eq!(s.list_secrets(10, None).await.unwrap().len(), 2);
 }
 
 fn event(sandbox: &str, at: i64, host: &str, allowed: bool) -> EgressEventRow {
