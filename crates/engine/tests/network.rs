@@ -493,8 +493,11 @@ async fn secrets_and_rules_stay_within_their_team() {
             Err(EngineError::SecretNotFound(_))
         ));
     }
+    // (Listed oldest first; two secrets made in one millisecond come in id order.)
     let names = |page: bulkhead_engine::SecretPage| {
-        page.items.into_iter().map(|i| i.name).collect::<Vec<_>>()
+        let mut n = page.items.into_iter().map(|i| i.name).collect::<Vec<_>>();
+        n.sort();
+        n
     };
     assert_eq!(
         names(e.list_secrets(&b, None, None).await.unwrap()),

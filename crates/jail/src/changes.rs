@@ -16,13 +16,13 @@
 //! from it is listed, and kinds are relative to it.
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
-use std::fs;
+use std::ffi::{CString, OsStr};
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use bulkhead_common::confined;
 use bulkhead_driver::{ChangeKind, FileChange};
 
 /// Files the jail itself writes into a sandbox's upper directory: not the sandbox's changes.
@@ -62,86 +62,118 @@ fn read_err(path: &Path) -> impl FnOnce(io::Error) -> ChangesError + '_ {
     }
 }
 
-fn type_name(ft: &fs::FileType) -> &'static str {
-    if ft.is_file() {
-        "file"
-    } else if ft.is_dir() {
-        "dir"
-    } else if ft.is_symlink() {
-        "symlink"
-    } else {
-        "other"
+/// The kind of an entry from its `st_mode` (`lstat`: a symlink is a symlink).
+fn type_name(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "file",
+        libc::S_IFDIR => "dir",
+        libc::S_IFLNK => "symlink",
+        _ => "other",
     }
 }
 
-fn has_xattr(path: &Path, name: &str) -> bool {
-    let (Ok(p), Ok(n)) = (
-        CString::new(path.as_os_str().as_bytes()),
-        CString::new(name),
-    ) else {
+/// Is `name` in the open directory `dir` marked opaque? Looked up through the descriptor's
+/// `/proc/self/fd` entry (that very directory, not a path the sandbox could swap), without
+/// following `name` itself.
+fn is_opaque(dir: BorrowedFd<'_>, name: &OsStr) -> bool {
+    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(name.as_bytes());
+    let Ok(p) = CString::new(path) else {
         return false;
     };
-    let mut buf = [0u8; 4];
-    // SAFETY: valid C strings and a buffer whose length is passed alongside it.
-    let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    r == 1 && buf[0] == b'y'
+    ["user.overlay.opaque", "trusted.overlay.opaque"]
+        .iter()
+        .any(|attr| {
+            let n = CString::new(*attr).expect("no NUL");
+            let mut buf = [0u8; 4];
+            // SAFETY: valid C strings and a buffer whose length is passed alongside it.
+            let r = unsafe {
+                libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+            };
+            r == 1 && buf[0] == b'y'
+        })
 }
 
-fn is_opaque(path: &Path) -> bool {
-    has_xattr(path, "user.overlay.opaque") || has_xattr(path, "trusted.overlay.opaque")
-}
-
-/// Every entry under `upper`, by sandbox path (`/a/b`); never follows a symlink.
+/// Every entry under `upper`, by sandbox path (`/a/b`). The sandbox may be running and
+/// rearranging its tree meanwhile: the walk goes through [`confined::Walker`], so a directory
+/// swapped for a symlink to a host path is never entered (no host entry is ever listed).
 fn walk(upper: &Path) -> Result<BTreeMap<String, Entry>> {
     let mut out = BTreeMap::new();
-    let mut stack = vec![(upper.to_path_buf(), String::new())];
-    while let Some((dir, prefix)) = stack.pop() {
-        let rd = match fs::read_dir(&dir) {
-            Ok(rd) => rd,
-            // A directory removed while we walk (the sandbox runs): nothing to list.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(read_err(&dir)(e)),
+    let walker = match confined::Walker::new(upper) {
+        Ok(w) => w,
+        // No upper directory (yet): nothing changed.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(read_err(upper)(e)),
+    };
+    for found in walker {
+        let f = found.map_err(read_err(upper))?;
+        let mode = f.stat.st_mode;
+        let fmt = mode & libc::S_IFMT;
+        let whiteout = fmt == libc::S_IFCHR && f.stat.st_rdev == 0;
+        let dir = fmt == libc::S_IFDIR;
+        let entry = Entry {
+            kind: if whiteout {
+                "whiteout"
+            } else {
+                type_name(mode)
+            },
+            size: if dir || whiteout {
+                0
+            } else {
+                f.stat.st_size as u64
+            },
+            mtime: f.stat.st_mtime,
+            opaque: dir && is_opaque(f.dir.as_fd(), &f.name),
         };
-        for item in rd {
-            let item = item.map_err(read_err(&dir))?;
-            let path = item.path();
-            let meta = match fs::symlink_metadata(&path) {
-                Ok(m) => m,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(read_err(&path)(e)),
-            };
-            let ft = meta.file_type();
-            let name = format!("{prefix}/{}", item.file_name().to_string_lossy());
-            let whiteout = ft.is_char_device() && meta.rdev() == 0;
-            let kind = if whiteout { "whiteout" } else { type_name(&ft) };
-            let entry = Entry {
-                kind,
-                size: if ft.is_dir() || whiteout {
-                    0
-                } else {
-                    meta.len()
-                },
-                mtime: meta.mtime(),
-                opaque: ft.is_dir() && is_opaque(&path),
-            };
-            if ft.is_dir() {
-                stack.push((path, name.clone()));
-            }
-            out.insert(name, entry);
-            if out.len() > MAX_ENTRIES {
-                return Err(ChangesError::TooMany);
-            }
+        out.insert(format!("/{}", f.rel.to_string_lossy()), entry);
+        if out.len() > MAX_ENTRIES {
+            return Err(ChangesError::TooMany);
         }
     }
     Ok(out)
 }
 
-/// The type of `path` in the lower layer, if it exists there.
-fn lower_type(lower: &Path, path: &str) -> Option<&'static str> {
-    let p = lower.join(path.trim_start_matches('/'));
-    fs::symlink_metadata(p)
-        .ok()
-        .map(|m| type_name(&m.file_type()))
+/// The template's tree, read the same confined way: a template is a tenant's build too, and
+/// its symlinks must not lead the host out of it.
+struct Lower(Option<OwnedFd>);
+
+impl Lower {
+    fn open(path: &Path) -> Lower {
+        Lower(confined::open_root(path).ok())
+    }
+
+    /// The directory at sandbox path `path` (`/a/b`), if it is one in the template.
+    fn dir(&self, path: &str) -> Option<OwnedFd> {
+        let root = self.0.as_ref()?;
+        confined::open_dir_beneath(root.as_fd(), Path::new(path.trim_start_matches('/'))).ok()
+    }
+
+    /// The type of `path` in the template, if it exists there (through no symlink).
+    fn type_of(&self, path: &str) -> Option<&'static str> {
+        let rel = Path::new(path.trim_start_matches('/'));
+        let (parent, name) = (rel.parent()?, rel.file_name()?);
+        let dir = self.dir(&parent.to_string_lossy())?;
+        confined::stat_at(dir.as_fd(), name)
+            .ok()
+            .map(|st| type_name(st.st_mode))
+    }
+
+    /// The names and types in the template's directory `path`.
+    fn entries(&self, path: &str) -> Vec<(String, &'static str)> {
+        let Some(dir) = self.dir(path) else {
+            return Vec::new();
+        };
+        let names = confined::dir_names(dir.as_fd()).unwrap_or_default();
+        names
+            .into_iter()
+            .map(|n| {
+                let t = confined::stat_at(dir.as_fd(), &n)
+                    .map(|st| type_name(st.st_mode))
+                    .unwrap_or("other");
+                (n.to_string_lossy().into_owned(), t)
+            })
+            .collect()
+    }
 }
 
 /// Is `path` hidden from the lower layer by an opaque directory above it in `upper`?
@@ -160,10 +192,10 @@ fn under_opaque(upper: &BTreeMap<String, Entry>, path: &str) -> bool {
 }
 
 /// Does `path` exist in the view made of `upper` over `lower`?
-fn visible(upper: &BTreeMap<String, Entry>, lower: &Path, path: &str) -> bool {
+fn visible(upper: &BTreeMap<String, Entry>, lower: &Lower, path: &str) -> bool {
     match upper.get(path) {
         Some(e) => e.kind != "whiteout",
-        None => !under_opaque(upper, path) && lower_type(lower, path).is_some(),
+        None => !under_opaque(upper, path) && lower.type_of(path).is_some(),
     }
 }
 
@@ -178,7 +210,7 @@ fn change(path: &str, kind: ChangeKind, file_type: &str, e: Option<&Entry>) -> F
 }
 
 /// The changes of `upper` against `lower`, sorted by path.
-fn against_lower(upper: &BTreeMap<String, Entry>, lower: &Path) -> Vec<FileChange> {
+fn against_lower(upper: &BTreeMap<String, Entry>, lower: &Lower) -> Vec<FileChange> {
     let mut out = Vec::new();
     for (path, e) in upper {
         if BOOKKEEPING.contains(&path.as_str()) {
@@ -187,7 +219,7 @@ fn against_lower(upper: &BTreeMap<String, Entry>, lower: &Path) -> Vec<FileChang
         let in_lower = if under_opaque(upper, path) {
             None
         } else {
-            lower_type(lower, path)
+            lower.type_of(path)
         };
         if e.kind == "whiteout" {
             if let Some(t) = in_lower {
@@ -205,14 +237,10 @@ fn against_lower(upper: &BTreeMap<String, Entry>, lower: &Path) -> Vec<FileChang
         // An opaque directory over a lower one hides all of the lower directory's entries
         // that the upper does not have again: they were deleted.
         if e.opaque && in_lower == Some("dir") {
-            let dir = lower.join(path.trim_start_matches('/'));
-            if let Ok(rd) = fs::read_dir(&dir) {
-                for item in rd.flatten() {
-                    let child = format!("{path}/{}", item.file_name().to_string_lossy());
-                    if !upper.contains_key(&child) {
-                        let t = item.file_type().map(|ft| type_name(&ft)).unwrap_or("other");
-                        out.push(change(&child, ChangeKind::Deleted, t, None));
-                    }
+            for (name, t) in lower.entries(path) {
+                let child = format!("{path}/{name}");
+                if !upper.contains_key(&child) {
+                    out.push(change(&child, ChangeKind::Deleted, t, None));
                 }
             }
         }
@@ -224,6 +252,7 @@ fn against_lower(upper: &BTreeMap<String, Entry>, lower: &Path) -> Vec<FileChang
 /// The file changes of the overlay `upper` over `lower`, or only those since the upper
 /// directory `since` (a snapshot of the same sandbox over the same lower), sorted by path.
 pub fn changes(upper: &Path, lower: &Path, since: Option<&Path>) -> Result<Vec<FileChange>> {
+    let lower = &Lower::open(lower);
     let now = walk(upper)?;
     let mut list = against_lower(&now, lower);
     let Some(base_dir) = since else {

@@ -100,18 +100,38 @@ def test_context_and_language_both_400(shared):
 
 
 def test_raw_contexts_wire_shape(shared):
-    r = raw(shared, "POST", "/contexts", {"language": "python", "cwd": "/tmp"}, token=False)
+    r = raw(shared, "POST", "/contexts", {"language": "python", "cwd": "/tmp"})
     assert r.status == 200, r.body[:300]
     body = r.json()
     assert set(body) >= {"id", "language", "cwd"} and (body["language"], body["cwd"]) == ("python", "/tmp")
-    r = raw(shared, "GET", "/contexts", token=False)
+    r = raw(shared, "GET", "/contexts")
     assert r.status == 200 and body["id"] in [c["id"] for c in r.json()]
-    r = raw(shared, "POST", f"/contexts/{body['id']}/restart", token=False)
+    r = raw(shared, "POST", f"/contexts/{body['id']}/restart")
     assert r.status == 200
-    r = raw(shared, "DELETE", f"/contexts/{body['id']}", token=False)
+    r = raw(shared, "DELETE", f"/contexts/{body['id']}")
     assert r.status == 200
-    r = raw(shared, "DELETE", f"/contexts/{body['id']}", token=False)
+    r = raw(shared, "DELETE", f"/contexts/{body['id']}")
     assert r.status == 404
+
+
+def test_every_contexts_route_needs_the_sandboxs_token(shared):
+    """Issue 22 row 10: from outside the sandbox, listing, creating, restarting and deleting
+    kernels need the sandbox's token as `/execute` does (401 in E2B's shape without it); only
+    `/health` is open. The context survives every refused call."""
+    ctx = shared.create_code_context()
+    shared.run_code("kept = 'still here'", context=ctx)
+    for method, path, body in [
+        ("GET", "/contexts", None),
+        ("POST", "/contexts", {"language": "python", "cwd": "/tmp"}),
+        ("POST", f"/contexts/{ctx.id}/restart", None),
+        ("DELETE", f"/contexts/{ctx.id}", None),
+        ("POST", "/execute", {"code": "1", "context_id": ctx.id}),
+    ]:
+        r = raw(shared, method, path, body, token=False)
+        assert r.status == 401, (method, path, r.status, r.body[:300])
+        assert ctx.id.encode() not in r.body
+    assert raw(shared, "GET", "/health", token=False).status == 200
+    assert shared.run_code("kept", context=ctx).text == "'still here'"
 
 
 def test_timeout_raises_and_context_keeps_state(shared):

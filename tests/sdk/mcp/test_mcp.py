@@ -396,3 +396,72 @@ def test_request_id_reaches_the_agent(server):
     assert out["stdout"] == "traced\n", out
     assert any("/process.Process/Start" in l for l in lines), lines
     assert rid in server.log_since(0, max_lines=100000), "the server's own lines name the id"
+
+
+# ---- tenancy (issue 22 row 8) -------------------------------------------------------------------
+
+
+def _rpc(server, key, sid, method, params=None, rid=1):
+    """One JSON-RPC request on `/mcp` in session `sid`; (status, the JSON-RPC answer or None)."""
+    body = {"jsonrpc": "2.0", "method": method, "params": params or {}}
+    if rid is not None:
+        body["id"] = rid
+    headers = {"Accept": "application/json, text/event-stream", "X-API-Key": key, "Mcp-Protocol-Version": "2025-06-18"}
+    if sid:
+        headers["Mcp-Session-Id"] = sid
+    r = http("POST", f"{server.url}/mcp", body, headers=headers, timeout=300)
+    answer = None
+    for line in r.body.decode(errors="replace").splitlines():
+        if line.startswith("data:") and line[5:].strip():
+            answer = json.loads(line[5:])
+    if answer is None and r.body.strip().startswith(b"{"):
+        answer = json.loads(r.body)
+    return r, answer
+
+
+def test_a_session_id_works_only_with_the_key_that_opened_it(server):
+    """Another team's key with a live session's `Mcp-Session-Id` gets what an unknown id gets
+    (404): it cannot run commands in the session's sandbox, read its files or end it."""
+    if not server.owned:
+        pytest.skip("SKIPPED: needs the suite's own server (team B is made with the CLI on its data dir)")
+    import subprocess
+    import uuid
+
+    binary = os.environ.get("BULKHEAD_BIN", str(REPO / "target" / "debug" / "bulkhead"))
+
+    def cli(*args):
+        r = subprocess.run([binary, *args, "--data-dir", str(server.data_dir)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip()
+
+    team = f"mcp-b-{uuid.uuid4().hex[:8]}"
+    cli("teams", "create", team)
+    key_b = cli("keys", "create", "--team", team, "--name", f"{team}-key")
+    init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    r, _ = _rpc(server, server.api_key, None, "initialize", init)
+    sid = r.header("mcp-session-id")
+    assert r.status == 200 and sid, (r.status, r.body)
+    _rpc(server, server.api_key, sid, "notifications/initialized", rid=None)
+    before = sandbox_ids(server)
+    try:
+        r, ans = _rpc(server, server.api_key, sid, "tools/call", {"name": "run_command", "arguments": {"command": "echo A-ONLY > /tmp/f; cat /tmp/f"}})
+        assert r.status == 200 and "A-ONLY" in json.dumps(ans), (r.status, r.body)
+        sbx = session_sandbox(server, before)
+        for method, params in [
+            ("tools/call", {"name": "run_command", "arguments": {"command": "cat /tmp/f"}}),
+            ("tools/call", {"name": "read_file", "arguments": {"path": "/tmp/f"}}),
+            ("tools/call", {"name": "kill_sandbox", "arguments": {}}),
+            ("tools/list", {}),
+        ]:
+            r, ans = _rpc(server, key_b, sid, method, params, rid=7)
+            assert r.status == 404, (method, r.status, r.body)
+            assert b"A-ONLY" not in r.body
+        # Nor can B end the session; A's session and sandbox are untouched.
+        d = http("DELETE", f"{server.url}/mcp", headers={"Mcp-Session-Id": sid, "X-API-Key": key_b})
+        assert d.status == 404, (d.status, d.body)
+        assert sbx in sandbox_ids(server)
+        r, ans = _rpc(server, server.api_key, sid, "tools/call", {"name": "run_command", "arguments": {"command": "cat /tmp/f"}}, rid=8)
+        assert r.status == 200 and "A-ONLY" in json.dumps(ans), (r.status, r.body)
+    finally:
+        http("DELETE", f"{server.url}/mcp", headers={"Mcp-Session-Id": sid, "X-API-Key": server.api_key})
+    assert wait_until(lambda: not (sandbox_ids(server) - before), timeout=60), "the session sandbox outlived its session"

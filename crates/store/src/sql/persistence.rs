@@ -88,7 +88,11 @@ impl Store {
 
     /// A snapshot by id or by name.
     pub async fn get_snapshot(&self, id_or_name: &str) -> Result<Option<SnapshotRow>> {
-        let sql = format!("SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1 OR name = $1");
+        // An id match wins: a name that equals another snapshot's id never hides it.
+        let sql = format!(
+            "SELECT {SNAPSHOT_COLUMNS} FROM snapshots WHERE id = $1 OR name = $1 \
+             ORDER BY CASE WHEN id = $1 THEN 0 ELSE 1 END LIMIT 1"
+        );
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id_or_name)
             .fetch_optional(&self.pool)
