@@ -134,6 +134,19 @@ def run_id():
     return RUN_ID
 
 
+@pytest.fixture(scope="module")
+def lab(server):
+    """Egress upstreams (HTTP and HTTPS echo servers) in a network namespace of the test's own
+    (`egresslab`); the suite's server resolves the test names there."""
+    if getattr(server, "egress_pki", None) is None:
+        why = egresslab.missing_tools() or "the server was not started by this suite (BULKHEAD_TEST_URL)"
+        pytest.skip(f"SKIPPED: egress lab unavailable: {why}")
+    lab = egresslab.UpstreamLab(server.egress_pki).start()
+    yield lab
+    lab.close()
+    assert not lab.exists(), "the test namespace or veth pair was left behind"
+
+
 @pytest.fixture
 def sandbox_factory(server):
     """Create sandboxes with the current SDK's `Sandbox.create`; all are killed afterwards."""

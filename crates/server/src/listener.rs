@@ -97,11 +97,23 @@ pub async fn serve(
                 );
                 tokio::spawn(async move {
                     let mut probe = probe;
-                    let verdict = tokio::select! {
-                        v = tokio::time::timeout(limits.probe_timeout, probe::check(&stream, &*vouch)) => v.unwrap_or(Verdict::Silent),
-                        _ = &mut probe.evicted => Verdict::Silent,
+                    let head = tokio::select! {
+                        h = tokio::time::timeout(limits.probe_timeout, probe::read_head(&stream)) => h.ok().flatten(),
+                        _ = &mut probe.evicted => None,
                     };
+                    // A complete head no longer waits on the client: it leaves the eviction
+                    // queue before its key is looked up (a store read that a flood of new
+                    // connections must not be able to cut short).
                     drop(probe);
+                    let verdict = match head {
+                        Some((claims, len)) => tokio::time::timeout(
+                            limits.probe_timeout,
+                            probe::judge(&claims, len, &*vouch),
+                        )
+                        .await
+                        .unwrap_or(Verdict::Silent),
+                        None => Verdict::Silent,
+                    };
                     match verdict {
                         Verdict::Passed => {
                             connection(stream, peer, slot, router, builder, limits, stop, drain)

@@ -120,24 +120,29 @@ pub enum Verdict {
     Silent,
 }
 
-/// Peeks at `stream` until a request head is complete (or the check gives up) and judges it.
-pub async fn check(stream: &TcpStream, vouch: &dyn Vouch) -> Verdict {
+/// Peeks at `stream` until a request head is complete: its claims and length, or None when
+/// the peer closed or sent something that is not an HTTP/1.x head.
+pub async fn read_head(stream: &TcpStream) -> Option<(Claims, usize)> {
     let mut buf = vec![0u8; MAX_HEAD];
     loop {
         let n = match stream.peek(&mut buf).await {
-            Ok(0) | Err(_) => return Verdict::Silent,
+            Ok(0) | Err(_) => return None,
             Ok(n) => n,
         };
         match parse(&buf[..n]) {
             Head::Partial => tokio::time::sleep(REPEEK).await,
-            Head::Invalid => return Verdict::Silent,
-            Head::Complete(claims, len) => {
-                return match qualifies(&claims, vouch).await {
-                    true => Verdict::Passed,
-                    false => Verdict::Refused(len),
-                };
-            }
+            Head::Invalid => return None,
+            Head::Complete(claims, len) => return Some((claims, len)),
         }
+    }
+}
+
+/// Judges a complete head (see [`qualifies`]).
+pub async fn judge(claims: &Claims, len: usize, vouch: &dyn Vouch) -> Verdict {
+    if qualifies(claims, vouch).await {
+        Verdict::Passed
+    } else {
+        Verdict::Refused(len)
     }
 }
 

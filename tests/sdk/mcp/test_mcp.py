@@ -203,17 +203,6 @@ def _use_urls(download: str, upload: str):
 # ---- network policy -----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def lab(server):
-    if getattr(server, "egress_pki", None) is None:
-        why = egresslab.missing_tools() or "the server was not started by this suite (BULKHEAD_TEST_URL)"
-        pytest.skip(f"SKIPPED: egress lab unavailable: {why}")
-    lab = egresslab.UpstreamLab(server.egress_pki).start()
-    yield lab
-    lab.close()
-    assert not lab.exists(), "the test namespace or veth pair was left behind"
-
-
 def test_network_policy_is_enforced(server, lab):
     async def main():
         async with http_client(server) as c:

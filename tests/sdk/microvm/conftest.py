@@ -82,12 +82,3 @@ def server():
         srv.cleanup_files()
     assert not left, f"VMs left running after the server stopped: {left}"
 
-
-@pytest.fixture(scope="module")
-def lab(server):
-    if getattr(server, "egress_pki", None) is None:
-        pytest.skip(f"SKIPPED: egress lab unavailable: {egresslab.missing_tools()}")
-    lab = egresslab.UpstreamLab(server.egress_pki).start()
-    yield lab
-    lab.close()
-    assert not lab.exists(), "the test namespace or veth pair was left behind"

@@ -13,6 +13,7 @@ server stops."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
@@ -129,6 +130,15 @@ def flood(port: int, sources: list[str], per_source: int, seconds: float, reopen
             src, half, t0 = key.data
             if t0 is None:  # connect finished
                 err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if err in (errno.ECONNRESET, errno.EPIPE):
+                    # Connected (loopback completes the handshake before the server's accept)
+                    # and reset at once by the server (a refusal over a cap closes with RST)
+                    # before this loop saw it writable: a connection closed at once.
+                    stats["lifetimes"].append(0.0)
+                    sel.unregister(s)
+                    s.close()
+                    pending.append((src, half))
+                    continue
                 if err:
                     stats["connect_failed"] += 1
                     sel.unregister(s)

@@ -21,17 +21,6 @@ from bulkhead_testlib import REPO, TEMPLATE, http
 FAST = 2.0  # seconds: a denied attempt must fail at least this fast
 
 
-@pytest.fixture(scope="module")
-def lab(server):
-    if getattr(server, "egress_pki", None) is None:
-        why = egresslab.missing_tools() or "the server was not started by this suite (BULKHEAD_TEST_URL)"
-        pytest.skip(f"SKIPPED: egress lab unavailable: {why}")
-    lab = egresslab.UpstreamLab(server.egress_pki).start()
-    yield lab
-    lab.close()
-    assert not lab.exists(), "the test namespace or veth pair was left behind"
-
-
 def sh(sbx, cmd: str, user: str = "user", timeout: float = 120):
     """Run a shell command; returns (exit_code, stdout, stderr, seconds) and never raises on exit."""
     t = time.monotonic()

@@ -14,7 +14,6 @@ from e2b import Sandbox, SandboxQuery, SandboxState
 
 from _util import poll, seconds_until
 from bulkhead_testlib import TEMPLATE, kill_quietly
-from test_network import lab  # noqa: F401  (the egress lab fixture)
 
 
 def _md(run_id, **extra):
