@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from e2b import Sandbox, Secret, Template
-from e2b.exceptions import NotFoundException, SandboxException
+from e2b.exceptions import NotFoundException, SandboxException, SecretNotFoundException
 from e2b.template.consts import RESOLVE_SYMLINKS
 from e2b.template.utils import calculate_files_hash
 
@@ -142,12 +142,13 @@ def test_a_template_never_shadows_a_snapshot_of_another_team(teams):
     # One name, one thing within a team.
     r = teams.req("POST", "/v3/templates", teams.a, {"name": snap_name})
     assert r.status == 409 and "snapshot" in r.json()["message"], r.body
-    # B cannot restore, list or delete A's snapshot by its id either.
-    with pytest.raises(SandboxException, match='404'):
-        Sandbox.create(snap.snapshot_id, api_key=teams.b, timeout=60)
-    assert teams.req("DELETE", f"/templates/{snap.snapshot_id}", teams.b).status == 404
+    # B does not see A's snapshot (restoring and deleting it by id: the held-cases test).
     listed = teams.req("GET", "/snapshots", teams.b).json()
-    assert snap.snapshot_id not in str(listed)
+    assert snap_name not in str(listed) and src.sandbox_id not in str(listed)
+    # B deleting the name deletes B's template; A's snapshot still restores.
+    assert teams.req("DELETE", f"/templates/{snap_name}", teams.b).status == 204
+    again = teams.sandbox(teams.a, snap_name)
+    assert run(again, "cat /home/user/which").strip() == "A-SNAPSHOT"
 
 
 # ---- row 3 of the issue (5 of the review): secrets ---------------------------------------------
@@ -175,16 +176,19 @@ def test_secrets_resolve_only_in_their_team(teams, lab):
     info = Secret.create(name, a_value, api_key=teams.a)
     try:
         for ref in (name, info.secret_id):
-            with pytest.raises(NotFoundException):
+            with pytest.raises(SecretNotFoundException):
                 Secret.get_info(ref, api_key=teams.b)
-            with pytest.raises(NotFoundException):
+            with pytest.raises(SecretNotFoundException):
                 Secret.update(ref, "HIJACKED", api_key=teams.b)
             assert Secret.destroy(ref, api_key=teams.b) is False
         assert name not in [s.name for s in Secret.list(api_key=teams.b).next_items()]
 
+        # B's rule names a secret B's team does not have: the proxy refuses the request (it
+        # never forwards a placeholder, and never A's value).
         sb = teams.sandbox(teams.b, network=_injecting(name))
-        sb.commands.run("curl -sS -m 10 -o /dev/null https://inject.allowed.test/b-steal", timeout=60)
-        assert _seen_header(lab, "/b-steal") in (None, "", Secret.fill(name)), "B's sandbox got A's value"
+        r = sb.commands.run("curl -sS -m 10 -w '%{http_code}' -o /dev/null https://inject.allowed.test/b-steal || true", timeout=60)
+        assert r.stdout.strip() != "200", r.stdout
+        assert not [q for q in lab.requests() if q["path"] == "/b-steal"], "the request went upstream"
         assert a_value not in str(lab.requests())
 
         # B's own secret of the same name is B's value in B's sandbox; A's stays A's.
