@@ -455,7 +455,15 @@ async fn python_outputs_state_errors_and_env() {
         main_text(&parse_lines(&read_all(response).await)).as_deref(),
         Some("1")
     );
-    assert_eq!(h.call("GET", "/contexts", None).await.0, StatusCode::OK);
+    // Every route but /health needs the token (issue 22 row 10), the contexts too.
+    assert_eq!(
+        h.call("GET", "/contexts", None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let response = h
+        .request("GET", "/contexts", None, &[("X-Access-Token", "secret")])
+        .await;
+    assert_eq!(response.status(), StatusCode::OK);
 }
 
 #[bulkhead_testkit::requires(KernelVenv)]

@@ -131,7 +131,7 @@ def test_every_contexts_route_needs_the_sandboxs_token(shared):
         assert r.status == 401, (method, path, r.status, r.body[:300])
         assert ctx.id.encode() not in r.body
     assert raw(shared, "GET", "/health", token=False).status == 200
-    assert shared.run_code("kept", context=ctx).text == "'still here'"
+    assert shared.run_code("kept", context=ctx).text == "still here"
 
 
 def test_timeout_raises_and_context_keeps_state(shared):

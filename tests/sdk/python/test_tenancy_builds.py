@@ -99,7 +99,8 @@ def test_a_build_larger_than_the_teams_quota_is_refused(bserver, small_team):
 
 def test_a_teams_third_concurrent_build_is_refused_while_others_build(bserver):
     key = new_team(bserver, f"busy-{uuid.uuid4().hex[:6]}")
-    slow = Template().from_template(TEMPLATE).run_cmd("sleep 20 && echo slow > /home/user/s")
+    # Unique per run: a step the shared image cache already holds would finish at once.
+    slow = Template().from_template(TEMPLATE).run_cmd(f"sleep 20 && echo slow-{uuid.uuid4().hex} > /home/user/s")
     first = Template.build_in_background(slow, _name("slow-a"), api_key=key)
     second = Template.build_in_background(slow, _name("slow-b"), api_key=key)
     try:
