@@ -14,6 +14,7 @@ alike, so it must not depend on anything but Python itself.
 from __future__ import annotations
 
 import ctypes
+import contextlib
 import json
 import os
 import secrets
@@ -582,6 +583,37 @@ def kill_quietly(sandboxes) -> None:
             sbx.kill()
         except Exception:
             pass
+
+
+
+ENV_KEYS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+
+
+@contextlib.contextmanager
+def own_server(extra_args: List[str]):
+    """A server of the test's own (`BulkheadServer.start(extra_args)`) with the SDKs' environment
+    pointed at it. Tests add the keys of teams they make to `srv.team_keys`; on exit every
+    sandbox of every one of those teams is killed through the API before the server stops, and
+    the environment is restored."""
+    srv = BulkheadServer.start(extra_args=extra_args)
+    saved = {k: os.environ.get(k) for k in ENV_KEYS}
+    os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key)
+    srv.team_keys = [srv.api_key]
+    try:
+        yield srv
+    finally:
+        srv.ensure_running()
+        for key in srv.team_keys:
+            r = http("GET", f"{srv.url}/v2/sandboxes?state=running&state=paused&limit=100", headers={"X-API-Key": key})
+            for sbx in r.json() if r.status == 200 else []:
+                http("DELETE", f"{srv.url}/sandboxes/{sbx['sandboxID']}", headers={"X-API-Key": key})
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        srv.stop()
+        srv.cleanup_files()
 
 
 def wait_until(pred, timeout: float, interval: float = 0.25):

@@ -26,10 +26,9 @@ import time
 
 import pytest
 
-from bulkhead_testlib import TEMPLATE, BulkheadServer, http
+from bulkhead_testlib import TEMPLATE, http, own_server
 from test_teams import Cli
 
-ENV_KEYS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
 # Above the SDK's keep-alive expiry (httpx: 5 s), as the default (10 s) is: a server that
 # closed idle connections first would race the client's next request on them.
 HEADER_TIMEOUT = 8
@@ -49,8 +48,8 @@ FLOOD_ADDRESSES = 25
 def cserver():
     if os.environ.get("BULKHEAD_TEST_URL"):
         pytest.skip("SKIPPED: needs a server started by the test (it sets its connection limits)")
-    srv = BulkheadServer.start(
-        extra_args=[
+    with own_server(
+        [
             "--templates",
             TEMPLATE,
             "--uid-base",
@@ -66,28 +65,8 @@ def cserver():
             "--http-max-connections-per-ip",
             str(PER_IP),
         ]
-    )
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key)
-    srv.team_keys = [srv.api_key]
-    try:
+    ) as srv:
         yield srv
-    finally:
-        for key in srv.team_keys:
-            r = http(
-                "GET",
-                f"{srv.url}/v2/sandboxes?state=running&state=paused&limit=100",
-                headers={"X-API-Key": key},
-            )
-            for s in r.json() if r.status == 200 else []:
-                http("DELETE", f"{srv.url}/sandboxes/{s['sandboxID']}", headers={"X-API-Key": key})
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        srv.stop()
-        srv.cleanup_files()
 
 
 # ---- the flood generator (also run as a child process: `python this_file flood ...`) --------

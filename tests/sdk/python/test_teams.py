@@ -21,9 +21,8 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import NotFoundException, RateLimitException, SandboxException
 
-from bulkhead_testlib import TEMPLATE, BulkheadServer, http
+from bulkhead_testlib import TEMPLATE, BulkheadServer, http, own_server
 
-ENV_KEYS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
 # 3600 credits per vCPU-hour: one credit per vCPU-second (a base sandbox has 2 vCPUs).
 PRICE_VCPU_HOUR = 3600
 INTERVAL_S = 1.0
@@ -49,8 +48,8 @@ class Cli:
 def tserver(server):
     if not server.owned:
         pytest.skip("SKIPPED: needs servers started by the suite (it starts and kills its own)")
-    srv = BulkheadServer.start(
-        extra_args=[
+    with own_server(
+        [
             "--templates",
             TEMPLATE,
             "--uid-base",
@@ -64,24 +63,8 @@ def tserver(server):
             "--credits-grace",
             "0",
         ]
-    )
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key)
-    srv.team_keys = [srv.api_key]
-    try:
+    ) as srv:
         yield srv
-    finally:
-        srv.ensure_running()
-        for key in srv.team_keys:
-            for s in _list_all(srv, key):
-                http("DELETE", f"{srv.url}/sandboxes/{s}", headers={"X-API-Key": key})
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        srv.stop()
-        srv.cleanup_files()
 
 
 def _list_all(srv: BulkheadServer, key: str):

@@ -8,7 +8,6 @@ Every sandbox is killed through the API, with each team's key, before the server
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 
@@ -16,8 +15,8 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException, RateLimitException
 
-from bulkhead_testlib import TEMPLATE, BulkheadServer, http
-from test_teams import ENV_KEYS, Cli, _list_all, new_team
+from bulkhead_testlib import TEMPLATE, own_server
+from test_teams import Cli, new_team
 
 
 def _name(prefix: str) -> str:
@@ -28,8 +27,8 @@ def _name(prefix: str) -> str:
 def bserver(server):
     if not server.owned:
         pytest.skip("SKIPPED: needs servers started by the suite (it starts and kills its own)")
-    srv = BulkheadServer.start(
-        extra_args=[
+    with own_server(
+        [
             "--templates",
             TEMPLATE,
             "--uid-base",
@@ -39,24 +38,8 @@ def bserver(server):
             "--max-builds-per-team",
             "2",
         ]
-    )
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key)
-    srv.team_keys = [srv.api_key]
-    try:
+    ) as srv:
         yield srv
-    finally:
-        srv.ensure_running()
-        for key in srv.team_keys:
-            for s in _list_all(srv, key):
-                http("DELETE", f"{srv.url}/sandboxes/{s}", headers={"X-API-Key": key})
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        srv.stop()
-        srv.cleanup_files()
 
 
 @pytest.fixture(scope="module")
