@@ -586,7 +586,7 @@ def kill_quietly(sandboxes) -> None:
 
 
 
-ENV_KEYS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")
+ENV_KEYS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_VOLUME_API_URL")
 
 
 @contextlib.contextmanager
@@ -597,7 +597,9 @@ def own_server(extra_args: List[str]):
     the environment is restored."""
     srv = BulkheadServer.start(extra_args=extra_args)
     saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    os.environ.update(E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key)
+    os.environ.update(
+        E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key, E2B_VOLUME_API_URL=srv.url
+    )
     srv.team_keys = [srv.api_key]
     try:
         yield srv

@@ -25,6 +25,16 @@ type ApiResult<T> = Result<T, ApiError>;
 /// Request bodies are small JSON documents; anything bigger is a client bug or an attack.
 const MAX_BODY: usize = 2 << 20;
 
+/// The API key a request carries: `X-API-Key` (the SDKs), else `Authorization: Bearer <key>`
+/// (what Prometheus and most HTTP tooling send). The listener's connection reserve reads
+/// request heads with the same rule.
+pub fn api_key_of<'a>(
+    x_api_key: Option<&'a str>,
+    authorization: Option<&'a str>,
+) -> Option<&'a str> {
+    x_api_key.or_else(|| authorization.and_then(|v| v.strip_prefix("Bearer ")))
+}
+
 /// The control plane: `authed` holds the routes of other modules that need the API key too;
 /// `require_key` puts them behind the key check (and marks them so in the document).
 pub fn routes(
@@ -78,19 +88,14 @@ pub(crate) async fn require_api_key(
     mut req: Request,
     next: Next,
 ) -> Response {
-    // `X-API-Key` (the SDKs), else `Authorization: Bearer <key>` (what Prometheus and most
-    // HTTP tooling send).
     let headers = req.headers();
-    let key = headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .or_else(|| {
-            headers
-                .get(axum::http::header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-        })
-        .map(str::to_owned);
+    let key = api_key_of(
+        headers.get("x-api-key").and_then(|v| v.to_str().ok()),
+        headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok()),
+    )
+    .map(str::to_owned);
     let Some(key) = key else {
         return ApiError::unauthorized().into_response();
     };

@@ -31,7 +31,9 @@ use bulkhead_engine::Engine;
 use utoipa_axum::router::OpenApiRouter;
 
 pub use changes::Change;
+pub use control::api_key_of;
 pub use error::ApiError;
+pub use proxy::sandbox_of_host;
 pub use state::AppState;
 
 /// Every documented route. `require_key` puts a group behind the API-key check; it is given

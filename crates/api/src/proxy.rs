@@ -104,6 +104,15 @@ fn target(st: &AppState, req: &Request) -> Result<Target, ApiError> {
     Ok(Target::ControlPlane)
 }
 
+/// The sandbox a `{port}-{sandboxID}.{domain}` host routes to (E2B's host scheme), as the
+/// routing proxy reads it; the listener's connection reserve asks the same question.
+pub fn sandbox_of_host(host: &str) -> Option<String> {
+    match parse_host(host)? {
+        Target::Sandbox { id, .. } => Some(id),
+        _ => None,
+    }
+}
+
 /// `{port}-{sandboxID}.{domain}` → target (E2B's host scheme).
 fn parse_host(host: &str) -> Option<Target> {
     let first = host.split('.').next()?;

@@ -77,7 +77,11 @@ pub struct ServeArgs {
     pub max_sandboxes: usize,
     /// Template builds one team may run at once; one more is refused with a 429. A build's
     /// sandbox also gets no more vCPUs or memory than the team's quotas allow its sandboxes.
-    #[arg(long, env = "BULKHEAD_MAX_BUILDS_PER_TEAM", default_value_t = 2)]
+    #[arg(
+        long,
+        env = "BULKHEAD_MAX_BUILDS_PER_TEAM",
+        default_value_t = bulkhead_engine::BuildLimits::default().max_builds_per_team
+    )]
     pub max_builds_per_team: usize,
     /// How long a paused sandbox is kept, in seconds (default 30 days); then its checkpoint
     /// and record are deleted.
@@ -162,7 +166,7 @@ pub struct ConnectionArgs {
     #[arg(
         long,
         env = "BULKHEAD_HTTP_MAX_CONNECTIONS_PER_IP",
-        default_value_t = 1024
+        default_value_t = bulkhead_server::ConnectionLimits::default().max_per_ip
     )]
     pub http_max_connections_per_ip: usize,
     /// The last connection slots, kept for requests that are `/health`, carry a valid API key
@@ -170,16 +174,24 @@ pub struct ConnectionArgs {
     #[arg(
         long,
         env = "BULKHEAD_HTTP_RESERVED_CONNECTIONS",
-        default_value_t = 512
+        default_value_t = bulkhead_server::ConnectionLimits::default().reserved
     )]
     pub http_reserved_connections: usize,
     /// Seconds a client has to send a request head, from connecting or from the end of the
     /// previous response (idle HTTP/1.1 keep-alive connections close after it).
-    #[arg(long, env = "BULKHEAD_HTTP_HEADER_TIMEOUT", default_value_t = 10)]
+    #[arg(
+        long,
+        env = "BULKHEAD_HTTP_HEADER_TIMEOUT",
+        default_value_t = bulkhead_server::ConnectionLimits::default().header_timeout.as_secs()
+    )]
     pub http_header_timeout: u64,
     /// Seconds a connection with no request in flight (an HTTP/2 connection without streams)
     /// stays open. A streamed response is never cut by either timeout.
-    #[arg(long, env = "BULKHEAD_HTTP_IDLE_TIMEOUT", default_value_t = 60)]
+    #[arg(
+        long,
+        env = "BULKHEAD_HTTP_IDLE_TIMEOUT",
+        default_value_t = bulkhead_server::ConnectionLimits::default().idle_timeout.as_secs()
+    )]
     pub http_idle_timeout: u64,
 }
 

@@ -198,9 +198,9 @@ async fn handle(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Body> {
             }
         }
     }
+    let scope = policy.source.secret_scope.as_deref();
     for rule in policy.header_rules(host).unwrap_or_default() {
         for (name, template) in &rule.headers {
-            let scope = policy.source.secret_scope.as_deref();
             let value = match render(template, scope, sb.shared.secrets.as_ref()).await {
                 Ok(v) => v,
                 Err(e) => {

@@ -31,10 +31,17 @@ impl Engine {
     /// runs fewer builds than the limit. The count and the change happen under the builds lock,
     /// so two starts cannot both take a team's last place.
     pub(crate) async fn admit_build(&self, record: &BuildRecord) -> Result<()> {
-        self.check_build_quotas(&record.team_id, record.cpu_count, record.memory_mb)
-            .await?;
+        // One read of the team's row for both checks.
         let team_name = match self.store.get_team(&record.team_id).await? {
-            Some(row) => row.name,
+            Some(row) => {
+                refused(quota::check_build(
+                    &row.name,
+                    &row.quotas,
+                    record.cpu_count.into(),
+                    record.memory_mb as i64,
+                ))?;
+                row.name
+            }
             None => record.team_id.clone(),
         };
         let builds = self.builds.builds.lock().expect("builds");

@@ -82,10 +82,8 @@ impl Engine {
     pub(crate) async fn snapshot_dir(&self, caller: &Caller, snapshot: &str) -> Result<PathBuf> {
         let missing = || ChangesError::SnapshotNotFound(snapshot.chars().take(80).collect());
         let row = self
-            .store
-            .get_snapshot(crate::snapshots::bare_name(snapshot))
+            .team_snapshot(caller, snapshot)
             .await?
-            .filter(|r| r.team_id == caller.team_id)
             .ok_or_else(missing)?;
         let dir = PathBuf::from(row.checkpoint_dir);
         match checkpoints::completed(&dir) {

@@ -51,7 +51,7 @@ pub enum ImageGcError {
 
 impl Engine {
     /// Collects the cache now and then every [`GC_INTERVAL`] until shutdown.
-    pub(crate) fn start_image_gc(self: &Arc<Self>) {
+    pub fn start_image_gc(self: &Arc<Self>) {
         let engine = Arc::clone(self);
         tokio::spawn(async move {
             loop {

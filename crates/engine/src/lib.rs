@@ -58,7 +58,7 @@ mod recovery;
 mod restore;
 mod resume;
 mod sandboxes;
-pub mod secrets;
+mod secrets;
 mod signed_urls;
 mod snapshots;
 mod team_keys;

@@ -25,7 +25,6 @@ impl Engine {
         let engine = Arc::clone(self);
         let filler = tokio::spawn(async move { engine.pool_filler().await });
         *self.filler.lock().expect("filler lock") = Some(filler);
-        self.start_image_gc();
     }
 
     /// One pass: running sandboxes past their TTL are killed, or paused when their lifecycle

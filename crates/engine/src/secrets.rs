@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use bulkhead_store::{SecretRow, Store, StoreError};
+use bulkhead_store::{SecretRow, StoreError};
 
 use crate::clock::now_ms;
 use crate::engine::Engine;
@@ -25,7 +25,28 @@ impl Engine {
         value: &str,
         metadata: BTreeMap<String, String>,
     ) -> Result<SecretInfo> {
-        create_in(&self.store, &caller.team_id, name, value, metadata).await
+        network::validate_secret_name(name).map_err(EngineError::BadRequest)?;
+        validate_secret_value(value)?;
+        validate_metadata(&metadata)?;
+        let now = now_ms();
+        let row = SecretRow {
+            id: format!("sec_{}", ids::random_hex(12)),
+            team_id: caller.team_id.clone(),
+            name: name.to_string(),
+            version: 1,
+            metadata,
+            created_at: now,
+            updated_at: now,
+        };
+        self.store
+            .insert_secret(&row, value)
+            .await
+            .map_err(|e| match e {
+                StoreError::Conflict { what } => EngineError::Conflict(what),
+                e => e.into(),
+            })?;
+        tracing::info!(secret = %row.id, team = %row.team_id, name = %row.name, "secret created");
+        Ok(SecretInfo::from(&row))
     }
 
     /// By id or name, among the caller's team's secrets.
@@ -84,64 +105,24 @@ impl Engine {
         limit: Option<usize>,
         next_token: Option<&str>,
     ) -> Result<SecretPage> {
-        list_in(&self.store, &caller.team_id, limit, next_token).await
+        let limit = limit.unwrap_or(100).clamp(1, 100);
+        let after = match next_token {
+            Some(t) if !t.is_empty() => Some(decode_token(t)?),
+            _ => None,
+        };
+        let mut rows = self
+            .store
+            .list_secrets(&caller.team_id, limit as i64 + 1, after)
+            .await?;
+        let next_token = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(|r| encode_token(r.created_at, &r.id))
+        } else {
+            None
+        };
+        Ok(SecretPage {
+            items: rows.iter().map(SecretInfo::from).collect(),
+            next_token,
+        })
     }
-}
-
-/// Creates a secret of team `team_id` (the API's create, and `bulkhead secrets create --team`
-/// for the operator).
-pub async fn create_in(
-    store: &Store,
-    team_id: &str,
-    name: &str,
-    value: &str,
-    metadata: BTreeMap<String, String>,
-) -> Result<SecretInfo> {
-    network::validate_secret_name(name).map_err(EngineError::BadRequest)?;
-    validate_secret_value(value)?;
-    validate_metadata(&metadata)?;
-    let now = now_ms();
-    let row = SecretRow {
-        id: format!("sec_{}", ids::random_hex(12)),
-        team_id: team_id.to_string(),
-        name: name.to_string(),
-        version: 1,
-        metadata,
-        created_at: now,
-        updated_at: now,
-    };
-    store
-        .insert_secret(&row, value)
-        .await
-        .map_err(|e| match e {
-            StoreError::Conflict { what } => EngineError::Conflict(what),
-            e => e.into(),
-        })?;
-    tracing::info!(secret = %row.id, team = %row.team_id, name = %row.name, "secret created");
-    Ok(SecretInfo::from(&row))
-}
-
-/// A page of team `team_id`'s secrets (the API's list, and `bulkhead secrets ls --team`).
-pub async fn list_in(
-    store: &Store,
-    team_id: &str,
-    limit: Option<usize>,
-    next_token: Option<&str>,
-) -> Result<SecretPage> {
-    let limit = limit.unwrap_or(100).clamp(1, 100);
-    let after = match next_token {
-        Some(t) if !t.is_empty() => Some(decode_token(t)?),
-        _ => None,
-    };
-    let mut rows = store.list_secrets(team_id, limit as i64 + 1, after).await?;
-    let next_token = if rows.len() > limit {
-        rows.truncate(limit);
-        rows.last().map(|r| encode_token(r.created_at, &r.id))
-    } else {
-        None
-    };
-    Ok(SecretPage {
-        items: rows.iter().map(SecretInfo::from).collect(),
-        next_token,
-    })
 }

@@ -242,14 +242,25 @@ impl Engine {
         })
     }
 
+    /// The caller's team's snapshot `reference` (id or name, with or without its tag); another
+    /// team's is as unknown as a missing one.
+    pub(crate) async fn team_snapshot(
+        &self,
+        caller: &Caller,
+        reference: &str,
+    ) -> Result<Option<SnapshotRow>> {
+        Ok(self
+            .store
+            .get_snapshot(bare_name(reference))
+            .await?
+            .filter(|r| r.team_id == caller.team_id))
+    }
+
     /// `DELETE /templates/{id}` of a snapshot (by id or name, with or without its tag).
     pub async fn delete_snapshot(&self, caller: &Caller, reference: &str) -> Result<()> {
-        let key = bare_name(reference);
         let row = self
-            .store
-            .get_snapshot(key)
+            .team_snapshot(caller, reference)
             .await?
-            .filter(|r| r.team_id == caller.team_id)
             .ok_or_else(|| EngineError::SnapshotNotFound(reference.to_string()))?;
         self.store.delete_snapshot(&row.id).await?;
         checkpoints::remove(&PathBuf::from(&row.checkpoint_dir));
@@ -265,12 +276,7 @@ impl Engine {
         caller: &Caller,
         reference: &str,
     ) -> Result<Option<CheckpointSource>> {
-        let Some(row) = self
-            .store
-            .get_snapshot(bare_name(reference))
-            .await?
-            .filter(|r| r.team_id == caller.team_id)
-        else {
+        let Some(row) = self.team_snapshot(caller, reference).await? else {
             return Ok(None);
         };
         let template = self

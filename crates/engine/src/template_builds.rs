@@ -161,8 +161,7 @@ impl Engine {
         // The team's template of that name, or the one a first build still in flight made
         // (two first builds must not make two templates of one name).
         let template_id = self
-            .custom_by_name(caller, name)
-            .map(|c| c.id)
+            .team_template_id(&caller.team_id, name)
             .or_else(|| self.team_build_id(caller, name))
             .unwrap_or_else(ids::template_id);
         let cpu_count = req.cpu_count.unwrap_or(2).clamp(1, 64);
@@ -203,10 +202,9 @@ impl Engine {
     /// Refuses a template name that is one of the caller's team's snapshots (409).
     async fn check_not_snapshot(&self, caller: &Caller, name: &str) -> Result<()> {
         let snapshot = self
-            .store
-            .get_snapshot(name)
+            .team_snapshot(caller, name)
             .await?
-            .filter(|s| s.team_id == caller.team_id && s.name.as_deref() == Some(name));
+            .filter(|s| s.name.as_deref() == Some(name));
         if snapshot.is_some() {
             return Err(EngineError::Conflict(format!(
                 "A snapshot named '{name}' (a template and a snapshot of a team cannot share a \
@@ -584,23 +582,14 @@ impl Engine {
         Ok(n)
     }
 
-    /// The caller's team's custom template with this id or name (an id wins); another
+    /// `f` of team `team_id`'s custom template with this id or name (an id wins); another
     /// team's is None.
-    fn custom_by_name(&self, caller: &Caller, id_or_name: &str) -> Option<CustomTemplate> {
-        let custom = self.builds.custom.lock().expect("custom");
-        custom
-            .get(id_or_name)
-            .filter(|c| c.team_id == caller.team_id)
-            .or_else(|| {
-                custom
-                    .values()
-                    .find(|c| c.team_id == caller.team_id && c.name == id_or_name)
-            })
-            .cloned()
-    }
-
-    /// The id of team `team_id`'s custom template with this id or name.
-    pub(crate) fn team_template_id(&self, team_id: &str, id_or_name: &str) -> Option<String> {
+    fn find_custom<R>(
+        &self,
+        team_id: &str,
+        id_or_name: &str,
+        f: impl FnOnce(&CustomTemplate) -> R,
+    ) -> Option<R> {
         let custom = self.builds.custom.lock().expect("custom");
         custom
             .get(id_or_name)
@@ -610,18 +599,28 @@ impl Engine {
                     .values()
                     .find(|c| c.team_id == team_id && c.name == id_or_name)
             })
-            .map(|c| c.id.clone())
+            .map(f)
+    }
+
+    /// The caller's team's custom template with this id or name.
+    fn custom_by_name(&self, caller: &Caller, id_or_name: &str) -> Option<CustomTemplate> {
+        self.find_custom(&caller.team_id, id_or_name, CustomTemplate::clone)
+    }
+
+    /// The id of team `team_id`'s custom template with this id or name.
+    pub(crate) fn team_template_id(&self, team_id: &str, id_or_name: &str) -> Option<String> {
+        self.find_custom(team_id, id_or_name, |c| c.id.clone())
     }
 
     /// Is `id_or_name` a template the caller's team built through the Template API?
     pub fn is_custom_template(&self, caller: &Caller, id_or_name: &str) -> bool {
-        self.custom_by_name(caller, id_or_name).is_some()
+        self.team_template_id(&caller.team_id, id_or_name).is_some()
     }
 
     /// `GET /templates/aliases/{alias}`: the template id a name starts for the caller.
     pub fn template_by_alias(&self, caller: &Caller, alias: &str) -> Result<String> {
-        if let Some(c) = self.custom_by_name(caller, alias) {
-            return Ok(c.id);
+        if let Some(id) = self.team_template_id(&caller.team_id, alias) {
+            return Ok(id);
         }
         self.public_template(alias)
             .map(|t| t.id.clone())

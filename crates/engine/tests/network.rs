@@ -59,6 +59,19 @@ fn cfg(pool: usize) -> EngineConfig {
     }
 }
 
+/// A new engine over `s`'s store and (still running) sandboxes, as after a server restart,
+/// with an egress recorder of its own; `recover` is the caller's.
+async fn restarted(s: &Setup) -> (Arc<Engine>, Arc<RecordingEgress>) {
+    let engine = Engine::new(s.store.clone(), s.driver.clone(), cfg(0));
+    let egress = Arc::new(RecordingEgress::default());
+    engine.set_egress(egress.clone() as Arc<dyn EgressControl>, None);
+    engine
+        .register_template(bulkhead_engine::testing::base_template())
+        .await
+        .unwrap();
+    (engine, egress)
+}
+
 fn net(allow: &[&str], deny: &[&str]) -> SandboxNetwork {
     SandboxNetwork {
         allow_out: allow.iter().map(|s| s.to_string()).collect(),
@@ -353,13 +366,7 @@ async fn restart_reattaches_links_of_readopted_sandboxes() {
     s.engine.shutdown().await;
 
     // A new engine over the same store and (still running) sandboxes.
-    let engine2 = Engine::new(s.store.clone(), s.driver.clone(), cfg(0));
-    let egress2 = Arc::new(RecordingEgress::default());
-    engine2.set_egress(egress2.clone() as Arc<dyn EgressControl>, None);
-    engine2
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
+    let (engine2, egress2) = restarted(&s).await;
     assert_eq!(engine2.recover().await.unwrap(), 2);
     let attached = egress2.attached.lock().unwrap().clone();
     assert_eq!(attached.keys().collect::<Vec<_>>(), [&with.id]);
@@ -493,7 +500,7 @@ async fn secrets_and_rules_stay_within_their_team() {
             Err(EngineError::SecretNotFound(_))
         ));
     }
-    // (Listed oldest first; two secrets made in one millisecond come in id order.)
+    // (Sorted: two secrets made in one millisecond are listed in id order.)
     let names = |page: bulkhead_engine::SecretPage| {
         let mut n = page.items.into_iter().map(|i| i.name).collect::<Vec<_>>();
         n.sort();
@@ -559,21 +566,14 @@ async fn secrets_and_rules_stay_within_their_team() {
         .unwrap();
     assert_eq!(scope_of(&s.egress, &sb.id), Some(b.team_id.clone()));
     // A cannot update B's sandbox (and so cannot move its scope).
-    assert!(
-        e.update_network(&a, &sb.id, None, rules("x"))
-            .await
-            .is_err()
-    );
+    assert!(matches!(
+        e.update_network(&a, &sb.id, None, rules("x")).await,
+        Err(EngineError::SandboxNotFound(_))
+    ));
 
     // A restart re-adopts it with B's scope (from the sandbox's stored team).
     e.shutdown().await;
-    let engine2 = Engine::new(s.store.clone(), s.driver.clone(), cfg(0));
-    let egress2 = Arc::new(RecordingEgress::default());
-    engine2.set_egress(egress2.clone() as Arc<dyn EgressControl>, None);
-    engine2
-        .register_template(bulkhead_engine::testing::base_template())
-        .await
-        .unwrap();
+    let (engine2, egress2) = restarted(&s).await;
     assert_eq!(engine2.recover().await.unwrap(), 1);
     assert_eq!(scope_of(&egress2, &sb.id), Some(b.team_id.clone()));
     engine2.kill(&b, &sb.id).await.unwrap();

@@ -497,28 +497,13 @@ mod tests {
         let host = host_dir(&l);
         std::os::unix::fs::symlink(host.join("HOST-DIR"), l.lower.join("x")).unwrap();
         fs::create_dir_all(l.upper.join("x/y")).unwrap();
-        opaque_or_skip(&l.upper.join("x/y"));
+        opaque(&l.upper.join("x/y"));
         let list = changes(&l.upper, &l.lower, None).unwrap();
         assert_no_host_entry(&list);
         assert!(
             summary(&list).contains(&"Created dir /x/y 0".to_string()),
             "{list:?}"
         );
-    }
-
-    /// Marks `path` opaque where this user may (root, or a filesystem with user xattrs).
-    fn opaque_or_skip(path: &Path) {
-        let p = CString::new(path.as_os_str().as_bytes()).unwrap();
-        // SAFETY: valid C strings and value buffer.
-        unsafe {
-            libc::lsetxattr(
-                p.as_ptr(),
-                c"user.overlay.opaque".as_ptr(),
-                b"y".as_ptr().cast(),
-                1,
-                0,
-            )
-        };
     }
 
     /// The attack itself: a thread swaps a directory and a symlink to a host directory

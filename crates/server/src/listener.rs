@@ -106,12 +106,18 @@ pub async fn serve(
                     // connections must not be able to cut short).
                     drop(probe);
                     let verdict = match head {
-                        Some((claims, len)) => tokio::time::timeout(
-                            limits.probe_timeout,
-                            probe::judge(&claims, len, &*vouch),
-                        )
-                        .await
-                        .unwrap_or(Verdict::Silent),
+                        Some((claims, len)) => {
+                            match tokio::time::timeout(
+                                limits.probe_timeout,
+                                probe::qualifies(&claims, &*vouch),
+                            )
+                            .await
+                            {
+                                Ok(true) => Verdict::Passed,
+                                Ok(false) => Verdict::Refused(len),
+                                Err(_) => Verdict::Silent,
+                            }
+                        }
                         None => Verdict::Silent,
                     };
                     match verdict {
@@ -324,7 +330,7 @@ impl http_body::Body for Guarded {
 
 /// Closes a connection with a reset: no FIN handshake, no TIME_WAIT here, nothing buffered.
 fn reset(stream: TcpStream) {
-    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    let _ = stream.set_zero_linger();
     drop(stream);
 }
 

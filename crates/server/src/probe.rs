@@ -67,12 +67,11 @@ pub fn parse(buf: &[u8]) -> Head {
             let path = req.path.unwrap_or("");
             let path = path.split_once('?').map_or(path, |(p, _)| p);
             let health = matches!(req.method, Some("GET" | "HEAD")) && path == "/health";
-            let api_key = header("x-api-key")
-                .or_else(|| header("authorization").and_then(|v| v.strip_prefix("Bearer ")))
+            let api_key = bulkhead_api::api_key_of(header("x-api-key"), header("authorization"))
                 .map(|k| k.trim().to_owned());
             let sandbox = header("e2b-sandbox-id")
                 .map(str::to_owned)
-                .or_else(|| header("host").and_then(sandbox_of_host));
+                .or_else(|| header("host").and_then(bulkhead_api::sandbox_of_host));
             Head::Complete(
                 Claims {
                     health,
@@ -83,14 +82,6 @@ pub fn parse(buf: &[u8]) -> Head {
             )
         }
     }
-}
-
-/// The sandbox id in a `{port}-{id}.{domain}` host, as the routing proxy reads it.
-fn sandbox_of_host(host: &str) -> Option<String> {
-    let (label, _) = host.split_once('.')?;
-    let (port, id) = label.split_once('-')?;
-    port.parse::<u16>().ok()?;
-    (!id.is_empty()).then(|| id.to_owned())
 }
 
 /// Whether a complete head's claims hold: `/health`, a valid key, or a running sandbox.
@@ -134,15 +125,6 @@ pub async fn read_head(stream: &TcpStream) -> Option<(Claims, usize)> {
             Head::Invalid => return None,
             Head::Complete(claims, len) => return Some((claims, len)),
         }
-    }
-}
-
-/// Judges a complete head (see [`qualifies`]).
-pub async fn judge(claims: &Claims, len: usize, vouch: &dyn Vouch) -> Verdict {
-    if qualifies(claims, vouch).await {
-        Verdict::Passed
-    } else {
-        Verdict::Refused(len)
     }
 }
 

@@ -178,11 +178,6 @@ impl Server {
         })
     }
 
-    /// The connection limits in force (the cap resolved against the open-files limit).
-    pub fn connection_limits(&self) -> &crate::ResolvedLimits {
-        &self.connections
-    }
-
     /// Serves the REST API (and the sandbox proxy, which shares the listener) on `listener`
     /// until `signal` completes, within the configured connection limits; then gives
     /// in-flight requests a moment and closes the rest.
@@ -368,6 +363,9 @@ impl Prepared {
             "client connection limits"
         );
         engine.start_background();
+        // The server owns its image cache; engines in tests share the default one and must
+        // never collect it.
+        engine.start_image_gc();
         // Idmapped template views are kept per slot for fast starts; drop the unused ones now
         // and then so replaced templates do not stay mounted.
         let pruned = jail.clone();

@@ -361,8 +361,10 @@ async fn silent_connections_cannot_hold_the_reserve() {
             open += 1;
         }
     }
+    // At most the 4 being probed (a quarter of the reserve), plus a few whose eviction is
+    // still on its way; without eviction all 16 reserve slots would stay held.
     assert!(
-        open <= 16,
+        open <= 8,
         "{open} silent connections still hold reserve slots"
     );
     drop(flood);

@@ -16,7 +16,6 @@ use chacha20poly1305::{Key, XChaCha20Poly1305, XNonce};
 /// The key file the server generates when the operator gives none.
 pub const DEFAULT_KEY_FILE: &str = "secrets.key";
 
-const KEY_LEN: usize = 32;
 const NONCE_LEN: usize = 24;
 /// Versioned domain of the associated data; a new format gets a new label.
 const AAD_LABEL: &[u8] = b"bulkhead-secret-v1";
@@ -89,19 +88,13 @@ impl SecretsKey {
 
     /// Parses 64 hex characters (surrounding whitespace, such as a trailing newline, ignored).
     pub fn from_hex(text: &str) -> Option<Self> {
-        let text = text.trim();
-        if text.len() != KEY_LEN * 2 || !text.is_ascii() {
-            return None;
-        }
         let mut key = Key::default();
-        for (i, byte) in key.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
-        }
+        hex::decode_to_slice(text.trim(), &mut key).ok()?;
         Some(SecretsKey(key))
     }
 
     fn to_hex(&self) -> String {
-        self.0.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(self.0)
     }
 
     /// Reads the operator's key file.

@@ -434,7 +434,7 @@ def test_a_session_id_works_only_with_the_key_that_opened_it(server):
     before = sandbox_ids(server)
     try:
         r, ans = _rpc(server, server.api_key, sid, "tools/call", {"name": "run_command", "arguments": {"command": "echo A-ONLY > /tmp/f; cat /tmp/f"}})
-        assert r.status == 200 and "A-ONLY" in json.dumps(ans), (r.status, r.body)
+        assert r.status == 200 and not ans["result"].get("isError") and "A-ONLY" in json.dumps(ans["result"]), (r.status, r.body)
         sbx = session_sandbox(server, before)
         for method, params in [
             ("tools/call", {"name": "run_command", "arguments": {"command": "cat /tmp/f"}}),

@@ -17,18 +17,17 @@ import pytest
 from e2b import Sandbox, Volume
 from e2b.exceptions import NotFoundException, SandboxException, VolumeException
 
-from bulkhead_testlib import TEMPLATE, BulkheadServer, http, kill_quietly
+from bulkhead_testlib import TEMPLATE, http, kill_quietly, own_server
 
 LIMIT = 32 << 20
-ENV_KEYS = ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY", "E2B_VOLUME_API_URL")
 
 
 @pytest.fixture(scope="module")
 def vserver(server):
     if not server.owned:
         pytest.skip("SKIPPED: needs servers started by the suite (it starts and restarts its own)")
-    srv = BulkheadServer.start(
-        extra_args=[
+    with own_server(
+        [
             "--volume-max-bytes",
             str(LIMIT),
             "--uid-base",
@@ -38,25 +37,15 @@ def vserver(server):
             "--pool-size",
             "0",
         ]
-    )
-    saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    os.environ.update(
-        E2B_API_URL=srv.url, E2B_SANDBOX_URL=srv.url, E2B_API_KEY=srv.api_key, E2B_VOLUME_API_URL=srv.url
-    )
-    try:
-        yield srv
-    finally:
-        srv.ensure_running()
-        srv.kill_all_sandboxes()
-        for v in Volume.list():
-            Volume.destroy(v.volume_id)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        srv.stop()
-        srv.cleanup_files()
+    ) as srv:
+        try:
+            yield srv
+        finally:
+            # Volumes outlive sandboxes: removed through the API before the server stops.
+            srv.ensure_running()
+            srv.kill_all_sandboxes()
+            for v in Volume.list():
+                Volume.destroy(v.volume_id)
 
 
 @pytest.fixture
