@@ -32,7 +32,7 @@ impl Vouch for Fake {
         Box::pin(async move { key == "good-key" })
     }
     fn live_sandbox(&self, id: &str) -> bool {
-        id == "live-sandbox"
+        id == "livesandbox"
     }
 }
 
@@ -299,10 +299,11 @@ async fn the_reserve_serves_health_keys_and_sandboxes_only() {
     let bearer =
         ask("GET /sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer good-key\r\n\r\n").await;
     assert!(bearer.starts_with("HTTP/1.1 200"), "{bearer}");
-    let sandbox = ask("GET /health HTTP/1.1\r\nHost: 49983-live-sandbox.localhost\r\n\r\n").await;
+    // (Not /health, which the reserve admits by itself: the host alone must vouch.)
+    let sandbox = ask("GET /sandboxes HTTP/1.1\r\nHost: 49983-livesandbox.localhost\r\n\r\n").await;
     assert!(sandbox.starts_with("HTTP/1.1 200"), "{sandbox}");
     let by_header = ask(
-        "GET /sandboxes HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: live-sandbox\r\nE2b-Sandbox-Port: 49983\r\n\r\n",
+        "GET /sandboxes HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: livesandbox\r\nE2b-Sandbox-Port: 49983\r\n\r\n",
     )
     .await;
     assert!(by_header.starts_with("HTTP/1.1 200"), "{by_header}");
