@@ -1,10 +1,12 @@
 //! The helpers every Bulkhead binary (server and agent) shares, kept in one place so there is
 //! exactly one of each: how an error and its causes are rendered as text, how secrets are
 //! compared, the request id that ties a request's log lines together from the API to the
-//! agent, and the confined walk of trees a sandbox writes ([`confined`]). Depends on nothing of
+//! agent, the confined walk of trees a sandbox writes ([`confined`]) and the one way to copy
+//! them ([`copy`]). Depends on nothing of
 //! Bulkhead's, so any crate may use it.
 
 pub mod confined;
+pub mod copy;
 pub mod request_id;
 
 /// Renders an error and its chain of sources as `outer: inner: innermost`, for logs and for the

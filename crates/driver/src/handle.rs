@@ -38,6 +38,10 @@ pub struct SandboxSpec {
     pub memory_mb: u64,
     /// Maximum number of tasks (processes + threads) in the sandbox.
     pub pids_max: u64,
+    /// Size of the sandbox's writable disk in MiB (E2B's `diskSizeMB`): what it may write on
+    /// top of its template, bytes and files alike. 0: the driver's default.
+    #[serde(default)]
+    pub disk_mb: u64,
     /// Host directories mounted read-write into the sandbox (E2B volumes).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,

@@ -250,6 +250,7 @@ mod tests {
 
     fn spec(template: &str) -> SandboxSpec {
         SandboxSpec {
+            disk_mb: 0,
             template_id: template.into(),
             rootfs: "/nonexistent".into(),
             cpu_count: 1,

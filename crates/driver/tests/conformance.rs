@@ -18,6 +18,7 @@ impl Harness for FakeHarness {
 
     fn spec(&self, memory_mb: u64, pids_max: u64) -> SandboxSpec {
         SandboxSpec {
+            disk_mb: 0,
             template_id: "base".into(),
             rootfs: "/nonexistent".into(),
             cpu_count: 1,

@@ -129,11 +129,12 @@ pub(crate) fn remove(dir: &Path) {
 }
 
 /// Copy a complete checkpoint to a fresh directory (a snapshot of a paused sandbox); the copy
-/// gets its own marker naming its own directory.
+/// gets its own marker naming its own directory. The project's one tree copy: owners, modes,
+/// times, xattrs and whiteouts kept, disk images left sparse.
 pub(crate) fn copy(from: &Path, to: &Path) -> Result<CheckpointInfo, CheckpointError> {
     let mut info = completed(from).ok_or_else(|| CheckpointError::Incomplete(from.into()))?;
     prepare(to)?;
-    copy_tree(from, to).map_err(|source| CheckpointError::Copy {
+    bulkhead_common::copy::copy_tree(from, to).map_err(|source| CheckpointError::Copy {
         from: from.into(),
         to: to.into(),
         source,
@@ -141,23 +142,6 @@ pub(crate) fn copy(from: &Path, to: &Path) -> Result<CheckpointInfo, CheckpointE
     info.dir = to.to_path_buf();
     mark_complete(&info)?;
     Ok(info)
-}
-
-fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(to)?;
-    for entry in std::fs::read_dir(from)? {
-        let entry = entry?;
-        let ty = entry.file_type()?;
-        let dest = to.join(entry.file_name());
-        if ty.is_dir() {
-            copy_tree(&entry.path(), &dest)?;
-        } else if ty.is_symlink() {
-            std::os::unix::fs::symlink(std::fs::read_link(entry.path())?, &dest)?;
-        } else {
-            std::fs::copy(entry.path(), &dest)?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -195,6 +195,8 @@ impl Engine {
             cpu_count: record.cpu_count,
             memory_mb: record.memory_mb,
             pids_max: 4096,
+            // A step's changes are bounded by the disk too (ENOSPC inside the step).
+            disk_mb: self.cfg.build_limits.max_step_bytes.div_ceil(1 << 20),
             volumes: Vec::new(),
         };
         let handle = self

@@ -50,6 +50,7 @@ impl TemplateInfo {
             cpu_count: self.cpu_count,
             memory_mb: self.memory_mb,
             pids_max: self.pids_max,
+            disk_mb: self.disk_size_mb,
             volumes: Vec::new(),
         }
     }

@@ -322,6 +322,7 @@ fn recover_readopts_live_and_buries_dead() {
         // An orphan the store does not know about (e.g. a pool member of the dead server).
         let orphan = driver
             .start(&SandboxSpec {
+                disk_mb: 0,
                 template_id: "base".into(),
                 rootfs: "/x".into(),
                 cpu_count: 1,

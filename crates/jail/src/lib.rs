@@ -26,6 +26,7 @@ pub mod criu;
 mod driver;
 pub mod freezer;
 pub mod launcher;
+pub mod loopdev;
 pub mod mountplan;
 mod probe;
 pub mod seccomp;

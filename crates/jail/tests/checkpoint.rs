@@ -171,7 +171,7 @@ async fn forks_in_other_slots_own_their_files_and_run_independently() {
         assert_eq!(owner.trim(), "1000:1000", "owner inside the fork");
         let upper = env
             .path()
-            .join(format!("j/s/{}/upper/home/user-file", f.slot));
+            .join(format!("j/s/{}/disk/upper/home/user-file", f.slot));
         let host_uid = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(&upper).unwrap());
         assert_eq!(
             host_uid,
@@ -265,7 +265,7 @@ async fn a_failed_resume_leaves_the_checkpoint_restorable() {
         .await
         .expect_err("a broken image");
     assert!(chain(&e).contains("CRIU restore failed"), "{}", chain(&e));
-    assert!(dir.join("upper/home/data").is_file(), "files given back");
+    assert!(dir.join("disk.ext4").is_file(), "the disk given back");
     std::fs::write(&pstree, good).unwrap();
     let r = d
         .restore(

@@ -163,7 +163,7 @@ async fn sandbox_is_isolated_and_hardened() {
     )
     .await;
     assert_eq!((st.as_str(), out.trim()), ("exit 0", "done"));
-    let upper = env.cfg.state_dir.join(format!("s/{}/upper", h.slot));
+    let upper = env.cfg.state_dir.join(format!("s/{}/disk/upper", h.slot));
     let m = fs::metadata(upper.join("etc/hello")).unwrap();
     assert_eq!((m.uid(), m.gid()), (base, base));
     let wh = fs::symlink_metadata(upper.join("etc/hostname")).unwrap();
@@ -307,6 +307,58 @@ async fn memory_limit_kills_a_hog_and_spares_the_neighbour() {
 
     d.stop(&small).await.unwrap();
     d.stop(&neighbour).await.unwrap();
+    env.assert_clean();
+}
+
+#[requires(Root, "a host the jail driver supports")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disk_limit_holds_for_bytes_and_files() {
+    let env = Env::new();
+    let d = env.driver();
+    let mut spec = env.spec(256, 64);
+    spec.disk_mb = 64;
+    let h = d.start(&spec).await.expect("start");
+    let image = env.path().join(format!("j/s/{}/disk.ext4", h.slot));
+
+    // Bytes: 100 MiB into a 64 MiB disk fail inside the sandbox, not on the host.
+    let (head, out) = sh(&d, &h, "dd if=/dev/zero of=/home/big bs=1M count=100").await;
+    assert_eq!(head, "exit 1", "{out}");
+    assert!(out.contains("No space left"), "{out}");
+    let host = std::fs::metadata(&image).unwrap();
+    assert_eq!(host.len(), 64 << 20, "the image is the disk's size");
+    assert!(
+        std::os::unix::fs::MetadataExt::blocks(&host) * 512 <= 64 << 20,
+        "the host holds no more than the disk"
+    );
+    let u = d.usage(&h).await.expect("usage");
+    assert!(u.disk_total_bytes <= 64 << 20, "{u:?}");
+    assert!(u.disk_used_bytes > 40 << 20, "{u:?}");
+
+    // Files: 64 MiB at one inode per 16 KiB is 4,096 inodes.
+    let (head, out) = sh(
+        &d,
+        &h,
+        "rm /home/big; i=0; while [ $i -lt 6000 ]; do touch /home/f$i || break; i=$((i+1)); done; echo made=$i",
+    )
+    .await;
+    assert_eq!(head, "exit 0", "{out}");
+    let made: u32 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("made="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!((3000..4096).contains(&made), "{out}");
+    assert!(out.contains("No space left"), "{out}");
+
+    // Freed space is usable again; the sandbox lives on.
+    let (head, out) = sh(
+        &d,
+        &h,
+        "rm -f /home/f*; dd if=/dev/zero of=/home/again bs=1M count=16 2>/dev/null && echo ok",
+    )
+    .await;
+    assert_eq!((head.as_str(), out.trim()), ("exit 0", "ok"));
+    d.stop(&h).await.unwrap();
     env.assert_clean();
 }
 

@@ -24,6 +24,7 @@ const UNIFIED: &str = "27 22 0:24 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 r
 
 fn limits() -> CgroupLimits {
     CgroupLimits::from_spec(&SandboxSpec {
+        disk_mb: 0,
         template_id: "base".into(),
         rootfs: "/x".into(),
         cpu_count: 2,
@@ -41,6 +42,7 @@ fn limits_follow_the_spec() {
     assert_eq!(l.cpu_quota_us, Some(200_000));
     assert_eq!(l.cpu_period_us, 100_000);
     let unlimited = CgroupLimits::from_spec(&SandboxSpec {
+        disk_mb: 0,
         template_id: "t".into(),
         rootfs: "/x".into(),
         cpu_count: 0,

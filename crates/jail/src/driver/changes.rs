@@ -1,23 +1,25 @@
 //! [`Driver::changes`](bulkhead_driver::Driver::changes) for the jail: which upper directory
 //! and which lower tree a [`ChangeSource`] means, then [`crate::changes`] on them.
 //!
-//! - A running sandbox: its slot's upper directory (`<state>/s/<slot>/upper`) over the
+//! - A running sandbox: its slot's upper directory (`<state>/s/<slot>/disk/upper`) over the
 //!   idmapped view of its template recorded in the handle (ids do not matter, only names and
 //!   types).
-//! - A checkpoint directory: `<dir>/upper/` over the template rootfs named in its manifest
-//!   (`<dir>/checkpoint.json`, see `manifest.rs`).
-//! - `since`: another checkpoint directory; its `upper/` is the baseline.
+//! - A checkpoint directory: the upper dir on its disk (mounted read-only for the listing,
+//!   [`View`]) over the template rootfs named in its manifest (`<dir>/checkpoint.json`, see
+//!   `manifest.rs`).
+//! - `since`: another checkpoint directory; its upper dir is the baseline.
 
 use std::path::{Path, PathBuf};
 
 use bulkhead_driver::{ChangeSource, DriverError, FileChange};
 
-use super::manifest::{Manifest, UPPER};
+use super::disk::View;
+use super::manifest::Manifest;
 use super::state::{HandleData, JailDriver};
 
-fn checkpoint_layers(dir: &Path) -> Result<(PathBuf, PathBuf), DriverError> {
+fn checkpoint_rootfs(dir: &Path) -> Result<PathBuf, DriverError> {
     let m = Manifest::read(dir)?;
-    let rootfs = m.rootfs.ok_or_else(|| {
+    m.rootfs.ok_or_else(|| {
         DriverError::io(
             format!(
                 "checkpoint {} does not name its template root; its changes cannot be listed",
@@ -25,8 +27,7 @@ fn checkpoint_layers(dir: &Path) -> Result<(PathBuf, PathBuf), DriverError> {
             ),
             std::io::Error::other("no rootfs"),
         )
-    })?;
-    Ok((dir.join(UPPER), rootfs))
+    })
 }
 
 impl JailDriver {
@@ -35,25 +36,40 @@ impl JailDriver {
         of: &ChangeSource,
         since: Option<&Path>,
     ) -> Result<Vec<FileChange>, DriverError> {
-        let (upper, lower) = match of {
+        // A running sandbox's upper dir, or the checkpoint whose disk holds it.
+        let source = match of {
             ChangeSource::Running(h) => {
                 let data: HandleData =
                     serde_json::from_value(h.data.clone()).map_err(|_| DriverError::NotRunning)?;
-                (self.slot_dir(h.slot).join("upper"), data.lower)
+                Ok((self.upper_dir(h.slot), data.lower))
             }
-            ChangeSource::Checkpoint(dir) => checkpoint_layers(dir)?,
+            ChangeSource::Checkpoint(dir) => Err(dir.clone()),
         };
-        let base = since.map(|d| d.join(UPPER));
-        tokio::task::spawn_blocking(move || {
-            crate::changes::changes(&upper, &lower, base.as_deref())
+        let (since, views) = (since.map(Path::to_path_buf), self.view_dir());
+        tokio::task::spawn_blocking(move || -> Result<Vec<FileChange>, DriverError> {
+            let opened = |dir: &Path| {
+                View::open(dir, &views).map_err(|e| {
+                    DriverError::io(format!("open the disk of checkpoint {}", dir.display()), e)
+                })
+            };
+            // Kept open (mounted) until the listing is done.
+            let (_view, upper, lower) = match source {
+                Ok((upper, lower)) => (None, upper, lower),
+                Err(dir) => {
+                    let view = opened(&dir)?;
+                    let upper = view.upper().to_path_buf();
+                    (Some(view), upper, checkpoint_rootfs(&dir)?)
+                }
+            };
+            let base = since.as_deref().map(opened).transpose()?;
+            crate::changes::changes(&upper, &lower, base.as_ref().map(View::upper)).map_err(|e| {
+                DriverError::io(
+                    "Could not list the sandbox's file changes",
+                    std::io::Error::other(e),
+                )
+            })
         })
         .await
         .expect("changes task")
-        .map_err(|e| {
-            DriverError::io(
-                "Could not list the sandbox's file changes",
-                std::io::Error::other(e),
-            )
-        })
     }
 }

@@ -5,8 +5,9 @@
 //!    sandbox that runs on, and for a restored one);
 //! 2. CRIU dumps memory and processes, leaving the cgroup frozen (skipped when
 //!    filesystem-only);
-//! 3. the upper dir is moved (pause) or copied with reflinks (snapshot) into the checkpoint,
-//!    with the agent's log; the manifest is written under a temporary name, then synced;
+//! 3. the sandbox's disk is synced and its image moved (pause) or copied (snapshot: only its
+//!    used extents, or a reflink) into the checkpoint, with the agent's log; the manifest is
+//!    written under a temporary name, then synced;
 //! 4. the manifest is renamed into place: only now is the checkpoint complete;
 //! 5. pause: the sandbox is killed and its slot torn down; snapshot: thawed.
 //!
@@ -20,8 +21,10 @@ use std::path::Path;
 use bulkhead_driver::{CheckpointInfo, CheckpointOptions, DriverError, DriverHandle};
 
 use super::fsutil::{copy_sandbox_file, disk_usage};
-use super::manifest::{AGENT_LOG, CHECKPOINT_FORMAT, IMAGES, MANIFEST, Manifest, UPPER};
-use super::seed::copy_tree;
+use bulkhead_common::copy::copy_file_sparse;
+
+use super::disk;
+use super::manifest::{AGENT_LOG, CHECKPOINT_FORMAT, IMAGES, MANIFEST, Manifest};
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
 use crate::criu::{Criu, CriuError, ExternalMount, dump_args};
 use crate::mountplan::SOCK_DIR;
@@ -86,12 +89,12 @@ impl JailDriver {
         })
     }
 
-    /// A checkpoint that failed before the sandbox was killed: give back an upper dir a pause
+    /// A checkpoint that failed before the sandbox was killed: give back the disk image a pause
     /// moved out, thaw the sandbox (it runs on with its state) and forget what was written.
     async fn abandon_checkpoint(&self, handle: &DriverHandle, dir: &Path, slot_dir: &Path) {
-        let (moved, upper) = (dir.join(UPPER), slot_dir.join(UPPER));
-        if moved.exists() && !upper.exists() {
-            let _ = fs::rename(&moved, &upper);
+        let (moved, image) = (dir.join(disk::IMAGE), slot_dir.join(disk::IMAGE));
+        if moved.exists() && !image.exists() {
+            let _ = fs::rename(&moved, &image);
         }
         let _ = self.set_frozen(handle, false).await;
         let _ = fs::remove_dir_all(dir);
@@ -208,14 +211,17 @@ impl JailDriver {
                     &dir.join(AGENT_LOG),
                     None,
                 )?;
-                let (from, to) = (slot_dir.join(UPPER), dir.join(UPPER));
+                // The sandbox is frozen: once its disk is synced, the image is a consistent
+                // filesystem (its journal replays on the next mount).
+                disk::sync(&slot_dir.join(disk::MOUNT))?;
+                let (from, to) = (slot_dir.join(disk::IMAGE), dir.join(disk::IMAGE));
                 if leave_running {
-                    copy_tree(&from, &to)?;
+                    copy_file_sparse(&from, &to)?;
                 } else if let Err(e) = fs::rename(&from, &to) {
                     if e.raw_os_error() != Some(libc::EXDEV) {
                         return Err(e);
                     }
-                    copy_tree(&from, &to)?;
+                    copy_file_sparse(&from, &to)?;
                 }
                 let pending = manifest.write_pending(&dir)?;
                 let t = std::time::Instant::now();

@@ -1,6 +1,7 @@
 //! `Driver::export_changes`: a sandbox's filesystem changes as an overlay upper dir owned as
 //! inside the sandbox, for template builds. Taken with the filesystem-only pause (frozen, then
-//! the upper dir moved out, then the sandbox torn down), so no process writes while it is read.
+//! the disk moved out, then the sandbox torn down), so no process writes while it is read; the
+//! upper dir is then copied off the disk.
 
 use std::fs;
 use std::io;
@@ -9,7 +10,10 @@ use std::path::Path;
 
 use bulkhead_driver::{CheckpointOptions, DriverError, DriverHandle};
 
-use super::manifest::{Manifest, UPPER};
+use bulkhead_common::copy::copy_tree;
+
+use super::disk::View;
+use super::manifest::{LEGACY_UPPER, Manifest};
 use super::state::JailDriver;
 use crate::IDS_PER_SLOT;
 use crate::uidshift::Shift;
@@ -35,21 +39,27 @@ impl JailDriver {
             filesystem_only: true,
         };
         self.checkpoint_sandbox(handle, &tmp, opts).await?;
-        let (tmp2, dest2) = (tmp.clone(), dest.to_path_buf());
+        let (tmp2, dest2, views) = (tmp.clone(), dest.to_path_buf(), self.view_dir());
         let moved = tokio::task::spawn_blocking(move || -> io::Result<()> {
             let manifest = Manifest::read(&tmp2).map_err(|e| io::Error::other(e.to_string()))?;
-            let upper = tmp2.join(UPPER);
+            let staged = {
+                let view = View::open(&tmp2, &views)?;
+                let staged = tmp2.join(LEGACY_UPPER);
+                // Off the sandbox's disk onto the host's: a layer outlives the disk.
+                copy_tree(view.upper(), &staged)?;
+                staged
+            };
             // Back from the slot's host ids to the ids the sandbox saw (its root is uid 0).
             Shift {
                 from: manifest.uid_base,
                 to: 0,
                 count: IDS_PER_SLOT,
             }
-            .apply(&upper)?;
+            .apply(&staged)?;
             // Now owned by host root with the sandbox's set-uid bits: owner-only before it
             // becomes visible at `dest` (the upper dir's own mode is not part of a layer).
-            fs::set_permissions(&upper, fs::Permissions::from_mode(0o700))?;
-            fs::rename(&upper, &dest2)?;
+            fs::set_permissions(&staged, fs::Permissions::from_mode(0o700))?;
+            fs::rename(&staged, &dest2)?;
             fs::remove_dir_all(&tmp2)
         })
         .await

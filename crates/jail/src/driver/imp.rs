@@ -15,7 +15,6 @@ use bulkhead_driver::{
 };
 
 use super::agent_sock::connect_agent;
-use super::fsutil::{disk_usage, statvfs_total};
 use super::pidfd::verified_pidfd;
 use super::state::{CGROUP_DRAIN_BUDGET, DRIVER_NAME, HandleData, JailDriver};
 use crate::sys;
@@ -250,9 +249,10 @@ impl Driver for JailDriver {
             return Err(DriverError::NotRunning);
         }
         let inner = self.inner.clone();
-        let upper = self.slot_dir(handle.slot).join("upper");
+        let disk = self.slot_dir(handle.slot).join(super::disk::MOUNT);
         let name = sb.cgroup.clone();
         tokio::task::spawn_blocking(move || {
+            let (disk_used_bytes, disk_total_bytes) = super::disk::usage(&disk);
             let cg = inner
                 .cgroups
                 .usage(&name)
@@ -262,8 +262,8 @@ impl Driver for JailDriver {
                 mem_used_bytes: cg.mem_used_bytes,
                 mem_cache_bytes: cg.mem_cache_bytes,
                 mem_limit_bytes: cg.mem_limit_bytes,
-                disk_used_bytes: disk_usage(&upper),
-                disk_total_bytes: statvfs_total(&upper),
+                disk_used_bytes,
+                disk_total_bytes,
                 pids_current: cg.pids_current,
             })
         })

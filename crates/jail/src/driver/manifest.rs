@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! <dir>/checkpoint.json   the manifest, written last: a directory without it is incomplete
-//! <dir>/upper/            the overlay upper dir (the sandbox's filesystem changes)
+//! <dir>/disk.ext4         the sandbox's disk (its overlay upper dir: its filesystem changes)
+//! <dir>/upper/            format 1 only: the upper dir itself, before sandboxes had disks
 //! <dir>/images/           CRIU's images (memory and processes; absent when filesystem-only)
 //! <dir>/agent.log         the agent's log, which the restored agent still has open
 //! ```
@@ -14,10 +15,12 @@ use std::path::{Path, PathBuf};
 use bulkhead_driver::DriverError;
 use serde::{Deserialize, Serialize};
 
-/// Layout version of a jail checkpoint (see the module docs).
-pub(super) const CHECKPOINT_FORMAT: u32 = 1;
+/// Layout version of a jail checkpoint (see the module docs). 2: the disk image; format 1
+/// checkpoints (an `upper/` dir) are still restored.
+pub(super) const CHECKPOINT_FORMAT: u32 = 2;
 pub(super) const MANIFEST: &str = "checkpoint.json";
-pub(super) const UPPER: &str = "upper";
+/// Format 1's upper dir.
+pub(super) const LEGACY_UPPER: &str = "upper";
 pub(super) const IMAGES: &str = "images";
 pub(super) const AGENT_LOG: &str = "agent.log";
 
@@ -29,7 +32,7 @@ pub(super) struct Manifest {
     pub(super) memory: bool,
     /// The template root (for listing changes against it).
     pub(super) rootfs: Option<PathBuf>,
-    /// Host uid of the sandbox's root when it was checkpointed: files in `upper/` are owned
+    /// Host uid of the sandbox's root when it was checkpointed: files on its disk are owned
     /// by that slot's range and are shifted when restored into another.
     pub(super) uid_base: u32,
     /// The slot it ran in (a resume prefers it: no re-owning needed).

@@ -12,7 +12,8 @@
 //! - [`watch`]: owning a running sandbox (pidfd, reaper) and waiting for its death;
 //! - [`teardown`]: killing a sandbox and removing what it held;
 //! - [`freeze`]: freeze and thaw through the cgroup freezer;
-//! - [`manifest`]: a checkpoint directory's layout; [`seed`]: a slot's upper dir from one;
+//! - [`disk`]: a sandbox's own filesystem for its changes (size and inode limits);
+//! - [`manifest`]: a checkpoint directory's layout; [`seed`]: a slot's disk, blank or from one;
 //! - [`start`]: a slot's start as one pipeline;
 //! - [`checkpoint`], [`restore`]: pause/snapshot and restore with CRIU; [`export`]: a
 //!   sandbox's changes for template builds;
@@ -22,6 +23,7 @@ mod agent_sock;
 mod ca;
 mod changes;
 mod checkpoint;
+mod disk;
 mod export;
 mod freeze;
 mod fsutil;

@@ -3,7 +3,8 @@
 //! slot is prepared as for a start, then CRIU rebuilds the process tree:
 //!
 //! 1. a slot (the one it was saved from when free: no re-owning), its fresh directory;
-//! 2. the upper dir moved or copied in and re-owned for the slot's uid range ([`Seed`]),
+//! 2. the checkpoint's disk moved or copied in, mounted and re-owned for the slot's uid range
+//!    ([`Seed`]),
 //!    the agent's log copied to where the restored agent has it open;
 //! 3. the slot's idmapped template view and the sandbox's cgroups;
 //! 4. the images, hard-linked into the slot (so one snapshot serves concurrent forks) with the
@@ -24,9 +25,10 @@ use std::time::Instant;
 use bulkhead_driver::{DriverError, DriverHandle, RestoreOptions, SandboxSpec, StartError};
 
 use super::checkpoint::{AGENT_KEY, SOCK_KEY, criu_error};
+use super::disk;
 use super::fsutil::copy_sandbox_file;
 use super::launch::LaunchError;
-use super::manifest::{AGENT_LOG, IMAGES, Manifest, UPPER};
+use super::manifest::{AGENT_LOG, IMAGES, Manifest};
 use super::seed::Seed;
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
 use crate::cgroup::CgroupLimits;
@@ -51,7 +53,7 @@ impl JailDriver {
             .into());
         }
         let seed = Seed {
-            upper: dir.join(UPPER),
+            dir: dir.to_path_buf(),
             consume: opts.consume,
             uid_base: m.uid_base,
             slot: m.slot,
@@ -78,7 +80,7 @@ impl JailDriver {
             }
             Err(e) => {
                 // Detaches the host views of the overlay and volumes too.
-                self.unseed_upper(slot);
+                self.unseed_disk(slot);
                 self.clean_failed_start(slot, &cgroup_name).await;
                 Err(e)
             }
@@ -110,7 +112,7 @@ impl JailDriver {
         };
         let t0 = Instant::now();
         let sdir = self.fresh_slot_dir(slot)?;
-        self.seed_upper(slot, seed).await?;
+        self.make_disk(slot, spec.disk_mb, Some(seed)).await?;
         let t_seed = t0.elapsed();
         let uid = self.slot_uid(slot);
         copy_sandbox_file(
@@ -143,7 +145,13 @@ impl JailDriver {
         let restored = match &views {
             Ok(views) => {
                 external.extend(views.iter().cloned());
-                match mount_overlay(&lower, &sdir.join(UPPER), &sdir.join("work"), &merged) {
+                let disk = sdir.join(disk::MOUNT);
+                match mount_overlay(
+                    &lower,
+                    &disk.join(disk::UPPER),
+                    &disk.join(disk::WORK),
+                    &merged,
+                ) {
                     Ok(()) => {
                         let pidfile = sdir.join("restore.pid");
                         let args = restore_args(&images, &merged, &pidfile, &external);

@@ -1,22 +1,27 @@
-//! Filling a slot's upper dir from a checkpoint: moved (a resume into the slot it was paused
-//! in) or copied with reflinks where the filesystem has them, then re-owned for the slot's
-//! uid range. Rolled back when the start fails, so the checkpoint stays restorable.
+//! A slot's disk ([`disk`]): blank for a fresh start, or a checkpoint's, moved (a resume into
+//! the slot it was paused in) or copied (only its used extents), then mounted and re-owned for
+//! the slot's uid range. Rolled back when the start fails, so the checkpoint stays restorable.
+//! Checkpoints written before disks existed keep their files in `upper/`; a start from one
+//! copies them onto a blank disk.
 
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use bulkhead_common::copy::{copy_file_sparse, copy_tree};
 use bulkhead_driver::DriverError;
 
+use super::disk;
+use super::manifest::LEGACY_UPPER;
 use super::state::JailDriver;
 use crate::IDS_PER_SLOT;
 use crate::uidshift::Shift;
 
-/// Where a start gets its upper dir from.
+/// Where a start gets its disk from.
 #[derive(Debug, Clone)]
 pub(super) struct Seed {
-    /// The checkpoint's `upper/`.
-    pub(super) upper: PathBuf,
+    /// The checkpoint directory.
+    pub(super) dir: PathBuf,
     /// The checkpoint is not needed afterwards: move instead of copying when possible.
     pub(super) consume: bool,
     /// Host uid of the sandbox's root when it was saved.
@@ -25,48 +30,54 @@ pub(super) struct Seed {
     pub(super) slot: u32,
 }
 
-/// `cp -a` with reflinks where the filesystem supports them (btrfs, xfs), a plain copy
-/// otherwise. Keeps owners, modes, times, xattrs (overlay whiteouts and opaque markers) and
-/// hard links.
-pub(super) fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
-    let out = std::process::Command::new("cp")
-        .args(["-a", "--reflink=auto", "--no-target-directory"])
-        .arg(from)
-        .arg(to)
-        .stdin(std::process::Stdio::null())
-        .output()?;
-    if out.status.success() {
-        return Ok(());
-    }
-    let msg = String::from_utf8_lossy(&out.stderr).trim().to_string();
-    if msg.contains("No space left") {
-        return Err(io::Error::from_raw_os_error(libc::ENOSPC));
-    }
-    Err(io::Error::other(format!("cp -a: {msg}")))
-}
-
 impl JailDriver {
-    fn shift_for(&self, slot: u32, seed: &Seed) -> Shift {
-        Shift {
-            from: seed.uid_base,
-            to: self.slot_uid(slot),
-            count: IDS_PER_SLOT,
-        }
-    }
-
-    /// Replace the fresh slot's empty upper dir with the checkpoint's.
-    pub(super) async fn seed_upper(&self, slot: u32, seed: &Seed) -> Result<(), DriverError> {
-        let dst = self.slot_dir(slot).join("upper");
-        let shift = self.shift_for(slot, seed);
-        let seed = seed.clone();
+    /// The slot's disk, mounted at `<slot>/disk` with the overlay's upper and work dirs:
+    /// blank (`disk_mb`, 0 for the default) or from `seed`.
+    pub(super) async fn make_disk(
+        &self,
+        slot: u32,
+        disk_mb: u64,
+        seed: Option<&Seed>,
+    ) -> Result<(), DriverError> {
+        let dir = self.slot_dir(slot);
+        let uid = self.slot_uid(slot);
+        let cache = self.disk_cache();
+        let mb = if disk_mb == 0 {
+            disk::DEFAULT_MB
+        } else {
+            disk_mb
+        };
+        let seed = seed.cloned();
         tokio::task::spawn_blocking(move || -> io::Result<()> {
-            fs::remove_dir(&dst)?;
-            if seed.consume && shift.from == shift.to {
+            let (image, mnt) = (dir.join(disk::IMAGE), dir.join(disk::MOUNT));
+            fs::create_dir(&mnt)?;
+            let Some(seed) = seed else {
+                disk::create(&cache, &image, mb)?;
+                disk::mount(&image, &mnt, false)?;
+                return disk::lay_out(&mnt, uid);
+            };
+            let shift = Shift {
+                from: seed.uid_base,
+                to: uid,
+                count: IDS_PER_SLOT,
+            };
+            let saved = seed.dir.join(disk::IMAGE);
+            if !saved.is_file() {
+                // A checkpoint from before disks: its files onto a blank disk.
+                disk::create(&cache, &image, mb)?;
+                disk::mount(&image, &mnt, false)?;
+                let upper = mnt.join(disk::UPPER);
+                copy_tree(&seed.dir.join(LEGACY_UPPER), &upper)?;
+                disk::lay_out(&mnt, uid)?;
+                return shift.apply(&upper).map(drop);
+            }
+            let mut moved = false;
+            if seed.consume {
                 // Recorded first: a crash right after the rename still finds its way back.
-                let origin = dst.with_file_name(SEED_ORIGIN);
-                fs::write(&origin, seed.upper.as_os_str().as_encoded_bytes())?;
-                match fs::rename(&seed.upper, &dst) {
-                    Ok(()) => return Ok(()),
+                let origin = dir.join(SEED_ORIGIN);
+                fs::write(&origin, saved.as_os_str().as_encoded_bytes())?;
+                match fs::rename(&saved, &image) {
+                    Ok(()) => moved = true,
                     Err(e) => {
                         let _ = fs::remove_file(&origin);
                         if e.raw_os_error() != Some(libc::EXDEV) {
@@ -75,33 +86,55 @@ impl JailDriver {
                     }
                 }
             }
-            copy_tree(&seed.upper, &dst)?;
-            shift.apply(&dst).map(drop)
+            if !moved {
+                copy_file_sparse(&saved, &image)?;
+            }
+            disk::mount(&image, &mnt, false)?;
+            disk::reset_work(&mnt, uid)?;
+            if shift.from != shift.to {
+                shift.apply(&mnt.join(disk::UPPER))?;
+            }
+            Ok(())
         })
         .await
-        .map_err(|e| DriverError::io("seed task", io::Error::other(e)))?
-        .map_err(|e| DriverError::io("restore the sandbox's files from the checkpoint", e))
+        .map_err(|e| DriverError::io("disk task", io::Error::other(e)))?
+        .map_err(|e| match seed_kind(&e) {
+            Some(msg) => DriverError::io(msg, e),
+            None => DriverError::io("prepare the sandbox's disk", e),
+        })
     }
 
-    /// After a failed start: give a moved upper dir back to the checkpoint.
-    pub(super) fn unseed_upper(&self, slot: u32) {
+    /// After a failed start: give a moved disk back to the checkpoint.
+    pub(super) fn unseed_disk(&self, slot: u32) {
         prepare_slot_removal(&self.slot_dir(slot));
     }
 
-    /// The start succeeded: the slot's upper dir is the sandbox's own now.
+    /// The start succeeded: the slot's disk is the sandbox's own now.
     pub(super) fn seed_done(&self, slot: u32) {
         let _ = fs::remove_file(self.slot_dir(slot).join(SEED_ORIGIN));
     }
 }
 
-/// Where a slot's upper dir was moved from, while a start from a checkpoint is in flight. If
+/// What to tell the user about a failed disk preparation whose cause they can act on.
+fn seed_kind(e: &io::Error) -> Option<&'static str> {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) => Some(
+            "no space left on the host for the sandbox's disk; free some in the data directory",
+        ),
+        _ if e.kind() == io::ErrorKind::ResourceBusy => Some("the sandbox's disk is still in use"),
+        _ => None,
+    }
+}
+
+/// Where a slot's disk image was moved from, while a start from a checkpoint is in flight. If
 /// the start fails, or the server dies before it completes, whoever removes the slot directory
-/// moves the upper dir back first ([`prepare_slot_removal`]): a resume never loses the files.
+/// moves the image back first ([`prepare_slot_removal`]): a resume never loses the files.
 pub(super) const SEED_ORIGIN: &str = "seed-origin";
 
 /// Before a slot directory is removed: the host's views of the overlay and volumes that a
-/// restore mounts (left mounted when the server died during the restore) are detached, and an upper dir moved
-/// in from a checkpoint by a start that did not complete goes back to that checkpoint.
+/// restore mounts (left mounted when the server died during the restore) are detached, the
+/// disk is unmounted (and released by its loop device), and a disk image moved in from a
+/// checkpoint by a start that did not complete goes back to that checkpoint.
 pub(super) fn prepare_slot_removal(slot_dir: &Path) {
     let views = fs::read_dir(slot_dir)
         .into_iter()
@@ -119,21 +152,27 @@ pub(super) fn prepare_slot_removal(slot_dir: &Path) {
             let _ = crate::sys::umount_detach(&view);
         }
     }
+    let unmounted = disk::unmount(&slot_dir.join(disk::MOUNT));
+    if let Err(e) = &unmounted {
+        tracing::warn!(slot = %slot_dir.display(), error = %e, "unmount a sandbox's disk");
+    }
     let Ok(origin) = fs::read_to_string(slot_dir.join(SEED_ORIGIN)) else {
         return;
     };
     let origin = PathBuf::from(origin.trim());
-    let upper = slot_dir.join("upper");
+    let image = slot_dir.join(disk::IMAGE);
+    // Back even when the release timed out: a late write by a dying mount is a consistent
+    // filesystem operation, a deleted image is a lost sandbox.
     if origin.parent().is_some_and(Path::is_dir)
         && !origin.exists()
-        && upper.is_dir()
-        && let Err(e) = fs::rename(&upper, &origin)
+        && image.is_file()
+        && let Err(e) = fs::rename(&image, &origin)
     {
         tracing::error!(
-            from = %upper.display(),
+            from = %image.display(),
             to = %origin.display(),
             error = %e,
-            "cannot give a sandbox's files back to its checkpoint after a failed restore"
+            "cannot give a sandbox's disk back to its checkpoint after a failed restore"
         );
     }
     let _ = fs::remove_file(slot_dir.join(SEED_ORIGIN));

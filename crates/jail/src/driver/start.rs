@@ -1,6 +1,7 @@
 //! Starting a sandbox, as one linear pipeline per slot:
 //!
-//! 1. a fresh slot directory (leftovers and stale cgroups of the slot removed);
+//! 1. a fresh slot directory (leftovers and stale cgroups of the slot removed) and the
+//!    sandbox's disk (`disk.rs`) mounted in it;
 //! 2. `/etc/resolv.conf` in the overlay upper dir (when a nameserver is configured);
 //! 3. the slot's idmapped view of the template (the lower);
 //! 4. the sandbox's cgroup with its limits;
@@ -9,7 +10,7 @@
 //!    hands the slot out while the sandbox lives;
 //! 7. waiting for the agent's socket, with the agent's log tail when it dies or is late.
 //!
-//! A start from a filesystem-only checkpoint ([`Seed`]) fills the upper dir after step 1.
+//! A start from a filesystem-only checkpoint ([`Seed`]) takes the checkpoint's disk in step 1.
 //!
 //! Any failure tears down whatever the steps left (the init, if any, is found in the cgroup).
 
@@ -23,6 +24,7 @@ use bulkhead_driver::{AgentExit, DriverError, DriverHandle, SandboxSpec, StartEr
 
 use super::agent_sock::{connect_agent, log_tail};
 use super::ca::sandbox_ca_bundle;
+use super::disk;
 use super::fsutil::{chown, mkdir_mode};
 use super::launch::LaunchError;
 use super::resolv::write_resolv_conf;
@@ -64,7 +66,7 @@ impl JailDriver {
             }
             Err(e) => {
                 if seed.is_some() {
-                    self.unseed_upper(slot);
+                    self.unseed_disk(slot);
                 }
                 self.clean_failed_start(slot, &cgroup_name).await;
                 Err(e)
@@ -101,11 +103,9 @@ impl JailDriver {
         background: bool,
     ) -> Result<DriverHandle, DriverError> {
         let dir = self.fresh_slot_dir(slot)?;
-        if let Some(seed) = seed {
-            self.seed_upper(slot, seed).await?;
-        }
+        self.make_disk(slot, spec.disk_mb, seed).await?;
         if let Some(ns) = self.inner.cfg.nameserver {
-            write_resolv_conf(&dir.join("upper"), self.slot_uid(slot), ns)?;
+            write_resolv_conf(&self.upper_dir(slot), self.slot_uid(slot), ns)?;
         }
         let lower = self.ensure_lower(slot, &spec.rootfs).await?;
         let procs = self
@@ -176,12 +176,7 @@ impl JailDriver {
         self.remove_stale_cgroups(slot);
         let uid = self.slot_uid(slot);
         mkdir_mode(&dir, 0o711)?;
-        for (sub, owned) in [
-            ("upper", true),
-            ("work", true),
-            ("merged", false),
-            ("sock", true),
-        ] {
+        for (sub, owned) in [("merged", false), ("sock", true)] {
             let p = dir.join(sub);
             mkdir_mode(&p, 0o755)?;
             if owned {
@@ -238,8 +233,8 @@ impl JailDriver {
             uid_base: self.slot_uid(slot),
             id_count: IDS_PER_SLOT,
             lower,
-            upper: dir.join("upper"),
-            work: dir.join("work"),
+            upper: dir.join(disk::MOUNT).join(disk::UPPER),
+            work: dir.join(disk::MOUNT).join(disk::WORK),
             merged: dir.join("merged"),
             sock_dir: dir.join("sock"),
             agent_binary: self.inner.agent.clone(),

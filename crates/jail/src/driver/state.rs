@@ -131,6 +131,23 @@ impl JailDriver {
         self.inner.cfg.state_dir.join("s").join(slot.to_string())
     }
 
+    /// The running sandbox's overlay upper dir, on its disk.
+    pub(super) fn upper_dir(&self, slot: u32) -> PathBuf {
+        self.slot_dir(slot)
+            .join(super::disk::MOUNT)
+            .join(super::disk::UPPER)
+    }
+
+    /// Formatted blank disks, one per size (see `disk.rs`).
+    pub(super) fn disk_cache(&self) -> PathBuf {
+        self.inner.cfg.state_dir.join("disks")
+    }
+
+    /// Mount points of checkpoints' disks opened for reading.
+    pub(super) fn view_dir(&self) -> PathBuf {
+        self.inner.cfg.state_dir.join("views")
+    }
+
     pub(super) fn sock_path(&self, slot: u32) -> PathBuf {
         self.slot_dir(slot).join("sock").join(SOCK_NAME)
     }

@@ -149,6 +149,7 @@ impl Env {
 
     pub fn spec(&self, memory_mb: u64, pids_max: u64) -> SandboxSpec {
         SandboxSpec {
+            disk_mb: 0,
             template_id: "test".into(),
             rootfs: self.rootfs.clone(),
             cpu_count: 1,

@@ -153,6 +153,7 @@ impl Env {
 
     pub fn spec_for(&self, rootfs: &Path, memory_mb: u64, pids_max: u64) -> SandboxSpec {
         SandboxSpec {
+            disk_mb: 0,
             template_id: "test".into(),
             rootfs: rootfs.to_path_buf(),
             cpu_count: 1,
