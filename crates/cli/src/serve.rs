@@ -142,6 +142,15 @@ pub struct ServeArgs {
     /// size; at least 16 MiB).
     #[arg(long, env = "BULKHEAD_VOLUME_MAX_BYTES", default_value_t = 1 << 30)]
     pub volume_max_bytes: u64,
+    /// Every sandbox's disk in MiB (E2B's `diskSizeMB`): what it may write on top of its
+    /// template, bytes and files (one per 16 KiB); a write beyond it fails with ENOSPC inside
+    /// the sandbox. The host pays only for what is written.
+    #[arg(
+        long,
+        env = "BULKHEAD_SANDBOX_DISK_MB",
+        default_value_t = bulkhead_engine::DEFAULT_SANDBOX_DISK_MB
+    )]
+    pub sandbox_disk_mb: u64,
     /// Domain of the sandboxes' hosts: create and connect answer it as `domain`, so the SDKs'
     /// `get_host(port)` gives `{port}-{id}.{domain}`. Point wildcard DNS `*.{domain}` at a TLS
     /// proxy in front of this server (README: "Sandbox ports on your own domain").
@@ -327,6 +336,7 @@ impl ServeArgs {
             },
             templates: self.templates.clone(),
             volume_max_bytes: self.volume_max_bytes,
+            sandbox_disk_mb: self.sandbox_disk_mb,
             // Filled by `run` from `--registry-*`: reading the auth file can fail.
             registry: Default::default(),
             sandbox_domain: self.sandbox_domain.clone(),

@@ -8,6 +8,11 @@ use crate::admission::AdmissionLimits;
 use crate::metering::MeteringConfig;
 use crate::pool_policy::PoolConfig;
 
+/// A sandbox's disk when the operator names none (`--sandbox-disk-mb`): 4 GiB, 262,144 files.
+pub const DEFAULT_SANDBOX_DISK_MB: u64 = 4096;
+/// The smallest disk a sandbox can have (ext4 needs room for its journal and metadata).
+pub const MIN_SANDBOX_DISK_MB: u64 = 32;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// TTL when the client gives none (E2B: 300 s).
@@ -42,6 +47,9 @@ pub struct EngineConfig {
     pub audit_retention: Duration,
     /// Size limit of every new volume, in bytes (`--volume-max-bytes`).
     pub volume_max_bytes: u64,
+    /// Every sandbox's disk in MiB (E2B's `diskSizeMB`, `--sandbox-disk-mb`): what it may write
+    /// on top of its template.
+    pub sandbox_disk_mb: u64,
     /// Where checkpoints (paused sandboxes, snapshots, forks in flight) are written
     /// (`<data-dir>/checkpoints`).
     pub checkpoint_dir: PathBuf,
@@ -160,6 +168,7 @@ impl Default for EngineConfig {
             sandbox_env: BTreeMap::new(),
             audit_retention: Duration::from_secs(7 * 24 * 3600),
             volume_max_bytes: 1 << 30,
+            sandbox_disk_mb: DEFAULT_SANDBOX_DISK_MB,
             checkpoint_dir: std::env::temp_dir().join("bulkhead-checkpoints"),
             paused_retention: Duration::from_secs(30 * 24 * 3600),
             checkpoint_pools: CheckpointPools::Auto,

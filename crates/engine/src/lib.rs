@@ -79,7 +79,9 @@ mod volumes;
 pub use admission::AdmissionLimits;
 pub use bulkhead_store::{UsageFilter, VolumeRow};
 pub use checkpoints::CheckpointError;
-pub use config::{BuildLimits, CheckpointPools, EngineConfig};
+pub use config::{
+    BuildLimits, CheckpointPools, DEFAULT_SANDBOX_DISK_MB, EngineConfig, MIN_SANDBOX_DISK_MB,
+};
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
 pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};

@@ -502,7 +502,7 @@ impl Engine {
             content_hash: b.content_hash.clone(),
             cpu_count: t.cpu_count,
             memory_mb: t.memory_mb,
-            disk_size_mb: 4096,
+            disk_size_mb: self.cfg.sandbox_disk_mb,
             pids_max: 1024,
             runtime: Some(Arc::new(b.runtime.clone())),
         })

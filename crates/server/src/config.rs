@@ -97,6 +97,8 @@ pub struct ServerConfig {
     pub network: NetworkConfig,
     /// Size limit of every new volume in bytes (`--volume-max-bytes`).
     pub volume_max_bytes: u64,
+    /// Every sandbox's disk in MiB (`--sandbox-disk-mb`).
+    pub sandbox_disk_mb: u64,
     /// OCI registries for templates built from images (`--registry-*`): allow list, mirrors,
     /// credentials, pull limits.
     pub registry: bulkhead_images::oci::RegistryConfig,
@@ -217,6 +219,12 @@ impl ServerConfig {
                     max: l.max,
                 });
             }
+        }
+        if self.sandbox_disk_mb < bulkhead_engine::MIN_SANDBOX_DISK_MB {
+            return Err(ConfigError::TooSmall {
+                flag: "--sandbox-disk-mb",
+                min: bulkhead_engine::MIN_SANDBOX_DISK_MB,
+            });
         }
         if self.volume_max_bytes < bulkhead_engine::volume_storage::MIN_VOLUME_BYTES {
             return Err(ConfigError::TooSmall {
@@ -405,6 +413,7 @@ mod tests {
                 resolve: Vec::new(),
             },
             volume_max_bytes: 1 << 30,
+            sandbox_disk_mb: bulkhead_engine::DEFAULT_SANDBOX_DISK_MB,
             registry: Default::default(),
             driver: DriverKind::Jail,
             driver_for: Vec::new(),

@@ -311,6 +311,7 @@ impl Prepared {
                 network_default_allow: net.default_allow,
                 sandbox_env: net.sandbox_env.clone(),
                 volume_max_bytes: config.volume_max_bytes,
+                sandbox_disk_mb: config.sandbox_disk_mb,
                 sandbox_domain: config.sandbox_domain.clone(),
                 registry: config.registry.clone(),
                 metering: config.metering,
@@ -335,7 +336,7 @@ impl Prepared {
                 content_hash: t.recipe.content_hash(),
                 cpu_count: size.cpu_count,
                 memory_mb: size.memory_mb,
-                disk_size_mb: 4096,
+                disk_size_mb: config.sandbox_disk_mb,
                 pids_max: 1024,
                 runtime: None,
             };
