@@ -108,6 +108,38 @@ async fn probe(client: &Client, sb: &SandboxRef, p: Probe) -> anyhow::Result<()>
     }
 }
 
+/// After resume `cycle`: the file written before the pause and the process (its memory, for
+/// the interpreter) are still what they were; then the next cycle's values are set. Errors are
+/// losses.
+async fn verify_cycle(
+    client: &Client,
+    sb: &SandboxRef,
+    p: Probe,
+    cycle: usize,
+) -> anyhow::Result<()> {
+    match p {
+        Probe::Command => {
+            let script = format!(
+                "test \"$(cat /home/user/cycle 2>/dev/null || echo 0)\" = {cycle} \
+                 && test -e /tmp/ready && pgrep -f bytearray >/dev/null \
+                 && echo {} > /home/user/cycle",
+                cycle + 1
+            );
+            sh(client, sb, &script).await
+        }
+        Probe::Code => run_code(
+            client,
+            sb,
+            &format!(
+                "assert globals().get('cycle', 0) == {cycle} and int(df.x.sum()) == 499500\ncycle = {}",
+                cycle + 1
+            ),
+        )
+        .await
+        .map(drop),
+    }
+}
+
 struct Case {
     label: &'static str,
     template: &'static str,
@@ -170,7 +202,9 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
 
     let mut pause = stats("pause");
     let mut resume = stats("resume → first answer");
-    for _ in 0..n {
+    let mut losses = Vec::new();
+    verify_cycle(client, &sb, case.probe, 0).await?;
+    for i in 1..=n {
         let t = Instant::now();
         client
             .api(
@@ -190,6 +224,10 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
             .await?;
         probe(client, &sb, case.probe).await?;
         resume.samples.push(t.elapsed());
+        if let Err(e) = verify_cycle(client, &sb, case.probe, i).await {
+            losses.push(format!("cycle {i}: {e:#}"));
+            break;
+        }
     }
 
     let mut fork = stats("fork → first answer");
@@ -251,6 +289,16 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
     for s in [&pause, &resume, &fork, &from_snapshot] {
         println!("{}", s.row(Some(&cold)));
     }
+    // A loss: a file or the process's memory not what it was before the pause.
+    println!(
+        "pause/resume cycles checked (file written before the pause, process and its memory after): {}, losses: {}{}",
+        resume.samples.len(),
+        losses.len(),
+        losses
+            .first()
+            .map(|l| format!(" (first: {l})"))
+            .unwrap_or_default()
+    );
     let mib = |kib: u64| kib as f64 / 1024.0;
     let delta = |a: u64, b: u64| (a as f64 - b as f64) / 1024.0;
     println!(
@@ -263,5 +311,6 @@ async fn run_case(client: &Client, n: usize, case: &Case) -> anyhow::Result<()> 
         delta(mem_running.1, mem_before.1),
         delta(mem_paused.1, mem_before.1),
     );
+    anyhow::ensure!(losses.is_empty(), "a pause/resume cycle lost state");
     Ok(())
 }

@@ -75,7 +75,9 @@ pub trait Driver: Send + Sync + 'static {
     /// Is the sandbox described by `handle` (e.g. loaded from the store after a restart) still
     /// alive? If so the driver takes ownership of it again (slot marked used). A handle whose
     /// pid start time does not match, whose process is gone, or whose format this build cannot
-    /// read ([`DriverHandle::is_readable`]) is refused.
+    /// read ([`DriverHandle::is_readable`]) is refused. So is a sandbox whose pause the driver
+    /// completed (its checkpoint is whole) but did not get to tear down: the driver stops it, and
+    /// it is paused. An unfinished pause is undone (the sandbox gets back what it had moved).
     async fn adopt(&self, handle: &DriverHandle) -> bool;
 
     /// Open a new byte stream to the sandbox's agent.

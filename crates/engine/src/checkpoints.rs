@@ -32,7 +32,7 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
     #[error(
-        "Cannot mark the checkpoint in {} complete: check free space in the data directory",
+        "Cannot mark the checkpoint in {} complete: {source}",
         .path.display()
     )]
     Mark {
@@ -41,7 +41,7 @@ pub enum CheckpointError {
         source: std::io::Error,
     },
     #[error(
-        "Cannot copy the checkpoint {} to {}: check free space in the data directory",
+        "Cannot copy the checkpoint {} to {}: {source}",
         .from.display(),
         .to.display()
     )]

@@ -109,7 +109,7 @@ pub enum EngineError {
     Recover(#[source] DriverError),
     /// The driver could not checkpoint a running sandbox; it keeps running with its state.
     #[error(
-        "Could not {op} sandbox {id}: taking its checkpoint failed, so it keeps running with its state; try again, and if it keeps failing ask the operator to check the server log (the host may lack CRIU — run `scripts/criu.sh` — or free space in the data directory)"
+        "Could not {op} sandbox {id}, which keeps running with its state: try again, and if it keeps failing ask the operator to check the server log. Taking its checkpoint failed: {source}"
     )]
     CheckpointFailed {
         id: String,

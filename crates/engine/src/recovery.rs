@@ -21,6 +21,20 @@ use crate::types::{LifecyclePolicy, OnTimeout};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// How long recovery waits for an adopted sandbox's agent to say which protocol it speaks.
+const RECOVERY_AGENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The directories in `dir` (none when it does not exist).
+fn read_dirs(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
 impl Engine {
     /// Re-adopt sandboxes that survived a server restart, mark the rest dead and reclaim any
     /// driver leftovers. Call once before serving.
@@ -69,9 +83,13 @@ impl Engine {
                 if row.state != SandboxState::Running {
                     tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found running after an interrupted operation");
                     // A pause interrupted in the driver may have left the sandbox frozen.
-                    // Its unfinished checkpoint stays on disk until the sandbox ends (the
-                    // driver may have moved the sandbox's live files into it: deleting it now
-                    // could take them away); the next pause writes a fresh directory.
+                    // The checkpoint goes: a pause that got as far as a complete checkpoint
+                    // made the driver refuse the adoption (the sandbox is paused, see below),
+                    // and adopting gave back whatever an unfinished one had taken; a resume
+                    // that got this far is done.
+                    if let Some(dir) = &checkpoint {
+                        checkpoints::remove(dir);
+                    }
                     if self.driver.capabilities().freeze
                         && let Err(e) = self.driver.thaw(&h).await
                     {
@@ -171,6 +189,7 @@ impl Engine {
         if reclaimed > 0 {
             tracing::info!(reclaimed, "cleaned up leftover sandboxes");
         }
+        self.sweep_orphan_checkpoints().await?;
         self.resume_metering().await?;
         Ok(keep.len())
     }
@@ -179,17 +198,42 @@ impl Engine {
     /// have no info route (404) and count as the legacy protocol; so does an agent that cannot
     /// be asked right now (it is adopted anyway, and a later call shows whether it answers).
     async fn adopted_agent_info(&self, id: &str, h: &DriverHandle) -> AgentInfo {
-        let asked = match self.driver.connect(h).await {
-            Ok(stream) => agent_client::agent_info(stream).await,
-            Err(e) => {
-                tracing::warn!(sandbox = %id, error = &e as &dyn std::error::Error, "cannot reach the agent of an adopted sandbox; assuming the legacy protocol");
-                return AgentInfo::legacy();
+        // Bounded: an agent that does not answer (stopped, or still frozen) must not keep the
+        // server from serving.
+        let asked = tokio::time::timeout(RECOVERY_AGENT_TIMEOUT, async {
+            match self.driver.connect(h).await {
+                Ok(stream) => agent_client::agent_info(stream)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(bulkhead_common::error_chain(&e)),
             }
-        };
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {RECOVERY_AGENT_TIMEOUT:?}")));
         asked.unwrap_or_else(|e| {
-            tracing::warn!(sandbox = %id, error = &e as &dyn std::error::Error, "cannot ask the agent of an adopted sandbox for its version; assuming the legacy protocol");
+            tracing::warn!(sandbox = %id, error = %e, "cannot ask the agent of an adopted sandbox for its version; assuming the legacy protocol");
             AgentInfo::legacy()
         })
+    }
+
+    /// Checkpoints nothing refers to after a restart: snapshots the previous server was still
+    /// writing (their row is inserted only once they are complete) and forks' snapshots (a
+    /// fork in flight died with the server).
+    async fn sweep_orphan_checkpoints(&self) -> Result<()> {
+        let root = &self.cfg.checkpoint_dir;
+        for dir in read_dirs(&root.join("forks")) {
+            checkpoints::remove(&dir);
+        }
+        for dir in read_dirs(&root.join("snapshots")) {
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if self.store.get_snapshot(id).await?.is_none() {
+                tracing::info!(dir = %dir.display(), "removing an unfinished snapshot");
+                checkpoints::remove(&dir);
+            }
+        }
+        Ok(())
     }
 }
 

@@ -198,15 +198,12 @@ pub fn plan(spec: &StartSpec) -> Vec<Step> {
             flags: NOSUID | NODEV,
             data: format!("mode=1777,size={}m", spec.shm_size_mb.max(1)),
         },
+        // `/tmp` is on the sandbox's disk, as on E2B: it survives a filesystem-only pause,
+        // counts against `diskSizeMB` (not memory), and a restore brings it back as written
+        // (a tmpfs would be dumped into CRIU's images, mtimes cut to whole seconds).
         Step::Mkdir {
             path: at("tmp"),
             mode: 0o1777,
-        },
-        Step::Mount {
-            fstype: "tmpfs".into(),
-            target: at("tmp"),
-            flags: NOSUID | NODEV,
-            data: format!("mode=1777,size={}m", spec.tmp_size_mb.max(1)),
         },
         Step::Mkdir {
             path: at("run"),
@@ -500,7 +497,6 @@ mod tests {
             env: vec![],
             hostname: "sandbox".into(),
             cgroup_procs: vec![],
-            tmp_size_mb: 128,
             shm_size_mb: 32,
             volatile_upper: true,
             nproc_limit: None,
@@ -653,7 +649,10 @@ mod tests {
         assert!(c[position(c, "devpts")].contains("newinstance,ptmxmode=0666"));
         position(c, "symlink /j/s/0/merged/dev/ptmx -> pts/ptmx");
         position(c, "symlink /j/s/0/merged/dev/fd -> /proc/self/fd");
-        assert!(c[position(c, "merged/tmp tmpfs")].ends_with("size=128m"));
+        assert!(
+            !c.iter().any(|l| l.contains("merged/tmp tmpfs")),
+            "/tmp is on the disk"
+        );
         assert!(c[position(c, "merged/dev/shm tmpfs")].ends_with("size=32m"));
         let agent_bind = position(c, "mount /opt/agent /j/s/0/merged/run/bulkhead/agent");
         let agent_ro = position(c, "ro /j/s/0/merged/run/bulkhead/agent false");

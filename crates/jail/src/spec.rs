@@ -32,8 +32,7 @@ pub struct StartSpec {
     pub hostname: String,
     /// `cgroup.procs` files the child is written into before it is released.
     pub cgroup_procs: Vec<PathBuf>,
-    /// Sizes of the `/tmp` and `/dev/shm` tmpfs mounts.
-    pub tmp_size_mb: u64,
+    /// Size of the `/dev/shm` tmpfs mount.
     pub shm_size_mb: u64,
     /// Mount the overlay `volatile`: the kernel then never syncs the upper filesystem, neither
     /// on `fsync` inside the sandbox nor when the overlay goes away. Without it every sandbox
@@ -122,7 +121,6 @@ mod tests {
             env: vec!["PATH=/usr/bin:/bin".into()],
             hostname: "sandbox".into(),
             cgroup_procs: vec!["/sys/fs/cgroup/pids/bulkhead/1-x/cgroup.procs".into()],
-            tmp_size_mb: 256,
             shm_size_mb: 64,
             volatile_upper: true,
             nproc_limit: None,

@@ -21,7 +21,7 @@ async fn changes_of_a_running_sandbox() {
         &d,
         &h,
         "mkdir -p /home/user/proj && echo hi > /home/user/proj/a.txt && echo more >> /etc/passwd \
-         && rm /etc/template-marker && echo tmp > /tmp/not-listed",
+         && rm /etc/template-marker && echo tmp > /tmp/listed && echo shm > /dev/shm/not-listed",
     )
     .await;
     assert_eq!(st, "exit 0", "{out}");
@@ -46,6 +46,8 @@ async fn changes_of_a_running_sandbox() {
                 ChangeKind::Created,
                 "file".into()
             ),
+            // On the disk, as on E2B (/dev/shm is a tmpfs: not a change).
+            ("/tmp/listed".into(), ChangeKind::Created, "file".into()),
         ]
     );
     let a = list.iter().find(|c| c.path.ends_with("a.txt")).unwrap();

@@ -19,7 +19,8 @@ def test_changes_list_created_modified_deleted(server, sandbox):
     sandbox.files.write("/home/user/proj/main.py", "print('hi')\n")
     sandbox.files.make_dir("/home/user/proj/pkg")
     sandbox.commands.run("echo extra >> /etc/hostname && rm /etc/issue && ln -s main.py /home/user/proj/link", user="root")
-    sandbox.files.write("/tmp/not-tracked.txt", "tmpfs, not the overlay")
+    sandbox.files.write("/tmp/scratch.txt", "on the disk, as on E2B")
+    sandbox.commands.run("echo x > /dev/shm/not-tracked")
 
     r = changes(server, sandbox.sandbox_id)
     assert r.status == 200, r.body
@@ -33,8 +34,9 @@ def test_changes_list_created_modified_deleted(server, sandbox):
     issue = got["/etc/issue"]
     assert (issue["kind"], issue["type"], issue["size"]) == ("deleted", "file", 0)
     assert "mtime" not in issue
-    # Bookkeeping of the jail, tmpfs files and untouched parents are not changes.
-    for path in ("/etc/resolv.conf", "/tmp/not-tracked.txt", "/etc", "/home/user", "/home"):
+    assert got["/tmp/scratch.txt"]["kind"] == "created"
+    # Bookkeeping of the jail, tmpfs files (/dev/shm) and untouched parents are not changes.
+    for path in ("/etc/resolv.conf", "/dev/shm/not-tracked", "/etc", "/home/user", "/home"):
         assert path not in got, path
     assert [c["path"] for c in r.json()] == sorted(got)
 

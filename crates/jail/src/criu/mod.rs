@@ -256,6 +256,28 @@ fn is_noise(line: &str) -> bool {
         .any(|n| line.contains(n))
 }
 
+/// CRIU processes still running `binary` whose command line names any of `marks` (a server's
+/// state dir or cgroup subtree): what a server that died mid-dump or mid-restore left behind.
+pub fn leftover_processes(binary: &Path, marks: &[String]) -> Vec<i32> {
+    let Ok(binary) = std::fs::canonicalize(binary) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe == binary)
+                && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    let c = String::from_utf8_lossy(&c);
+                    marks.iter().any(|m| c.contains(m.as_str()))
+                })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,6 +25,7 @@ use bulkhead_common::copy::copy_file_sparse;
 
 use super::disk;
 use super::manifest::{AGENT_LOG, CHECKPOINT_FORMAT, IMAGES, MANIFEST, Manifest};
+use super::seed::{MOVED_TO, record_move};
 use super::state::{DRIVER_NAME, HandleData, JailDriver};
 use crate::criu::{Criu, CriuError, ExternalMount, dump_args};
 use crate::mountplan::SOCK_DIR;
@@ -96,6 +97,7 @@ impl JailDriver {
         if moved.exists() && !image.exists() {
             let _ = fs::rename(&moved, &image);
         }
+        let _ = fs::remove_file(slot_dir.join(MOVED_TO));
         let _ = self.set_frozen(handle, false).await;
         let _ = fs::remove_dir_all(dir);
     }
@@ -184,9 +186,8 @@ impl JailDriver {
                 loop {
                     match criu.run("dump", &args, &images.join("dump.log"), &[]).await {
                         Ok(()) => break,
-                        // A connection from the host still queued at the agent's listening
-                        // socket (e.g. a health probe not yet accepted): let the agent take it.
-                        Err(e) if attempt < DUMP_ATTEMPTS && is_foreign_socket(&e) => {
+                        // See `is_transient`: thaw, let the tree settle, try again.
+                        Err(e) if attempt < DUMP_ATTEMPTS && is_transient(&e) => {
                             attempt += 1;
                             self.set_frozen(handle, false).await?;
                             tokio::time::sleep(std::time::Duration::from_millis(20 * attempt))
@@ -217,11 +218,15 @@ impl JailDriver {
                 let (from, to) = (slot_dir.join(disk::IMAGE), dir.join(disk::IMAGE));
                 if leave_running {
                     copy_file_sparse(&from, &to)?;
-                } else if let Err(e) = fs::rename(&from, &to) {
-                    if e.raw_os_error() != Some(libc::EXDEV) {
-                        return Err(e);
+                } else {
+                    // Recorded first: whoever finds the sandbox alive later gives it back.
+                    record_move(&slot_dir, &to)?;
+                    if let Err(e) = fs::rename(&from, &to) {
+                        if e.raw_os_error() != Some(libc::EXDEV) {
+                            return Err(e);
+                        }
+                        copy_file_sparse(&from, &to)?;
                     }
-                    copy_file_sparse(&from, &to)?;
                 }
                 let pending = manifest.write_pending(&dir)?;
                 let t = std::time::Instant::now();
@@ -282,12 +287,17 @@ impl JailDriver {
     }
 }
 
-/// Dumps tried when a host connection got in the way (see [`is_foreign_socket`]).
+/// Dumps tried when something transient got in the way (see [`is_transient`]).
 const DUMP_ATTEMPTS: u64 = 4;
 
-fn is_foreign_socket(e: &CriuError) -> bool {
+/// A dump failure that another try avoids: a connection from the host still queued at the
+/// agent's listening socket (e.g. a health probe not yet accepted: the agent takes it), or a
+/// process that exited while CRIU seized the tree (a command that had just finished).
+fn is_transient(e: &CriuError) -> bool {
     matches!(e, CriuError::Failed { log_tail, .. }
-        if log_tail.contains("Unix socket") && log_tail.contains("not found"))
+        if (log_tail.contains("Unix socket") && log_tail.contains("not found"))
+            || log_tail.contains("Unable to detach from")
+            || (log_tail.contains("Unable to seize") && log_tail.contains("No such process")))
 }
 
 fn clear_dir(dir: &Path) -> io::Result<()> {

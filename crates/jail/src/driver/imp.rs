@@ -16,6 +16,7 @@ use bulkhead_driver::{
 
 use super::agent_sock::connect_agent;
 use super::pidfd::verified_pidfd;
+use super::seed::reclaim_moved_disk;
 use super::state::{CGROUP_DRAIN_BUDGET, DRIVER_NAME, HandleData, JailDriver};
 use crate::sys;
 use crate::{cgroup, freezer};
@@ -106,6 +107,21 @@ impl Driver for JailDriver {
         let Some(fd) = verified_pidfd(handle.pid, handle.pid_start_time) else {
             return false;
         };
+        // A server that died during a pause may have moved the disk into the checkpoint:
+        // back to the sandbox if that checkpoint is incomplete; if it is complete, the pause
+        // is done but for the teardown, and the sandbox is paused, not running.
+        if !reclaim_moved_disk(&self.slot_dir(handle.slot)) {
+            let _ = self
+                .teardown(
+                    handle.slot,
+                    handle.pid,
+                    handle.pid_start_time,
+                    Some(&data.cgroup),
+                    false,
+                )
+                .await;
+            return false;
+        }
         // A server that died during a checkpoint leaves the sandbox frozen; nobody else ever
         // keeps one frozen across a restart.
         freezer::thaw_now(self.inner.cgroups.freezer(&data.cgroup));
@@ -143,24 +159,9 @@ impl Driver for JailDriver {
             reclaimed += 1;
         }
 
-        // 2. Slot directories left by a previous run (live or dead sandboxes).
-        let free = |n: u32| {
-            let slots = self.inner.slots.lock().expect("slot table poisoned");
-            !slots.is_busy(n) && !kept_slots.contains(&n)
-        };
-        let sdir = self.inner.cfg.state_dir.join("s");
-        let on_disk: Vec<u32> = fs::read_dir(&sdir)
-            .map_err(|e| DriverError::io(format!("read {}", sdir.display()), e))?
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse().ok())
-            .collect();
-        for n in on_disk.into_iter().filter(|n| free(*n)) {
-            let (pid, st, cg) = self.slot_owner(n).unwrap_or((0, 0, None));
-            self.teardown(n, pid, st, cg.as_deref(), false).await?;
-            reclaimed += 1;
-        }
-
-        // 3. Sandbox cgroups whose slot is free (e.g. a crash before the pid file was written).
+        // 2. Sandbox cgroups whose slot is free (e.g. a crash before the pid file was written,
+        // or a restore the previous server did not get to register): their processes go
+        // first, so that the slot directories' disks are free to unmount below.
         let names = self
             .inner
             .cgroups
@@ -200,6 +201,23 @@ impl Driver for JailDriver {
             }
             r.map_err(|e| DriverError::io("remove a leftover sandbox cgroup", e))?;
         }
+        // 3. Slot directories left by a previous run (live or dead sandboxes).
+        let free = |n: u32| {
+            let slots = self.inner.slots.lock().expect("slot table poisoned");
+            !slots.is_busy(n) && !kept_slots.contains(&n)
+        };
+        let sdir = self.inner.cfg.state_dir.join("s");
+        let on_disk: Vec<u32> = fs::read_dir(&sdir)
+            .map_err(|e| DriverError::io(format!("read {}", sdir.display()), e))?
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect();
+        for n in on_disk.into_iter().filter(|n| free(*n)) {
+            let (pid, st, cg) = self.slot_owner(n).unwrap_or((0, 0, None));
+            self.teardown(n, pid, st, cg.as_deref(), false).await?;
+            reclaimed += 1;
+        }
+
         Ok(reclaimed)
     }
 

@@ -3,8 +3,7 @@
 //! slot is prepared as for a start, then CRIU rebuilds the process tree:
 //!
 //! 1. a slot (the one it was saved from when free: no re-owning), its fresh directory;
-//! 2. the checkpoint's disk moved or copied in, mounted and re-owned for the slot's uid range
-//!    ([`Seed`]),
+//! 2. a copy of the checkpoint's disk, mounted and re-owned for the slot's uid range ([`Seed`]),
 //!    the agent's log copied to where the restored agent has it open;
 //! 3. the slot's idmapped template view and the sandbox's cgroups;
 //! 4. the images, hard-linked into the slot (so one snapshot serves concurrent forks) with the
@@ -54,7 +53,6 @@ impl JailDriver {
         }
         let seed = Seed {
             dir: dir.to_path_buf(),
-            consume: opts.consume,
             uid_base: m.uid_base,
             slot: m.slot,
         };
@@ -74,13 +72,10 @@ impl JailDriver {
             .await
         {
             Ok(h) => {
-                self.seed_done(slot);
                 tracing::debug!(slot, pid = h.pid, elapsed = ?started.elapsed(), "jail sandbox restored");
                 Ok(h)
             }
             Err(e) => {
-                // Detaches the host views of the overlay and volumes too.
-                self.unseed_disk(slot);
                 self.clean_failed_start(slot, &cgroup_name).await;
                 Err(e)
             }

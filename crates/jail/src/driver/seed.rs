@@ -1,8 +1,15 @@
-//! A slot's disk ([`disk`]): blank for a fresh start, or a checkpoint's, moved (a resume into
-//! the slot it was paused in) or copied (only its used extents), then mounted and re-owned for
-//! the slot's uid range. Rolled back when the start fails, so the checkpoint stays restorable.
+//! A slot's disk ([`disk`]): blank for a fresh start, or a copy of a checkpoint's (a reflink
+//! where the filesystem has them, else only its used extents), mounted and re-owned for the
+//! slot's uid range. Never the checkpoint's own image, not even for a resume that consumes it:
+//! restored processes write to their disk at once, and a checkpoint must stay exactly what was
+//! saved until the resume is committed (a server dying in between resumes from it again).
 //! Checkpoints written before disks existed keep their files in `upper/`; a start from one
 //! copies them onto a blank disk.
+//!
+//! A pause moves the slot's image into its checkpoint while the sandbox still runs (frozen);
+//! [`MOVED_TO`] records where, so that whoever finds the sandbox alive afterwards — a failed
+//! pause, or a restarted server adopting it — can give it back while the checkpoint is
+//! incomplete ([`reclaim_moved_disk`]).
 
 use std::fs;
 use std::io;
@@ -22,8 +29,6 @@ use crate::uidshift::Shift;
 pub(super) struct Seed {
     /// The checkpoint directory.
     pub(super) dir: PathBuf,
-    /// The checkpoint is not needed afterwards: move instead of copying when possible.
-    pub(super) consume: bool,
     /// Host uid of the sandbox's root when it was saved.
     pub(super) uid_base: u32,
     /// The slot it was saved from.
@@ -71,24 +76,7 @@ impl JailDriver {
                 disk::lay_out(&mnt, uid)?;
                 return shift.apply(&upper).map(drop);
             }
-            let mut moved = false;
-            if seed.consume {
-                // Recorded first: a crash right after the rename still finds its way back.
-                let origin = dir.join(SEED_ORIGIN);
-                fs::write(&origin, saved.as_os_str().as_encoded_bytes())?;
-                match fs::rename(&saved, &image) {
-                    Ok(()) => moved = true,
-                    Err(e) => {
-                        let _ = fs::remove_file(&origin);
-                        if e.raw_os_error() != Some(libc::EXDEV) {
-                            return Err(e);
-                        }
-                    }
-                }
-            }
-            if !moved {
-                copy_file_sparse(&saved, &image)?;
-            }
+            copy_file_sparse(&saved, &image)?;
             disk::mount(&image, &mnt, false)?;
             disk::reset_work(&mnt, uid)?;
             if shift.from != shift.to {
@@ -103,16 +91,6 @@ impl JailDriver {
             None => DriverError::io("prepare the sandbox's disk", e),
         })
     }
-
-    /// After a failed start: give a moved disk back to the checkpoint.
-    pub(super) fn unseed_disk(&self, slot: u32) {
-        prepare_slot_removal(&self.slot_dir(slot));
-    }
-
-    /// The start succeeded: the slot's disk is the sandbox's own now.
-    pub(super) fn seed_done(&self, slot: u32) {
-        let _ = fs::remove_file(self.slot_dir(slot).join(SEED_ORIGIN));
-    }
 }
 
 /// What to tell the user about a failed disk preparation whose cause they can act on.
@@ -126,15 +104,45 @@ fn seed_kind(e: &io::Error) -> Option<&'static str> {
     }
 }
 
-/// Where a slot's disk image was moved from, while a start from a checkpoint is in flight. If
-/// the start fails, or the server dies before it completes, whoever removes the slot directory
-/// moves the image back first ([`prepare_slot_removal`]): a resume never loses the files.
-pub(super) const SEED_ORIGIN: &str = "seed-origin";
+/// In a slot directory while a pause has moved the slot's disk image into a checkpoint whose
+/// sandbox is not torn down yet: the image's path in the checkpoint.
+pub(super) const MOVED_TO: &str = "disk-moved-to";
+
+/// A pause is about to move the slot's image to `to`: record it first.
+pub(super) fn record_move(slot_dir: &Path, to: &Path) -> io::Result<()> {
+    fs::write(slot_dir.join(MOVED_TO), to.as_os_str().as_encoded_bytes())
+}
+
+/// The sandbox in `slot_dir` lives on: if a pause moved its image into a checkpoint that was
+/// never completed (no manifest), move it back. Returns whether the slot has its image (false:
+/// the image is in a complete checkpoint, the sandbox is paused and must be stopped).
+pub(super) fn reclaim_moved_disk(slot_dir: &Path) -> bool {
+    let marker = slot_dir.join(MOVED_TO);
+    let Ok(to) = fs::read_to_string(&marker) else {
+        return true;
+    };
+    let (to, image) = (PathBuf::from(to), slot_dir.join(disk::IMAGE));
+    let complete = to
+        .parent()
+        .is_some_and(|c| c.join(super::manifest::MANIFEST).is_file());
+    if complete {
+        return false;
+    }
+    if to.is_file() && !image.exists() {
+        if let Err(e) = fs::rename(&to, &image) {
+            tracing::error!(from = %to.display(), to = %image.display(), error = %e,
+                "cannot give a sandbox its disk back after an interrupted pause");
+            return false;
+        }
+        tracing::info!(slot = %slot_dir.display(), "disk given back after an interrupted pause");
+    }
+    let _ = fs::remove_file(&marker);
+    true
+}
 
 /// Before a slot directory is removed: the host's views of the overlay and volumes that a
-/// restore mounts (left mounted when the server died during the restore) are detached, the
-/// disk is unmounted (and released by its loop device), and a disk image moved in from a
-/// checkpoint by a start that did not complete goes back to that checkpoint.
+/// restore mounts (left mounted when the server died during the restore) are detached, and the
+/// disk is unmounted (and released by its loop device).
 pub(super) fn prepare_slot_removal(slot_dir: &Path) {
     let views = fs::read_dir(slot_dir)
         .into_iter()
@@ -152,28 +160,7 @@ pub(super) fn prepare_slot_removal(slot_dir: &Path) {
             let _ = crate::sys::umount_detach(&view);
         }
     }
-    let unmounted = disk::unmount(&slot_dir.join(disk::MOUNT));
-    if let Err(e) = &unmounted {
+    if let Err(e) = disk::unmount(&slot_dir.join(disk::MOUNT)) {
         tracing::warn!(slot = %slot_dir.display(), error = %e, "unmount a sandbox's disk");
     }
-    let Ok(origin) = fs::read_to_string(slot_dir.join(SEED_ORIGIN)) else {
-        return;
-    };
-    let origin = PathBuf::from(origin.trim());
-    let image = slot_dir.join(disk::IMAGE);
-    // Back even when the release timed out: a late write by a dying mount is a consistent
-    // filesystem operation, a deleted image is a lost sandbox.
-    if origin.parent().is_some_and(Path::is_dir)
-        && !origin.exists()
-        && image.is_file()
-        && let Err(e) = fs::rename(&image, &origin)
-    {
-        tracing::error!(
-            from = %image.display(),
-            to = %origin.display(),
-            error = %e,
-            "cannot give a sandbox's disk back to its checkpoint after a failed restore"
-        );
-    }
-    let _ = fs::remove_file(slot_dir.join(SEED_ORIGIN));
 }

@@ -83,6 +83,7 @@ impl JailDriver {
                 io::Error::last_os_error(),
             ));
         }
+        settle_leftover_criu(&cfg);
         let slots = Mutex::new(SlotTable::new(cfg.max_slots));
         Ok(JailDriver {
             inner: Arc::new(Inner {
@@ -95,5 +96,36 @@ impl JailDriver {
                 stale_cgroups: Mutex::new(Vec::new()),
             }),
         })
+    }
+}
+
+/// How long a restarted server lets a dump or restore its predecessor started finish.
+const LEFTOVER_CRIU_BUDGET: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// A server that died during a dump or restore leaves its CRIU running: left alone, a dump
+/// re-freezes the sandbox after this server thawed it. Killing it mid-dump could leave parasite
+/// code in the sandbox's processes, so it gets a short while to finish first (a dump of a
+/// sandbox takes well under a second), then SIGKILL. Only this server's: their command lines
+/// name its state dir (restores) or its cgroup subtree (dumps).
+fn settle_leftover_criu(cfg: &JailConfig) {
+    let Some(criu) = &cfg.criu else { return };
+    let marks = [
+        cfg.state_dir.display().to_string(),
+        format!("/{}/", cfg.cgroup_parent.trim_matches('/')),
+    ];
+    let until = std::time::Instant::now() + LEFTOVER_CRIU_BUDGET;
+    let mut left = crate::criu::leftover_processes(criu, &marks);
+    if left.is_empty() {
+        return;
+    }
+    tracing::warn!(pids = ?left, "waiting for CRIU runs a previous server left behind");
+    while !left.is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        left = crate::criu::leftover_processes(criu, &marks);
+    }
+    for pid in left {
+        tracing::warn!(pid, "killing a CRIU run a previous server left behind");
+        // SAFETY: plain syscall; the pid was just checked to run CRIU for this server.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
     }
 }

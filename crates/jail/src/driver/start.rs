@@ -58,16 +58,10 @@ impl JailDriver {
             .await
         {
             Ok(h) => {
-                if seed.is_some() {
-                    self.seed_done(slot);
-                }
                 tracing::debug!(slot, pid = h.pid, elapsed = ?started.elapsed(), "jail sandbox started");
                 Ok(h)
             }
             Err(e) => {
-                if seed.is_some() {
-                    self.unseed_disk(slot);
-                }
                 self.clean_failed_start(slot, &cgroup_name).await;
                 Err(e)
             }
@@ -246,7 +240,6 @@ impl JailDriver {
             hostname: "sandbox".into(),
             cgroup_procs,
             // tmpfs pages are charged to the sandbox's memory cgroup, so bound them by it.
-            tmp_size_mb: spec.memory_mb.max(16),
             shm_size_mb: spec.memory_mb.clamp(1, 64),
             volatile_upper: true,
             // Leave a reserve of tasks for the agent (see `StartSpec::nproc_limit`).
