@@ -411,6 +411,64 @@ async fn start_failures_are_reported_and_cleaned_up() {
     d.prune_lowers().unwrap();
 }
 
+/// A server that died in a pause after the disk image was moved into the checkpoint: the next
+/// driver gives the image back when the checkpoint is incomplete, and stops the sandbox (it is
+/// paused) when the checkpoint is complete.
+#[requires(Root, "a host the jail driver supports")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopting_after_a_pause_died_midway_puts_the_disk_in_one_place() {
+    let env = Env::new();
+    let d1 = env.driver();
+    let (a, b) = (
+        d1.start(&env.spec(128, 64)).await.expect("start a"),
+        d1.start(&env.spec(128, 64)).await.expect("start b"),
+    );
+    let (st, _) = sh(&d1, &a, "echo kept > /home/f").await;
+    assert_eq!(st, "exit 0");
+    drop(d1);
+    let moved = |h: &bulkhead_driver::DriverHandle, name: &str| {
+        let slot = env.path().join(format!("j/s/{}", h.slot));
+        let ckpt = env.path().join(name);
+        fs::create_dir_all(&ckpt).unwrap();
+        let to = ckpt.join("disk.ext4");
+        fs::write(
+            slot.join("disk-moved-to"),
+            to.as_os_str().as_encoded_bytes(),
+        )
+        .unwrap();
+        fs::rename(slot.join("disk.ext4"), &to).unwrap();
+        ckpt
+    };
+    // a: the checkpoint never got its manifest.
+    let unfinished = moved(&a, "unfinished");
+    // b: the checkpoint is complete (its manifest is in place).
+    let complete = moved(&b, "complete");
+    fs::write(complete.join("checkpoint.json"), "{}").unwrap();
+
+    let d2 = env.driver();
+    assert!(d2.adopt(&a).await, "an unfinished pause is undone");
+    assert!(
+        env.path()
+            .join(format!("j/s/{}/disk.ext4", a.slot))
+            .is_file(),
+        "the disk is back in the slot"
+    );
+    assert!(!unfinished.join("disk.ext4").exists());
+    let (_, out) = sh(&d2, &a, "cat /home/f").await;
+    assert_eq!(out.trim(), "kept");
+    assert!(
+        !d2.adopt(&b).await,
+        "a finished pause makes the sandbox paused"
+    );
+    assert!(
+        complete.join("disk.ext4").is_file(),
+        "the checkpoint keeps its disk"
+    );
+    assert!(matches!(d2.connect(&b).await, Err(DriverError::NotRunning)));
+    d2.stop(&a).await.unwrap();
+    env.assert_clean();
+}
+
 #[requires(Root, "a host the jail driver supports")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adopt_after_the_driver_is_recreated() {
