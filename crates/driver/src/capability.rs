@@ -89,7 +89,7 @@ pub struct CheckpointOptions {
 }
 
 /// How to [`restore`](crate::Driver::restore).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RestoreOptions {
     /// The checkpoint is not needed afterwards (resuming a pause): the driver may move files
     /// out of it instead of copying them. The caller deletes the directory after success; on
@@ -99,6 +99,9 @@ pub struct RestoreOptions {
     /// checkpoint's saved filesystem (E2B's `memory: false` on connect). The memory part of the
     /// image is left as it was. A checkpoint without memory always restores this way.
     pub filesystem_only: bool,
+    /// The envd access token the restored agent already holds (a secured sandbox's memory):
+    /// what a driver sends with its own calls to that agent after the restore.
+    pub access_token: Option<String>,
 }
 
 /// What [`checkpoint`](crate::Driver::checkpoint) wrote into its directory: memory, process

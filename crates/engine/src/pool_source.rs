@@ -312,6 +312,7 @@ impl Engine {
         let opts = RestoreOptions {
             consume: false,
             filesystem_only: false,
+            access_token: None,
         };
         let h = self
             .driver

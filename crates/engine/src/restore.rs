@@ -29,6 +29,7 @@ impl Engine {
         let opts = RestoreOptions {
             consume: false,
             filesystem_only: !c.memory,
+            access_token: c.access_token.clone(),
         };
         let handle = self
             .driver

@@ -151,6 +151,7 @@ impl Engine {
         let opts = RestoreOptions {
             consume: true,
             filesystem_only: fresh_boot,
+            access_token: token.clone(),
         };
         // The same volumes at the same paths (a fresh boot mounts them like a start does).
         let mut spec = template.spec();

@@ -306,6 +306,7 @@ async fn a_memory_checkpoint_can_be_restored_filesystem_only() {
             RestoreOptions {
                 consume: false,
                 filesystem_only: true,
+                ..Default::default()
             },
         )
         .await

@@ -143,7 +143,7 @@ impl MicrovmDriver {
                 ram,
             };
             let rec = self.launch_and_wait(spec, &launch).await?;
-            if let Err(e) = self.reseed(&rec, spec.pids_max).await {
+            if let Err(e) = self.reseed(&rec, spec.pids_max, None).await {
                 self.teardown(&rec).await;
                 return Err(e);
             }
@@ -202,7 +202,7 @@ impl MicrovmDriver {
             // Code-interpreter templates: the kernels start with the agent; wait until they
             // run and are warmed, so clones have them at once (204, or 404 from an agent
             // without the route).
-            self.agent_post(&vm, WARM_PATH, None, self.cfg.start_timeout)
+            self.agent_post(&vm, WARM_PATH, None, None, self.cfg.start_timeout)
                 .await
                 .and_then(|status| match status {
                     200..=299 | 404 => Ok(()),
@@ -258,7 +258,13 @@ impl MicrovmDriver {
     /// Fresh entropy, the host's clock and the sandbox's process limit `pids_max` for a clone
     /// (`POST /bulkhead/cloned`), which also re-seeds the kernels' generators of a
     /// code-interpreter template.
-    pub(crate) async fn reseed(&self, rec: &VmRecord, pids_max: u64) -> Result<(), DriverError> {
+    /// `token`: the agent's access token when its memory holds one (a secured sandbox).
+    pub(crate) async fn reseed(
+        &self,
+        rec: &VmRecord,
+        pids_max: u64,
+        token: Option<&str>,
+    ) -> Result<(), DriverError> {
         let mut entropy = [0u8; 64];
         getrandom(&mut entropy).map_err(|e| DriverError::io("read host randomness", e))?;
         let body = ClonedRequest {
@@ -275,7 +281,7 @@ impl MicrovmDriver {
             .map_err(|e| DriverError::io("encode the re-seed", std::io::Error::other(e)))?;
         let vm = self.vm_for(rec.clone());
         match self
-            .agent_post(&vm, CLONED_PATH, Some(body), self.cfg.start_timeout)
+            .agent_post(&vm, CLONED_PATH, Some(body), token, self.cfg.start_timeout)
             .await
         {
             Ok(204) => Ok(()),
@@ -296,13 +302,17 @@ impl MicrovmDriver {
         vm: &Vm,
         path: &str,
         body: Option<Vec<u8>>,
+        token: Option<&str>,
         limit: Duration,
     ) -> std::io::Result<u16> {
         let body = body.unwrap_or_default();
+        let auth = token
+            .map(|t| format!("X-Access-Token: {t}\r\n"))
+            .unwrap_or_default();
         let exchange = async {
             let mut s = self.open_stream(vm).await.map_err(std::io::Error::other)?;
             let head = format!(
-                "POST {path} HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\
+                "POST {path} HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n{auth}\
                  Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
                 body.len()
             );

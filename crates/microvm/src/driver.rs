@@ -550,6 +550,21 @@ impl Driver for MicrovmDriver {
     async fn adopt(&self, h: &DriverHandle) -> bool {
         match self.live_record(h) {
             Some(rec) => {
+                // A server that died during a pause, snapshot or fork leaves the VM stopped,
+                // maybe still migrating into a descriptor nobody reads: cancel that and run
+                // on (nothing keeps a VM stopped across a restart; both are no-ops otherwise).
+                let qmp = rec.dir.join(vm::QMP_SOCKET);
+                if let Err(e) = qmp::execute(
+                    &qmp,
+                    &[
+                        ("migrate_cancel", serde_json::Value::Null),
+                        ("cont", serde_json::Value::Null),
+                    ],
+                )
+                .await
+                {
+                    tracing::warn!(slot = h.slot, error = %e, "could not resume an adopted VM");
+                }
                 self.vm_for(rec);
                 true
             }

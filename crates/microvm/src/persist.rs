@@ -176,7 +176,10 @@ impl MicrovmDriver {
             backend: meta.ram_backend,
         };
         let rec = self.launch_and_wait(&spec, &launch).await?;
-        if let Err(e) = self.reseed(&rec, spec.pids_max).await {
+        if let Err(e) = self
+            .reseed(&rec, spec.pids_max, opts.access_token.as_deref())
+            .await
+        {
             self.teardown(&rec).await;
             return Err(e);
         }

@@ -115,3 +115,22 @@ def test_a_snapshot_of_a_paused_sandbox_keeps_every_file_as_it_was(sandbox_facto
         _check_files(resumed, expected)
     finally:
         Sandbox.delete_snapshot(snap.snapshot_id)
+
+
+def test_tmp_is_on_the_disk_and_comes_back_exactly_as_written(sandbox_factory):
+    """`/tmp` as on E2B (issue 23, item 7): on the sandbox's disk, not a tmpfs; a memory pause
+    brings its files back with their exact mtimes, and a filesystem-only pause keeps them."""
+    sbx = sandbox_factory(timeout=300)
+    assert sbx.commands.run("stat -f -c %T /tmp").stdout.strip() != "tmpfs"
+    sbx.commands.run("head -c 100000 /dev/urandom > /tmp/data && touch -d '2022-02-03 04:05:06.987654321' /tmp/data")
+    look = "md5sum /tmp/data; stat -c '%s %y' /tmp/data"
+    before = sbx.commands.run(look).stdout
+    assert ".987654321" in before, before
+
+    assert sbx.pause() is True
+    sbx = Sandbox.connect(sbx.sandbox_id, timeout=300)
+    assert sbx.commands.run(look).stdout == before, "after a memory pause"
+
+    assert sbx.pause(mode="filesystem") is True
+    sbx = Sandbox.connect(sbx.sandbox_id, timeout=300)
+    assert sbx.commands.run(look).stdout == before, "after a filesystem-only pause"
