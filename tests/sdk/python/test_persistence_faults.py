@@ -4,34 +4,10 @@ running — and it comes back with its files and processes."""
 
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
-
 import pytest
 from e2b import Sandbox
 
-
-def _kill_server_during(server, action, delay: float):
-    """Run `action` in a thread, SIGKILL the server `delay` seconds in, start it again."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["result"] = action()
-        except Exception as e:  # the server died under the request
-            outcome["result"] = e
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    time.sleep(delay)
-    os.kill(server.pid, signal.SIGKILL)
-    server.proc.wait(timeout=30)
-    t.join(timeout=30)
-    server._spawn()
-    server.wait_ready(timeout=float(os.environ.get("BULKHEAD_STARTUP_TIMEOUT", "1200")))
-    return outcome.get("result")
+from faultlib import kill_and_restart
 
 
 def _assert_whole(sandbox_id: str, marker: str, pid: int):
@@ -53,7 +29,7 @@ def test_kill_9_during_pause(server, sandbox_factory, delay):
     marker = f"pause-{delay}"
     sbx.files.write("/home/user/marker.txt", marker)
     bg = sbx.commands.run("sleep 100000", background=True)
-    _kill_server_during(server, sbx.beta_pause, delay)
+    kill_and_restart(server, sbx.beta_pause, delay, f"pause + {delay} s")
     _assert_whole(sbx.sandbox_id, marker, bg.pid)
 
 
@@ -66,7 +42,7 @@ def test_kill_9_during_resume(server, sandbox_factory, delay):
     sbx.files.write("/home/user/marker.txt", marker)
     bg = sbx.commands.run("sleep 100000", background=True)
     assert sbx.beta_pause() is True
-    _kill_server_during(server, lambda: Sandbox.connect(sbx.sandbox_id), delay)
+    kill_and_restart(server, lambda: Sandbox.connect(sbx.sandbox_id), delay, f"resume + {delay} s")
     _assert_whole(sbx.sandbox_id, marker, bg.pid)
 
 
