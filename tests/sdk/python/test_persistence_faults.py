@@ -62,3 +62,16 @@ def test_repeated_pause_resume_keeps_state_and_confinement(sandbox_factory):
         assert r.stdout.strip().endswith("denied"), f"cycle {i}: {r.stdout!r} {r.stderr!r}"
         r = sbx.commands.run(f"grep NoNewPrivs /proc/self/status && sudo -n mkdir /cycle{i} && stat -c %U /cycle{i}")
         assert r.stdout.split() == ["NoNewPrivs:", "0", "root"], f"cycle {i}: {r.stdout!r}"
+
+
+def test_pauses_succeed_while_processes_come_and_go(sandbox_factory):
+    """Item 6 of issue 23: a pause right as processes exit (a loop forking short-lived commands,
+    and a command that has just finished) succeeds; CRIU's seize is retried when a process
+    vanishes under it."""
+    sbx = sandbox_factory(timeout=600)
+    sbx.commands.run("sh -c 'while :; do /bin/true; done'", background=True, timeout=0)
+    for i in range(15):
+        sbx.commands.run("true")
+        assert sbx.pause() is True, f"pause {i}"
+        sbx = Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert sbx.commands.run("echo up").stdout == "up\n", f"cycle {i}"

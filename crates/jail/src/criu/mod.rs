@@ -102,6 +102,9 @@ pub fn dump_args(
     a.extend(["-D".into(), images.into()]);
     a.extend(COMMON.iter().map(OsString::from));
     a.push("--leave-running".into());
+    // Collecting the tree waits at most this long for a task caught mid-exec or mid-exit
+    // (CRIU's default is 10 s); the driver thaws and tries again (`is_transient`).
+    a.extend(["--timeout".into(), "2".into()]);
     let mut fz = OsString::from("--freeze-cgroup=");
     fz.push(freezer);
     a.push(fz);

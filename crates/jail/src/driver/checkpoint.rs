@@ -291,12 +291,14 @@ impl JailDriver {
 const DUMP_ATTEMPTS: u64 = 4;
 
 /// A dump failure that another try avoids: a connection from the host still queued at the
-/// agent's listening socket (e.g. a health probe not yet accepted: the agent takes it), or a
-/// process that exited while CRIU seized the tree (a command that had just finished).
+/// agent's listening socket (e.g. a health probe not yet accepted: the agent takes it), a
+/// process that exited while CRIU seized the tree (a command that had just finished), or one
+/// the freezer caught mid-exec or mid-exit (state D: "unseizable"), which thawing lets finish.
 fn is_transient(e: &CriuError) -> bool {
     matches!(e, CriuError::Failed { log_tail, .. }
         if (log_tail.contains("Unix socket") && log_tail.contains("not found"))
             || log_tail.contains("Unable to detach from")
+            || log_tail.contains("Unseizable non-zombie")
             || (log_tail.contains("Unable to seize") && log_tail.contains("No such process")))
 }
 
