@@ -16,7 +16,7 @@ use crate::lifecycle::{self, Operation, Step};
 use crate::live::{Live, LiveExtra};
 use crate::metering::Meter;
 use crate::types::{Caller, ListPage, ListRequest, SandboxInfo};
-use crate::validate::{decode_token, encode_token};
+use crate::validate::{page_after, page_end};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -200,20 +200,12 @@ impl Engine {
             team_id: Some(caller.team_id.clone()),
         };
         let limit = req.limit.unwrap_or(100).clamp(1, 100);
-        let after = match &req.next_token {
-            Some(t) if !t.is_empty() => Some(decode_token(t)?),
-            _ => None,
-        };
+        let after = page_after(req.next_token.as_deref())?;
         let mut rows = self
             .store
             .list_sandboxes(&filter, Some(limit as i64 + 1), req.order_desc, after)
             .await?;
-        let next_token = if rows.len() > limit {
-            rows.truncate(limit);
-            rows.last().map(|r| encode_token(r.started_at, &r.id))
-        } else {
-            None
-        };
+        let next_token = page_end(&mut rows, limit, |r| (r.started_at, &r.id));
         let total_running = self
             .store
             .count_sandboxes(&SandboxFilter {

@@ -13,7 +13,7 @@ use crate::error::EngineError;
 use crate::ids;
 use crate::network;
 use crate::types::{Caller, SecretInfo, SecretPage};
-use crate::validate::{decode_token, encode_token, validate_metadata, validate_secret_value};
+use crate::validate::{page_after, page_end, validate_metadata, validate_secret_value};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -106,20 +106,12 @@ impl Engine {
         next_token: Option<&str>,
     ) -> Result<SecretPage> {
         let limit = limit.unwrap_or(100).clamp(1, 100);
-        let after = match next_token {
-            Some(t) if !t.is_empty() => Some(decode_token(t)?),
-            _ => None,
-        };
+        let after = page_after(next_token)?;
         let mut rows = self
             .store
             .list_secrets(&caller.team_id, limit as i64 + 1, after)
             .await?;
-        let next_token = if rows.len() > limit {
-            rows.truncate(limit);
-            rows.last().map(|r| encode_token(r.created_at, &r.id))
-        } else {
-            None
-        };
+        let next_token = page_end(&mut rows, limit, |r| (r.created_at, &r.id));
         Ok(SecretPage {
             items: rows.iter().map(SecretInfo::from).collect(),
             next_token,

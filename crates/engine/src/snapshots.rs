@@ -17,7 +17,7 @@ use crate::error::EngineError;
 use crate::ids;
 use crate::lifecycle::Operation;
 use crate::types::{Caller, SnapshotInfo, SnapshotPage};
-use crate::validate::{decode_token, encode_token};
+use crate::validate::{page_after, page_end};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -222,20 +222,12 @@ impl Engine {
             team_id: Some(caller.team_id.clone()),
         };
         let limit = limit.unwrap_or(100).clamp(1, 100);
-        let after = match next_token {
-            Some(t) if !t.is_empty() => Some(decode_token(t)?),
-            _ => None,
-        };
+        let after = page_after(next_token)?;
         let mut rows = self
             .store
             .list_snapshots(&filter, limit as i64 + 1, after)
             .await?;
-        let next_token = if rows.len() > limit {
-            rows.truncate(limit);
-            rows.last().map(|r| encode_token(r.created_at, &r.id))
-        } else {
-            None
-        };
+        let next_token = page_end(&mut rows, limit, |r| (r.created_at, &r.id));
         Ok(SnapshotPage {
             items: rows.iter().map(info).collect(),
             next_token,

@@ -10,6 +10,31 @@ use crate::error::EngineError;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
+/// Where a page starts: after the row a `nextToken` names (none or empty: the first page).
+pub(crate) fn page_after(next_token: Option<&str>) -> Result<Option<(i64, String)>> {
+    match next_token {
+        Some(t) if !t.is_empty() => decode_token(t).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// `rows` were fetched with one more than `limit`: cut them to the page and return the token of
+/// the next page (none on the last), keyed by each row's (time, id).
+pub(crate) fn page_end<T>(
+    rows: &mut Vec<T>,
+    limit: usize,
+    key: impl Fn(&T) -> (i64, &str),
+) -> Option<String> {
+    if rows.len() <= limit {
+        return None;
+    }
+    rows.truncate(limit);
+    rows.last().map(|r| {
+        let (at, id) = key(r);
+        encode_token(at, id)
+    })
+}
+
 pub(crate) fn encode_token(started_at: i64, id: &str) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{started_at}:{id}"))
 }

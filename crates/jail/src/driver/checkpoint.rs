@@ -230,7 +230,7 @@ impl JailDriver {
                 }
                 let pending = manifest.write_pending(&dir)?;
                 let t = std::time::Instant::now();
-                sys_syncfs(&dir)?;
+                disk::sync(&dir)?;
                 tracing::debug!(sync = ?t.elapsed(), "checkpoint synced");
                 Ok(pending)
             })
@@ -400,16 +400,6 @@ async fn remove_network_link(pid: i32) -> Result<(), DriverError> {
             "remove the sandbox's network link before the checkpoint",
             io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
         ));
-    }
-    Ok(())
-}
-
-fn sys_syncfs(dir: &Path) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let f = fs::File::open(dir)?;
-    // SAFETY: syncfs on a descriptor we own.
-    if unsafe { libc::syncfs(f.as_raw_fd()) } < 0 {
-        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

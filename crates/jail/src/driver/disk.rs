@@ -198,7 +198,8 @@ pub(super) fn usage(mnt: &Path) -> (u64, u64) {
     (total.saturating_sub(free), total)
 }
 
-/// `syncfs` on the filesystem holding `path`.
+/// `syncfs` on the filesystem holding `path` (a sandbox's disk, or the checkpoint's host
+/// filesystem).
 pub(super) fn sync(path: &Path) -> io::Result<()> {
     let f = fs::File::open(path)?;
     // SAFETY: plain syscall on an open descriptor.
