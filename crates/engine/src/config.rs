@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::admission::AdmissionLimits;
-use crate::metering::MeteringConfig;
-use crate::pool_policy::PoolConfig;
+use crate::pool::policy::PoolConfig;
+use crate::sandbox::admission::AdmissionLimits;
+use crate::tenancy::metering::MeteringConfig;
 
 /// A sandbox's disk when the operator names none (`--sandbox-disk-mb`): 4 GiB, 262,144 files.
 pub const DEFAULT_SANDBOX_DISK_MB: u64 = 4096;

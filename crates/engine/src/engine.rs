@@ -11,17 +11,17 @@ use bulkhead_store::Store;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::Admission;
 use crate::config::EngineConfig;
-use crate::driver::{Driver, DriverHandle};
 use crate::error::EngineError;
-use crate::gold::PoolSources;
-use crate::keys;
-use crate::live::LiveSet;
-use crate::network::{EgressControl, StoreAuditSink};
-use crate::pool_policy::Demand;
+use crate::node::driver::{Driver, DriverHandle};
+use crate::node::network::{EgressControl, StoreAuditSink};
+use crate::pool::gold::PoolSources;
+use crate::pool::policy::Demand;
+use crate::sandbox::admission::Admission;
+use crate::sandbox::live::LiveSet;
+use crate::tenancy::keys;
 use crate::types::{Caller, TemplateInfo};
-use crate::volume_storage::VolumeStorage;
+use crate::volume::storage::VolumeStorage;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -54,9 +54,9 @@ pub struct Engine {
     /// Volumes that creates in flight are mounting (id → count): not deletable meanwhile.
     pub(crate) volumes_mounting: Mutex<HashMap<String, usize>>,
     /// Template builds through the Template API (`template_builds`).
-    pub(crate) builds: crate::template_types::TemplateBuilds,
+    pub(crate) builds: crate::template::types::TemplateBuilds,
     /// Per-team rate limits, creates in flight, key last-use and credit state (`tenancy`).
-    pub(crate) tenants: crate::tenants::Tenants,
+    pub(crate) tenants: crate::tenancy::state::Tenants,
 }
 
 impl Engine {

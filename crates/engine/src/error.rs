@@ -4,10 +4,10 @@
 
 use bulkhead_envd::protocol::{AGENT_PROTOCOL_VERSION, AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
 
-use crate::agent_client::AgentClientError;
-use crate::checkpoints::CheckpointError;
-use crate::driver::DriverError;
-use crate::lifecycle::{Operation, Refusal};
+use crate::node::agent_client::AgentClientError;
+use crate::node::checkpoints::CheckpointError;
+use crate::node::driver::DriverError;
+use crate::sandbox::lifecycle::{Operation, Refusal};
 
 /// Why a sandbox's network link could not be made or changed.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +84,7 @@ pub enum EngineError {
     #[error("{0} already exists")]
     Conflict(String),
     #[error(transparent)]
-    TemplateBuild(crate::template_types::TemplateBuildError),
+    TemplateBuild(crate::template::types::TemplateBuildError),
     /// The network link or policy of a sandbox could not be set while running `op`.
     #[error(
         "Could not {op} the sandbox: its network link could not be set up; try again, and if it keeps failing ask the operator to check the egress proxy"
@@ -148,16 +148,16 @@ pub enum EngineError {
     Store(#[from] bulkhead_store::StoreError),
     /// A volume verb or a create's `volumeMounts` failed.
     #[error(transparent)]
-    Volume(#[from] crate::volume_types::VolumeError),
+    Volume(#[from] crate::volume::types::VolumeError),
     /// Listing a sandbox's file changes failed.
     #[error(transparent)]
     Changes(#[from] ChangesError),
     /// A volume content operation failed.
     #[error(transparent)]
-    VolumeFs(#[from] crate::volume_fs::VolumeFsError),
+    VolumeFs(#[from] crate::volume::fs::VolumeFsError),
     /// A team limit (credits, create rate, a quota) refused the request.
     #[error(transparent)]
-    Quota(#[from] crate::quota::QuotaError),
+    Quota(#[from] crate::tenancy::quota::QuotaError),
 }
 
 impl EngineError {

@@ -7,95 +7,56 @@
 //! notices its death; a reaper kills sandboxes whose `end_at` passed. Which operation may run
 //! in which state is decided by [`lifecycle::transition`] alone.
 //!
-//! Layout: leaf modules hold shared state and types (`config`, `types`, `clock`, `validate`,
-//! `live`, `lifecycle`, `error`, `quota`, `metering`, `tenants`, `teams`); [`engine`](crate::Engine) holds the `Engine` value; each verb
-//! module adds its own `impl Engine` block and imports only leaves.
+//! Layout: folders say what they hold — `sandbox/` (the verbs and the state machine), `pool/`,
+//! `template/`, `volume/`, `tenancy/`, `background/` and `node/` (driver, checkpoints, network,
+//! agent streams). Leaf modules at the top hold shared types (`config`, `types`, `clock`,
+//! `validate`, `error`, `ids`, `telemetry`); [`engine`](crate::Engine) holds the `Engine` value.
 
-mod admission;
-pub mod agent_client;
-mod build_admission;
-mod checkpoints;
+mod background;
 mod clock;
 mod config;
-mod disk_usage;
-pub mod driver;
 mod engine;
 mod error;
-mod gold;
-mod guarded;
 pub mod ids;
-mod image_gc;
-pub mod keys;
-pub mod lifecycle;
-mod live;
-pub mod metering;
-pub mod network;
-mod pool_policy;
-pub mod quota;
-pub mod teams;
-mod tenants;
+mod node;
+mod pool;
+mod sandbox;
+pub mod telemetry;
+mod template;
+mod tenancy;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod types;
 mod validate;
-pub mod volume_fs;
-pub mod volume_storage;
-mod volume_types;
+mod volume;
 
-// Verbs: each an `impl Engine` block.
-mod changes;
-mod connect;
-mod create;
-mod filler;
-mod fork;
-mod kill;
-mod meter;
-mod network_ops;
-mod pause;
-mod pool_source;
-mod reaper;
-mod recovery;
-mod restore;
-mod resume;
-mod sandboxes;
-mod secrets;
-mod signed_urls;
-mod snapshots;
-mod team_keys;
-pub mod telemetry;
-mod template_builder;
-pub mod template_builds;
-mod template_exec;
-mod template_image;
-pub mod template_spec;
-mod template_types;
-mod templates;
-mod tenancy;
-mod timeout;
-mod usage;
-mod volume_content;
-mod volumes;
+// Public modules, by the names front ends know them under.
+pub use node::{agent_client, driver, network};
+pub use sandbox::lifecycle;
+pub use template::{builds as template_builds, spec as template_spec};
+pub use tenancy::{keys, metering, quota, teams};
+pub use volume::{fs as volume_fs, storage as volume_storage};
 
-pub use admission::AdmissionLimits;
+pub use background::image_gc::ImageGcError;
 pub use bulkhead_store::{UsageFilter, VolumeRow};
-pub use checkpoints::CheckpointError;
 pub use config::{
     BuildLimits, CheckpointPools, DEFAULT_SANDBOX_DISK_MB, EngineConfig, MIN_SANDBOX_DISK_MB,
 };
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
-pub use fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
-pub use image_gc::ImageGcError;
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use metering::{ExhaustedAction, MeteringConfig, Prices, UsageReport};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
-pub use pool_policy::{PoolConfig, PoolLimits};
-pub use pool_source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
+pub use node::checkpoints::CheckpointError;
+pub use pool::policy::{PoolConfig, PoolLimits};
+pub use pool::source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
 pub use quota::{Limit, QuotaError};
+pub use sandbox::admission::AdmissionLimits;
+pub use sandbox::fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,
     SnapshotPage, TemplateInfo, TemplateRuntime, TemplateStatus, Usage,
 };
-pub use volume_content::ContentAuth;
-pub use volume_types::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};
+pub use volume::content::ContentAuth;
+pub use volume::types::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};

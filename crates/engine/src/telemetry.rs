@@ -23,7 +23,7 @@ pub mod names {
 
 /// A team limit refused a request: which limit (`credits`, `create_rate`, `max_sandboxes`,
 /// ...). Never labelled by team: tenants come and go, series should not.
-pub(crate) fn refused(limit: crate::quota::Limit) {
+pub(crate) fn refused(limit: crate::tenancy::quota::Limit) {
     metrics::counter!(names::REFUSALS, "limit" => limit.label()).increment(1);
 }
 

@@ -20,7 +20,7 @@ pub struct RecordingEgress {
     links: Mutex<HashMap<String, std::os::fd::OwnedFd>>,
 }
 
-impl crate::network::EgressControl for RecordingEgress {
+impl crate::node::network::EgressControl for RecordingEgress {
     fn attach(
         &self,
         sandbox_id: &str,
@@ -79,7 +79,7 @@ pub fn base_template() -> crate::TemplateInfo {
 
 /// The caller of a fresh API key in `store`: the owner of what a test creates.
 pub async fn owner(store: &bulkhead_store::Store) -> crate::Caller {
-    crate::keys::create(store, "t")
+    crate::tenancy::keys::create(store, "t")
         .await
         .expect("create an API key")
         .0

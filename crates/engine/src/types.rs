@@ -10,9 +10,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::clock::ms_to_dt;
-use crate::driver::SandboxSpec;
-use crate::lifecycle::SandboxState;
-use crate::network::SandboxNetwork;
+use crate::node::driver::SandboxSpec;
+use crate::node::network::SandboxNetwork;
+use crate::sandbox::lifecycle::SandboxState;
 
 /// A template the engine can start sandboxes from (its rootfs is already built).
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +82,7 @@ pub struct CreateRequest {
     /// E2B `network` (allowOut, denyOut, rules).
     pub network: Option<SandboxNetwork>,
     /// E2B `volumeMounts`: volumes (by name) to mount read-write at these paths.
-    pub volume_mounts: Vec<crate::volume_types::MountRequest>,
+    pub volume_mounts: Vec<crate::volume::types::MountRequest>,
     /// What the TTL's end does and whether traffic resumes it (E2B `autoPause`,
     /// `autoPauseMemory`, `autoResume`, `lifecycle`).
     pub lifecycle: LifecyclePolicy,

@@ -1,0 +1,255 @@
+//! Recovery after a server restart: re-adopt sandboxes that survived, keep paused ones whose
+//! checkpoint is complete, bury the rest, reclaim driver leftovers. A sandbox the previous
+//! server left `pausing` or `resuming` ends up running (its process lives) or paused (its
+//! checkpoint is complete), never half-restored.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use bulkhead_store::{PersistenceRow, SandboxFilter, SandboxState};
+
+use bulkhead_envd::protocol::{AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
+
+use crate::clock::now_ms;
+use crate::node::agent_client;
+use crate::node::checkpoints;
+use crate::node::driver::DriverHandle;
+use crate::sandbox::live::{LiveExtra, Paused};
+use crate::types::{LifecyclePolicy, OnTimeout};
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// How long recovery waits for an adopted sandbox's agent to say which protocol it speaks.
+const RECOVERY_AGENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The directories in `dir` (none when it does not exist).
+fn read_dirs(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.path())
+        .collect()
+}
+
+impl Engine {
+    /// Re-adopt sandboxes that survived a server restart, mark the rest dead and reclaim any
+    /// driver leftovers. Call once before serving.
+    pub async fn recover(self: &Arc<Self>) -> Result<usize> {
+        let rows = self
+            .store
+            .list_sandboxes(
+                &SandboxFilter {
+                    states: vec![
+                        SandboxState::Running,
+                        SandboxState::Pausing,
+                        SandboxState::Paused,
+                        SandboxState::Resuming,
+                    ],
+                    ..Default::default()
+                },
+                None,
+                false,
+                None,
+            )
+            .await?;
+        let mut keep = Vec::new();
+        for mut row in rows {
+            let persist = self.store.get_persistence(&row.id).await?;
+            let mut extra = live_extra(persist.as_ref());
+            let handle = row
+                .driver_handle
+                .as_deref()
+                .and_then(|h| serde_json::from_str::<DriverHandle>(h).ok());
+            let expired = row.state == SandboxState::Running
+                && row.end_at <= now_ms()
+                && extra.lifecycle.on_timeout == OnTimeout::Kill;
+            let alive = match handle {
+                Some(h) if self.driver.owns(&h) && !expired && self.driver.adopt(&h).await => {
+                    Some(h)
+                }
+                _ => None,
+            };
+            let checkpoint = persist
+                .as_ref()
+                .and_then(|p| p.checkpoint_dir.as_deref())
+                .map(PathBuf::from);
+            if let Some(h) = alive {
+                // Still running (a pause or resume the previous server did not finish either
+                // never stopped it or had already restored it): it runs on.
+                if row.state != SandboxState::Running {
+                    tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found running after an interrupted operation");
+                    // A pause interrupted in the driver may have left the sandbox frozen.
+                    // The checkpoint goes: a pause that got as far as a complete checkpoint
+                    // made the driver refuse the adoption (the sandbox is paused, see below),
+                    // and adopting gave back whatever an unfinished one had taken; a resume
+                    // that got this far is done.
+                    if let Some(dir) = &checkpoint {
+                        checkpoints::remove(dir);
+                    }
+                    if self.driver.capabilities().freeze
+                        && let Err(e) = self.driver.thaw(&h).await
+                    {
+                        tracing::warn!(sandbox = %row.id, error = &e as &dyn std::error::Error, "could not thaw a sandbox found after an interrupted pause");
+                    }
+                    if let Some(mut p) = persist.clone() {
+                        p.checkpoint_dir = None;
+                        p.paused_at = None;
+                        self.store.upsert_persistence(&p).await?;
+                    }
+                    self.store
+                        .set_sandbox_state(&row.id, SandboxState::Running, None)
+                        .await?;
+                    row.state = SandboxState::Running;
+                }
+                keep.push(h.clone());
+                let agent = self.adopted_agent_info(&row.id, &h).await;
+                if !agent.is_supported() {
+                    // Kept (listed, killable, never killed on its own), but every other
+                    // operation answers that its agent is too old.
+                    tracing::warn!(
+                        sandbox = %row.id,
+                        agent_protocol = agent.protocol_version,
+                        agent_build = %agent.agent_build,
+                        min_protocol = MIN_AGENT_PROTOCOL_VERSION,
+                        "re-adopted a sandbox whose agent is too old to drive"
+                    );
+                    self.track(&row, Some(h), false, agent, extra);
+                    continue;
+                }
+                tracing::info!(sandbox = %row.id, agent_protocol = agent.protocol_version, "re-adopted running sandbox");
+                // The links died with the previous server process (it held the TUN fds,
+                // so the devices are gone): give sandboxes with egress a new one.
+                let net_attached = self.reattach_after_restart(&row, &h).await;
+                self.track(&row, Some(h), net_attached, agent, extra);
+                continue;
+            }
+            // Not running: paused if its checkpoint is complete (a pause interrupted before
+            // its completion marker, or a resume that consumed it, left nothing to resume).
+            let complete = match (row.state, &checkpoint) {
+                (SandboxState::Running, _) | (_, None) => None,
+                (_, Some(dir)) => checkpoints::completed(dir)
+                    .or_else(|| {
+                        // The driver finished the pause but the server died before it wrote
+                        // its marker: the driver's own record says the checkpoint is whole.
+                        let info = self.driver.checkpoint_info(dir)?;
+                        checkpoints::mark_complete(&info).ok()?;
+                        tracing::info!(sandbox = %row.id, "checkpoint completed by the driver before the restart");
+                        Some(info)
+                    })
+                    .map(|info| (dir.clone(), info)),
+            };
+            match complete {
+                Some((dir, info)) => {
+                    let at_ms = persist
+                        .as_ref()
+                        .and_then(|p| p.paused_at)
+                        .unwrap_or_else(now_ms);
+                    if row.state != SandboxState::Paused {
+                        tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found paused after an interrupted operation");
+                        if let Some(mut p) = persist.clone() {
+                            p.paused_at = Some(at_ms);
+                            p.checkpoint_memory = info.memory;
+                            self.store.upsert_persistence(&p).await?;
+                        }
+                        self.store
+                            .set_sandbox_state(&row.id, SandboxState::Paused, None)
+                            .await?;
+                        self.store.set_sandbox_driver_handle(&row.id, None).await?;
+                        row.state = SandboxState::Paused;
+                    }
+                    extra.paused = Some(Paused {
+                        dir,
+                        memory: info.memory,
+                        at_ms,
+                    });
+                    tracing::info!(sandbox = %row.id, "paused sandbox kept");
+                    self.track(&row, None, false, AgentInfo::current(), extra);
+                }
+                None => {
+                    tracing::info!(sandbox = %row.id, state = %row.state, "sandbox did not survive the restart");
+                    if let Some(dir) = &checkpoint {
+                        checkpoints::remove(dir);
+                    }
+                    self.store
+                        .set_sandbox_state(&row.id, SandboxState::Dead, Some("lost on restart"))
+                        .await?;
+                    self.store.set_sandbox_driver_handle(&row.id, None).await?;
+                }
+            }
+        }
+        let reclaimed = self
+            .driver
+            .reclaim_orphans(&keep)
+            .await
+            .map_err(EngineError::Recover)?;
+        if reclaimed > 0 {
+            tracing::info!(reclaimed, "cleaned up leftover sandboxes");
+        }
+        self.sweep_orphan_checkpoints().await?;
+        self.resume_metering().await?;
+        Ok(keep.len())
+    }
+
+    /// Ask an adopted sandbox's agent which protocol it speaks. Agents that predate versioning
+    /// have no info route (404) and count as the legacy protocol; so does an agent that cannot
+    /// be asked right now (it is adopted anyway, and a later call shows whether it answers).
+    async fn adopted_agent_info(&self, id: &str, h: &DriverHandle) -> AgentInfo {
+        // Bounded: an agent that does not answer (stopped, or still frozen) must not keep the
+        // server from serving.
+        let asked = tokio::time::timeout(RECOVERY_AGENT_TIMEOUT, async {
+            match self.driver.connect(h).await {
+                Ok(stream) => agent_client::agent_info(stream)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(bulkhead_common::error_chain(&e)),
+            }
+        })
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {RECOVERY_AGENT_TIMEOUT:?}")));
+        asked.unwrap_or_else(|e| {
+            tracing::warn!(sandbox = %id, error = %e, "cannot ask the agent of an adopted sandbox for its version; assuming the legacy protocol");
+            AgentInfo::legacy()
+        })
+    }
+
+    /// Checkpoints nothing refers to after a restart: snapshots the previous server was still
+    /// writing (their row is inserted only once they are complete) and forks' snapshots (a
+    /// fork in flight died with the server).
+    async fn sweep_orphan_checkpoints(&self) -> Result<()> {
+        let root = &self.cfg.checkpoint_dir;
+        for dir in read_dirs(&root.join("forks")) {
+            checkpoints::remove(&dir);
+        }
+        for dir in read_dirs(&root.join("snapshots")) {
+            let Some(id) = dir.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            if self.store.get_snapshot(id).await?.is_none() {
+                tracing::info!(dir = %dir.display(), "removing an unfinished snapshot");
+                checkpoints::remove(&dir);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The live set's persistence fields from the stored row (defaults for sandboxes created
+/// before persistence existed).
+fn live_extra(p: Option<&PersistenceRow>) -> LiveExtra {
+    let Some(p) = p else {
+        return LiveExtra::default();
+    };
+    LiveExtra {
+        lifecycle: LifecyclePolicy {
+            on_timeout: OnTimeout::parse(&p.on_timeout).unwrap_or_default(),
+            auto_resume: p.auto_resume,
+            pause_memory: p.pause_memory,
+        },
+        timeout_ms: p.timeout_ms,
+        paused: None,
+    }
+}

@@ -1,0 +1,434 @@
+//! Create: claim a warm sandbox (or start one cold, or restore a snapshot's checkpoint), give
+//! it its identity through the agent's `/init`, attach its network link, record it and arm its
+//! TTL.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use bulkhead_envd::rest::InitRequest;
+use bulkhead_store::{PersistenceRow, SandboxRow, SandboxState};
+
+use bulkhead_envd::protocol::AgentInfo;
+
+use crate::clock::now_ms;
+use crate::ids;
+use crate::node::agent_client;
+use crate::node::driver::DriverHandle;
+use crate::node::network;
+use crate::sandbox::lifecycle::{self, Operation};
+use crate::sandbox::live::LiveExtra;
+use crate::telemetry;
+use crate::tenancy::quota::Ask;
+use crate::types::{Caller, CreateRequest, SandboxInfo, TemplateInfo};
+use crate::validate::{validate_env, validate_metadata};
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// What a new sandbox starts from: a template's pool, or a checkpoint (a snapshot, a fork).
+pub(crate) enum Source {
+    Template(Arc<TemplateInfo>),
+    Checkpoint(CheckpointSource),
+}
+
+/// A complete checkpoint a new sandbox is restored from.
+pub(crate) struct CheckpointSource {
+    /// The template the checkpoint was taken on (the restore's base).
+    pub(crate) template: Arc<TemplateInfo>,
+    pub(crate) dir: PathBuf,
+    /// Restore its memory (else boot afresh on its files).
+    pub(crate) memory: bool,
+    /// The env the source had (given again to a fresh boot; a memory restore still has it).
+    pub(crate) env_vars: BTreeMap<String, String>,
+    /// The source's access token, which its restored agent asks for until it gets its own.
+    pub(crate) access_token: Option<String>,
+}
+
+impl Engine {
+    /// Create a sandbox. Admitted first (see `admission`): beyond the running and queued
+    /// limits the answer is [`EngineError::TooManyCreates`] at once. Once its turn comes the
+    /// create runs to its end in its own task, so a client that goes away mid-create leaves a
+    /// recorded sandbox (ended by its TTL) and never an unrecorded one.
+    pub async fn create(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let started = std::time::Instant::now();
+        // A metric label: a known template's id, never the caller's string (a snapshot id
+        // or a typo would make a new time series each).
+        let label = self
+            .template_for(
+                caller,
+                if req.template.is_empty() {
+                    "base"
+                } else {
+                    &req.template
+                },
+            )
+            .map_or_else(|| "other".to_owned(), |t| t.id.clone());
+        let r = self.create_queued(caller, req).await;
+        telemetry::create_done(&label, r.as_ref().map(|_| ()), started.elapsed());
+        r
+    }
+
+    async fn create_queued(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let ticket = self.admission.enter()?;
+        let turn = self.admission.turn(ticket).await;
+        let engine = Arc::clone(self);
+        let caller = caller.clone();
+        // The create's agent calls carry the request's id, and its log lines the request's span.
+        let work = bulkhead_common::request_id::propagate(async move {
+            let _turn = turn;
+            engine.create_admitted(&caller, req).await
+        });
+        let task = tokio::spawn(tracing::Instrument::in_current_span(work));
+        match task.await {
+            Ok(r) => r,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
+    async fn create_admitted(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateRequest,
+    ) -> Result<SandboxInfo> {
+        let template_name = if req.template.is_empty() {
+            "base"
+        } else {
+            req.template.as_str()
+        };
+        let source = self.resolve_source(caller, template_name).await?;
+        self.create_from(caller, req, source).await
+    }
+
+    /// What a create's `template` names, for the caller: the caller's team's template, else
+    /// a built-in, else (E2B: a snapshot is a template; creating from it restores it) the
+    /// team's snapshot. A name is never both a template and a snapshot of one team (builds
+    /// and snapshots refuse it), and another team's names are not looked at.
+    pub(crate) async fn resolve_source(&self, caller: &Caller, name: &str) -> Result<Source> {
+        if let Some(t) = self.template_for(caller, name) {
+            return Ok(Source::Template(t));
+        }
+        match self.snapshot_source(caller, name).await? {
+            Some(s) => Ok(Source::Checkpoint(s)),
+            None => Err(EngineError::TemplateNotFound(name.to_string())),
+        }
+    }
+
+    /// Create a sandbox from `source` with the settings of `req` (its `template` is ignored).
+    pub(crate) async fn create_from(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: CreateRequest,
+        source: Source,
+    ) -> Result<SandboxInfo> {
+        let template = match &source {
+            Source::Template(t) => t.clone(),
+            Source::Checkpoint(c) => c.template.clone(),
+        };
+        let timeout =
+            self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
+        // Held until the sandbox is tracked: it counts toward the team's running sandboxes.
+        let _team_slot = self
+            .admit_team(
+                caller,
+                Ask {
+                    vcpus: template.cpu_count as i64,
+                    memory_mb: template.memory_mb as i64,
+                    timeout_secs: timeout.as_secs(),
+                },
+                true,
+            )
+            .await?;
+        validate_env(&req.env_vars)?;
+        validate_metadata(&req.metadata)?;
+        let allow_internet = req
+            .allow_internet_access
+            .unwrap_or(self.cfg.network_default_allow);
+        let policy = self.check_network(&caller.team_id, allow_internet, req.network.as_ref())?;
+        // Paused sandboxes hold no processes or memory: only running ones count.
+        let running = self
+            .live
+            .lock()
+            .values()
+            .filter(|l| l.state != SandboxState::Paused)
+            .count();
+        if running >= self.cfg.max_sandboxes {
+            return Err(EngineError::Capacity);
+        }
+        if matches!(source, Source::Checkpoint(_)) && !req.volume_mounts.is_empty() {
+            return Err(EngineError::BadRequest(
+                "volumeMounts cannot be given when creating from a snapshot yet: create from a template".into(),
+            ));
+        }
+        // Held until the sandbox is recorded: its volumes cannot be deleted meanwhile.
+        let (volumes, volume_ids, _mounting) =
+            self.resolve_mounts(caller, &req.volume_mounts).await?;
+        for v in &volumes {
+            crate::volume::types::check_against_template(&template.rootfs, &v.path)?;
+        }
+
+        // Validated before anything starts; the new sandbox is `starting` until it is recorded.
+        let created = lifecycle::transition(SandboxState::Starting, Operation::Create)
+            .expect("a starting sandbox can be created");
+        let id = ids::sandbox_id();
+        let token = req.is_secure().then(|| ids::random_hex(20));
+        let mut env = self.cfg.sandbox_env.clone();
+        // A built template's ENV steps, its last USER and WORKDIR (E2B: they persist).
+        let runtime = template.runtime.clone();
+        if let Some(rt) = &runtime {
+            env.extend(rt.envs.clone());
+        }
+        if let Source::Checkpoint(c) = &source {
+            env.extend(c.env_vars.clone());
+        }
+        env.extend(req.env_vars.clone());
+        let init = InitRequest {
+            env_vars: Some(env),
+            access_token: token.clone(),
+            default_user: Some(runtime.as_ref().map_or("user", |r| r.user.as_str()).into()),
+            default_workdir: runtime.as_ref().and_then(|r| r.workdir.clone()),
+            ..Default::default()
+        };
+        let (handle, agent) = match &source {
+            // Pool members have no volumes: a sandbox that mounts some starts cold.
+            Source::Template(t) if !volumes.is_empty() || !self.is_pooled_tree(t) => {
+                let mut spec = t.spec();
+                spec.volumes = volumes.clone();
+                self.start_cold_and_init(&spec, &init).await?
+            }
+            // Only creates that claim from the pool make it grow (not an older tag's, not one
+            // with volumes, not one refused by validation).
+            Source::Template(t) => {
+                self.record_pool_demand(&t.id);
+                self.claim_and_init(t, &init).await?
+            }
+            Source::Checkpoint(c) => {
+                // A memory restore's agent already has the source's env and user: it gets the
+                // request's env on top, and its own token (E2B: a fresh one per sandbox).
+                let init = if c.memory {
+                    InitRequest {
+                        env_vars: Some(req.env_vars.clone()),
+                        access_token: Some(token.clone().unwrap_or_default()),
+                        ..Default::default()
+                    }
+                } else {
+                    init
+                };
+                self.restore_new(c, &init).await?
+            }
+        };
+        if !agent.is_supported() {
+            // The template's image holds an agent this server cannot drive: refuse to hand it
+            // out (nothing is lost, the sandbox was never given to anyone).
+            let _ = self.driver.stop(&handle).await;
+            return Err(EngineError::agent_too_old(&id, Operation::Create, &agent));
+        }
+        // Late binding: pool members have no link; one is made only for sandboxes whose
+        // policy lets something out.
+        let net_attached = network::egress_allowed(&policy);
+        if net_attached
+            && let Err(e) = self
+                .attach_link(&id, &handle, policy, Operation::Create)
+                .await
+        {
+            let _ = self.driver.stop(&handle).await;
+            return Err(e);
+        }
+        // A built template's start command runs in every new sandbox of it, which is handed
+        // out only once the ready check passes (a memory restore already runs it).
+        if let (Some(rt), false) = (
+            &runtime,
+            matches!(&source, Source::Checkpoint(c) if c.memory),
+        ) && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
+            && let Err(e) = self
+                .start_and_wait_ready(&handle, rt, token.as_deref())
+                .await
+        {
+            self.detach_link(&id);
+            let _ = self.driver.stop(&handle).await;
+            return Err(crate::template::builds::TemplateBuildError::StartFailed(e).into());
+        }
+
+        // What a fresh boot of this sandbox (a filesystem-only resume) is given again.
+        let mut stored_env = match &source {
+            Source::Checkpoint(c) => c.env_vars.clone(),
+            Source::Template(_) => BTreeMap::new(),
+        };
+        stored_env.extend(req.env_vars.clone());
+        let started = now_ms();
+        let end_at = started + timeout.as_millis() as i64;
+        let row = SandboxRow {
+            id: id.clone(),
+            template_id: template.id.clone(),
+            alias: template.aliases.first().cloned(),
+            state: created.after,
+            owner_key_id: caller.key_id.clone(),
+            team_id: caller.team_id.clone(),
+            metadata: req.metadata.clone(),
+            env_vars: stored_env,
+            envd_access_token: token.clone(),
+            cpu_count: template.cpu_count as i64,
+            memory_mb: template.memory_mb as i64,
+            disk_size_mb: template.disk_size_mb as i64,
+            started_at: started,
+            end_at,
+            driver_handle: Some(serde_json::to_string(&handle).expect("handle serializes")),
+            end_reason: None,
+            allow_internet,
+            network: req
+                .network
+                .as_ref()
+                .map(|n| serde_json::to_string(n).expect("network config serializes")),
+        };
+        let extra = LiveExtra {
+            lifecycle: req.lifecycle,
+            timeout_ms: timeout.as_millis() as i64,
+            paused: None,
+        };
+        let stored = async {
+            self.store.insert_sandbox(&row).await?;
+            self.store
+                .upsert_persistence(&persistence_row(&id, &extra))
+                .await?;
+            self.record_mounts(&id, &volumes, &volume_ids).await
+        };
+        if let Err(e) = stored.await {
+            self.detach_link(&id);
+            let _ = self.driver.stop(&handle).await;
+            let _ = self.store.delete_persistence(&id).await;
+            let _ = self
+                .store
+                .set_sandbox_state(&id, SandboxState::Dead, Some("create failed"))
+                .await;
+            return Err(e);
+        }
+        self.track(&row, Some(handle), net_attached, agent, extra);
+        self.pool_wakeup.notify_one();
+        tracing::info!(sandbox = %id, template = %template.id, "sandbox created");
+        Ok(self.info_from_row(&row))
+    }
+
+    /// Take a warm sandbox (or make one as the pool would) and give it its identity through
+    /// `/init`.
+    /// Returns the sandbox and what its agent said about itself.
+    pub(crate) async fn claim_and_init(
+        &self,
+        t: &TemplateInfo,
+        init: &InitRequest,
+    ) -> Result<(DriverHandle, AgentInfo)> {
+        // A pooled sandbox may have died while waiting; try the pool a few times, then cold.
+        for _ in 0..3 {
+            let Some(handle) = self
+                .pools
+                .lock()
+                .expect("pool lock")
+                .get_mut(&t.id)
+                .and_then(|q| q.pop_front())
+            else {
+                break;
+            };
+            // It was started at background CPU priority (see `Driver::start_warm`).
+            if let Err(e) = self.driver.claimed(&handle).await {
+                tracing::warn!(error = %e, "pooled sandbox keeps its background CPU priority");
+            }
+            match self
+                .init_agent(&handle, init, None, Operation::Create)
+                .await
+            {
+                Ok(agent) => {
+                    telemetry::pool_claim(&t.id, true);
+                    return Ok((handle, agent));
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = &e as &dyn std::error::Error,
+                        "pooled sandbox unusable, discarding it"
+                    );
+                    let _ = self.driver.stop(&handle).await;
+                }
+            }
+        }
+        // An empty pool: a member made now (for a heavy template, restored from its warm
+        // checkpoint rather than paying a kernel start).
+        telemetry::pool_claim(&t.id, false);
+        let handle = self.new_pool_member(t).await?;
+        self.init_or_stop(handle, init).await
+    }
+
+    /// Start a sandbox from `spec` (no pool) and give it its identity through `/init`.
+    pub(crate) async fn start_cold_and_init(
+        &self,
+        spec: &crate::node::driver::SandboxSpec,
+        init: &InitRequest,
+    ) -> Result<(DriverHandle, AgentInfo)> {
+        let handle = self
+            .driver
+            .start(spec)
+            .await
+            .map_err(EngineError::driver(Operation::Create))?;
+        self.init_or_stop(handle, init).await
+    }
+
+    /// `/init` a sandbox nobody else has seen yet; stop it if that fails (nothing is recorded).
+    async fn init_or_stop(
+        &self,
+        handle: DriverHandle,
+        init: &InitRequest,
+    ) -> Result<(DriverHandle, AgentInfo)> {
+        match self
+            .init_agent(&handle, init, None, Operation::Create)
+            .await
+        {
+            Ok(agent) => Ok((handle, agent)),
+            Err(e) => {
+                let _ = self.driver.stop(&handle).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Give the agent its identity; its answer says which protocol it speaks (an agent that
+    /// predates versioning answers 204 and counts as the legacy protocol). `auth` is the token
+    /// an agent restored from a checkpoint still requires (it was given one before).
+    pub(crate) async fn init_agent(
+        &self,
+        handle: &DriverHandle,
+        init: &InitRequest,
+        auth: Option<&str>,
+        op: Operation,
+    ) -> Result<AgentInfo> {
+        let stream = self
+            .driver
+            .connect(handle)
+            .await
+            .map_err(EngineError::driver(op))?;
+        let body = agent_client::request(stream, http::Method::POST, "/init", Some(init), auth)
+            .await
+            .map_err(EngineError::agent(op))?;
+        Ok(agent_client::info_from_init(&body))
+    }
+}
+
+/// The stored lifecycle settings (and checkpoint, when paused) of a sandbox.
+pub(crate) fn persistence_row(id: &str, extra: &LiveExtra) -> PersistenceRow {
+    PersistenceRow {
+        sandbox_id: id.to_string(),
+        on_timeout: extra.lifecycle.on_timeout.as_str().into(),
+        auto_resume: extra.lifecycle.auto_resume,
+        pause_memory: extra.lifecycle.pause_memory,
+        timeout_ms: extra.timeout_ms,
+        checkpoint_dir: extra.paused.as_ref().map(|p| p.dir.display().to_string()),
+        checkpoint_memory: extra.paused.as_ref().is_some_and(|p| p.memory),
+        generation: 0,
+        paused_at: extra.paused.as_ref().map(|p| p.at_ms),
+    }
+}

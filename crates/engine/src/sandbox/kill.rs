@@ -1,0 +1,73 @@
+//! Kill: the one way a sandbox ends (killed, timed out, exited, paused too long): out of the
+//! live set, torn down (processes, or the checkpoint of a paused one), recorded.
+
+use bulkhead_store::SandboxState;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::ids;
+use crate::node::checkpoints;
+use crate::sandbox::lifecycle::{self, Operation};
+use crate::types::Caller;
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+impl Engine {
+    /// Kill a sandbox; not found when it is not running (or already being killed).
+    pub async fn kill(&self, caller: &Caller, id: &str) -> Result<()> {
+        self.authorize(caller, id).await?;
+        let id = ids::normalize_sandbox_id(id);
+        if self.finish(id, "killed").await {
+            Ok(())
+        } else {
+            Err(EngineError::SandboxNotFound(id.to_string()))
+        }
+    }
+
+    /// Remove a sandbox from the live set, tear it down and record why it ended.
+    /// Returns false if it was not running.
+    pub(crate) async fn finish(&self, id: &str, reason: &str) -> bool {
+        // The sandbox stays in the live set as `killing` until it is torn down, so a second
+        // kill, the watcher and the reaper all see it is on its way out (and get a refusal).
+        let (handle, cancel) = {
+            let mut live = self.live.lock();
+            let Some(l) = live.get_mut(id) else {
+                return false;
+            };
+            let Ok(step) = lifecycle::transition(l.state, Operation::Kill) else {
+                return false;
+            };
+            l.state = step.during;
+            (l.handle.clone(), l.cancel.clone())
+        };
+        cancel.cancel();
+        // Its last partial interval, while it is still in the live set.
+        self.meter_one(id).await;
+        // Unconditionally (idempotent): a concurrent network update may have attached a link
+        // after this sandbox left the live set.
+        self.detach_link(id);
+        // A paused sandbox has no processes, only its checkpoint.
+        if let Some(handle) = handle
+            && let Err(e) = self.driver.stop(&handle).await
+        {
+            tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
+        }
+        checkpoints::remove(&checkpoints::sandbox_root(&self.cfg.checkpoint_dir, id));
+        if let Err(e) = self.store.delete_persistence(id).await {
+            tracing::error!(sandbox = %id, error = %e, "deleting the sandbox's lifecycle record failed");
+        }
+        if let Err(e) = self
+            .store
+            .set_sandbox_state(id, SandboxState::Dead, Some(reason))
+            .await
+        {
+            tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
+        }
+        let _ = self.store.set_sandbox_driver_handle(id, None).await;
+        self.live.lock().remove(id);
+        self.live.notify();
+        tracing::info!(sandbox = %id, reason, "sandbox ended");
+        crate::telemetry::stopped(reason);
+        true
+    }
+}

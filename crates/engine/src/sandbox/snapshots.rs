@@ -1,0 +1,293 @@
+//! Snapshots: `POST /sandboxes/{id}/snapshots` checkpoints a sandbox into a template of its
+//! own (the sandbox keeps running, or stays paused), `GET /snapshots` lists them, `DELETE
+//! /templates/{id}` deletes one, and creating a sandbox with a snapshot as its template
+//! restores it (see `create.rs` and `restore.rs`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bulkhead_store::{SnapshotFilter, SnapshotRow};
+
+use crate::clock::{ms_to_dt, now_ms};
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::ids;
+use crate::node::checkpoints;
+use crate::node::driver::{CheckpointInfo, CheckpointOptions};
+use crate::sandbox::create::CheckpointSource;
+use crate::sandbox::lifecycle::Operation;
+use crate::types::{Caller, SnapshotInfo, SnapshotPage};
+use crate::validate::{page_after, page_end};
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// E2B's only tag until tags exist here.
+const TAG: &str = "default";
+
+/// `team/name:tag` → `name` (the part this server keys snapshots by).
+pub(crate) fn bare_name(reference: &str) -> &str {
+    let name = reference.rsplit('/').next().unwrap_or(reference);
+    name.split(':').next().unwrap_or(name)
+}
+
+fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::BadRequest(format!(
+            "Invalid snapshot name '{name}': use 1 to 128 lowercase letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+fn info(row: &SnapshotRow) -> SnapshotInfo {
+    let shown = row.name.as_deref().unwrap_or(&row.id);
+    SnapshotInfo {
+        snapshot_id: format!("{shown}:{TAG}"),
+        names: row.name.iter().map(|n| format!("{n}:{TAG}")).collect(),
+        sandbox_id: row.sandbox_id.clone(),
+        memory: row.memory,
+        created_at: ms_to_dt(row.created_at),
+    }
+}
+
+impl Engine {
+    /// Take a snapshot of a running (or paused) sandbox. `name` is optional; a snapshot with
+    /// that name already there is replaced (E2B: a new build of the same template).
+    pub async fn create_snapshot(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        name: Option<&str>,
+        memory: bool,
+    ) -> Result<SnapshotInfo> {
+        self.authorize(caller, id).await?;
+        let name = name.map(bare_name).filter(|n| !n.is_empty());
+        if let Some(n) = name {
+            self.check_snapshot_name(caller, n)?;
+        }
+        let (id, step) = self.enter(id, Operation::Snapshot)?;
+        let snapshot_id = ids::sandbox_id();
+        let dir = checkpoints::snapshot_dir(&self.cfg.checkpoint_dir, &snapshot_id);
+        let taken = self
+            .checkpoint_copy(id, &dir, memory, Operation::Snapshot)
+            .await;
+        self.live.settle(id, step.after);
+        let checkpoint = taken?;
+        let row = match self.store.get_sandbox(id).await? {
+            Some(r) => r,
+            None => {
+                checkpoints::remove(&dir);
+                return Err(EngineError::SandboxNotFound(id.to_string()));
+            }
+        };
+        let mut snap = SnapshotRow {
+            id: snapshot_id,
+            name: name.map(str::to_string),
+            sandbox_id: id.to_string(),
+            template_id: row.template_id.clone(),
+            checkpoint_dir: dir.display().to_string(),
+            memory: checkpoint.memory,
+            env_vars: row.env_vars.clone(),
+            envd_access_token: row.envd_access_token.clone(),
+            created_at: now_ms(),
+            team_id: row.team_id.clone(),
+        };
+        if let Some(n) = name
+            && let Some(old) = self.store.get_snapshot(n).await?
+        {
+            // Names are server-wide: another team's snapshot is never replaced.
+            if old.team_id != row.team_id {
+                checkpoints::remove(&dir);
+                return Err(EngineError::Conflict(format!(
+                    "Snapshot name '{n}' (of another team: choose another name)"
+                )));
+            }
+            // The name keeps its template id; the new checkpoint replaces the old one.
+            self.store.delete_snapshot(&old.id).await?;
+            checkpoints::remove(&PathBuf::from(&old.checkpoint_dir));
+            snap.id = old.id;
+        }
+        if let Err(e) = self.store.insert_snapshot(&snap).await {
+            checkpoints::remove(&dir);
+            return Err(e.into());
+        }
+        tracing::info!(sandbox = %id, snapshot = %snap.id, memory = snap.memory, "snapshot taken");
+        Ok(info(&snap))
+    }
+
+    /// A valid snapshot name that is not a template's the caller can start (its team's, a
+    /// built-in, or one its team is building): one name, one thing for the team's creates.
+    pub(crate) fn check_snapshot_name(&self, caller: &Caller, name: &str) -> Result<()> {
+        validate_name(name)?;
+        if self.template_for(caller, name).is_some() || self.team_build_id(caller, name).is_some() {
+            return Err(EngineError::Conflict(format!(
+                "A template named '{name}' (a snapshot cannot take a template's name: choose \
+                 another snapshot name)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A complete checkpoint of sandbox `id` (in `snapshotting`) in `dir`: from the running
+    /// sandbox (it runs on), or copied from its pause.
+    pub(crate) async fn checkpoint_copy(
+        &self,
+        id: &str,
+        dir: &std::path::Path,
+        memory: bool,
+        op: Operation,
+    ) -> Result<CheckpointInfo> {
+        let (handle, paused) = {
+            let live = self.live.lock();
+            let l = live
+                .get(id)
+                .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
+            (l.handle.clone(), l.extra.paused.clone())
+        };
+        let failed = |source| EngineError::Checkpoint { op, source };
+        if let Some(p) = paused {
+            let mut info = checkpoints::copy(&p.dir, dir).map_err(failed)?;
+            // Asked for the filesystem only: the copy is restored that way.
+            info.memory = info.memory && memory;
+            return Ok(info);
+        }
+        let handle = handle.ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
+        if !self.driver.capabilities().snapshot {
+            return Err(EngineError::NotCapable {
+                driver: self.driver.name(),
+                op,
+            });
+        }
+        checkpoints::prepare(dir).map_err(failed)?;
+        let opts = CheckpointOptions {
+            leave_running: true,
+            filesystem_only: !memory,
+        };
+        // The driver needs the host's connections closed and takes the link away (it cannot
+        // be dumped); the sandbox runs on and gets a new one with the same policy.
+        self.live.cut_traffic(id);
+        let had_link = self.live.lock().get(id).is_some_and(|l| l.net_attached);
+        let written = self.driver.checkpoint(&handle, dir, opts).await;
+        if had_link {
+            // The proxy lets go of the old link only after the driver removed it.
+            self.detach_link(id);
+            let attached = match self.store.get_sandbox(id).await {
+                Ok(Some(row)) => self.reattach_after_restart(&row, &handle).await,
+                _ => false,
+            };
+            if let Some(l) = self.live.lock().get_mut(id) {
+                l.net_attached = attached;
+            }
+        }
+        let info = match written {
+            Ok(info) => info,
+            Err(source) => {
+                checkpoints::remove(dir);
+                return Err(EngineError::CheckpointFailed {
+                    id: id.to_string(),
+                    op,
+                    source,
+                });
+            }
+        };
+        if let Err(e) = checkpoints::mark_complete(&info) {
+            checkpoints::remove(dir);
+            return Err(failed(e));
+        }
+        Ok(info)
+    }
+
+    /// `GET /snapshots`: newest first, optionally of one sandbox or with one name.
+    pub async fn list_snapshots(
+        &self,
+        caller: &Caller,
+        sandbox_id: Option<&str>,
+        name: Option<&str>,
+        limit: Option<usize>,
+        next_token: Option<&str>,
+    ) -> Result<SnapshotPage> {
+        let filter = SnapshotFilter {
+            sandbox_id: sandbox_id
+                .filter(|s| !s.is_empty())
+                .map(|s| ids::normalize_sandbox_id(s).to_string()),
+            name: name
+                .filter(|n| !n.is_empty())
+                .map(|n| bare_name(n).to_string()),
+            team_id: Some(caller.team_id.clone()),
+        };
+        let limit = limit.unwrap_or(100).clamp(1, 100);
+        let after = page_after(next_token)?;
+        let mut rows = self
+            .store
+            .list_snapshots(&filter, limit as i64 + 1, after)
+            .await?;
+        let next_token = page_end(&mut rows, limit, |r| (r.created_at, &r.id));
+        Ok(SnapshotPage {
+            items: rows.iter().map(info).collect(),
+            next_token,
+        })
+    }
+
+    /// The caller's team's snapshot `reference` (id or name, with or without its tag); another
+    /// team's is as unknown as a missing one.
+    pub(crate) async fn team_snapshot(
+        &self,
+        caller: &Caller,
+        reference: &str,
+    ) -> Result<Option<SnapshotRow>> {
+        Ok(self
+            .store
+            .get_snapshot(bare_name(reference))
+            .await?
+            .filter(|r| r.team_id == caller.team_id))
+    }
+
+    /// `DELETE /templates/{id}` of a snapshot (by id or name, with or without its tag).
+    pub async fn delete_snapshot(&self, caller: &Caller, reference: &str) -> Result<()> {
+        let row = self
+            .team_snapshot(caller, reference)
+            .await?
+            .ok_or_else(|| EngineError::SnapshotNotFound(reference.to_string()))?;
+        self.store.delete_snapshot(&row.id).await?;
+        checkpoints::remove(&PathBuf::from(&row.checkpoint_dir));
+        tracing::info!(snapshot = %row.id, "snapshot deleted");
+        Ok(())
+    }
+
+    /// The snapshot a create names as its template, ready to restore.
+    /// The checkpoint of the caller's team's snapshot `reference`; another team's is as
+    /// unknown as a missing one.
+    pub(crate) async fn snapshot_source(
+        &self,
+        caller: &Caller,
+        reference: &str,
+    ) -> Result<Option<CheckpointSource>> {
+        let Some(row) = self.team_snapshot(caller, reference).await? else {
+            return Ok(None);
+        };
+        let template = self
+            .template(&row.template_id)
+            .ok_or_else(|| EngineError::TemplateNotFound(row.template_id.clone()))?;
+        let dir = PathBuf::from(&row.checkpoint_dir);
+        let memory = checkpoints::completed(&dir)
+            .ok_or_else(|| EngineError::Checkpoint {
+                op: Operation::Create,
+                source: checkpoints::CheckpointError::Incomplete(dir.clone()),
+            })?
+            .memory
+            && row.memory;
+        Ok(Some(CheckpointSource {
+            template,
+            dir,
+            memory,
+            env_vars: row.env_vars,
+            access_token: row.envd_access_token,
+        }))
+    }
+}

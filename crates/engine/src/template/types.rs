@@ -1,0 +1,237 @@
+//! The data of template builds (leaf module): requests, status, log entries, the records of
+//! builds in flight and of built templates, and the build error. The verbs are in
+//! `template_builds`, the execution in `template_builder`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::now_ms;
+use crate::template::spec::BuildStep;
+use crate::types::TemplateRuntime;
+
+/// Largest build-context archive accepted for one COPY step.
+pub const MAX_UPLOAD_BYTES: u64 = 1 << 30;
+/// Log entries kept per build (older ones are dropped first).
+pub(crate) const MAX_LOG_ENTRIES: usize = 20_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateBuildError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("the upload is larger than the limit of {limit} bytes; copy fewer files per step")]
+    TooLarge { limit: u64 },
+    #[error("the template's start command did not become ready: {0}")]
+    StartFailed(String),
+    #[error("template builds are not configured on this server (no template directory)")]
+    NotConfigured,
+    #[error("{what} failed")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TemplateBuildError {
+    let what = what.into();
+    move |source| TemplateBuildError::Io { what, source }
+}
+
+/// `POST /v3/templates`.
+#[derive(Debug, Clone, Default)]
+pub struct BuildRequest {
+    /// `name` or `name:tag`.
+    pub name: String,
+    pub tags: Vec<String>,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildCreated {
+    pub template_id: String,
+    pub build_id: String,
+    pub name: String,
+    pub tags: Vec<String>,
+}
+
+/// `POST /v2/templates/{id}/builds/{build}`: what to build.
+#[derive(Debug, Clone, Default)]
+pub struct BuildStart {
+    pub from_image: Option<String>,
+    /// `fromImageRegistry`: credentials for this build's pull only (never stored or logged;
+    /// their `Debug` is redacted).
+    pub registry_credentials: Option<bulkhead_images::oci::RegistryCredentials>,
+    pub from_template: Option<String>,
+    pub force: bool,
+    pub steps: Vec<BuildStep>,
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildStatus {
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+impl BuildStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildStatus::Waiting => "waiting",
+            BuildStatus::Building => "building",
+            BuildStatus::Ready => "ready",
+            BuildStatus::Error => "error",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildLogEntry {
+    pub timestamp_ms: i64,
+    /// `info`, `warn`, `error`, `debug`.
+    pub level: &'static str,
+    pub message: String,
+    /// `base`, a 1-based step number, or `finalize`.
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildFailure {
+    pub message: String,
+    pub step: Option<String>,
+}
+
+/// A build's status with the log entries from an offset on.
+#[derive(Debug, Clone)]
+pub struct BuildReport {
+    pub template_id: String,
+    pub build_id: String,
+    pub status: BuildStatus,
+    pub entries: Vec<BuildLogEntry>,
+    pub failure: Option<BuildFailure>,
+    /// The last log entries, for the failure's context.
+    pub failure_entries: Vec<BuildLogEntry>,
+}
+
+/// One build in flight or finished (kept in memory for this server's life).
+pub(crate) struct BuildRecord {
+    /// The team of the key that requested it: the template is this team's, and only its
+    /// keys see the build.
+    pub(crate) team_id: String,
+    pub(crate) template_id: String,
+    pub(crate) build_id: String,
+    pub(crate) name: String,
+    pub(crate) tags: Vec<String>,
+    pub(crate) cpu_count: u32,
+    pub(crate) memory_mb: u64,
+    pub(crate) state: Mutex<BuildState>,
+}
+
+pub(crate) struct BuildState {
+    pub(crate) status: BuildStatus,
+    /// A ring: a chatty step drops the oldest entries without shifting the rest.
+    pub(crate) logs: std::collections::VecDeque<BuildLogEntry>,
+    /// Entries dropped from the front (so offsets stay stable).
+    pub(crate) dropped: usize,
+    pub(crate) failure: Option<BuildFailure>,
+}
+
+impl BuildRecord {
+    pub(crate) fn log(&self, level: &'static str, step: Option<&str>, message: impl Into<String>) {
+        let mut s = self.state.lock().expect("build state");
+        s.logs.push_back(BuildLogEntry {
+            timestamp_ms: now_ms(),
+            level,
+            message: message.into(),
+            step: step.map(str::to_owned),
+        });
+        if s.logs.len() > MAX_LOG_ENTRIES {
+            s.logs.pop_front();
+            s.dropped += 1;
+        }
+    }
+
+    pub(crate) fn finish(&self, failure: Option<BuildFailure>) {
+        let mut s = self.state.lock().expect("build state");
+        s.status = if failure.is_some() {
+            BuildStatus::Error
+        } else {
+            BuildStatus::Ready
+        };
+        s.failure = failure;
+    }
+}
+
+/// One finished build of a custom template.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct BuiltTemplate {
+    pub(crate) rootfs: PathBuf,
+    pub(crate) content_hash: String,
+    pub(crate) runtime: TemplateRuntime,
+    pub(crate) created_at_ms: i64,
+}
+
+/// A custom template as saved in `<template dir>/<id>.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CustomTemplate {
+    pub(crate) id: String,
+    /// The team that built it (only its keys see, start, retag or delete it). Files saved
+    /// before templates had teams were built by the seeded default team's keys.
+    #[serde(default = "default_team")]
+    pub(crate) team_id: String,
+    /// Unique within the team.
+    pub(crate) name: String,
+    pub(crate) cpu_count: u32,
+    pub(crate) memory_mb: u64,
+    pub(crate) created_at_ms: i64,
+    pub(crate) builds: BTreeMap<String, BuiltTemplate>,
+    /// Tag → build id; `default` is what the bare name starts.
+    pub(crate) tags: BTreeMap<String, (String, i64)>,
+}
+
+fn default_team() -> String {
+    bulkhead_store::DEFAULT_TEAM.to_owned()
+}
+
+impl CustomTemplate {
+    /// What the bare name starts: the `default` tag, or the most recently tagged build when a
+    /// template was only ever built with explicit tags. (Build id, when tagged.)
+    pub(crate) fn main_build(&self) -> Option<&(String, i64)> {
+        self.tags
+            .get(DEFAULT_TAG)
+            .or_else(|| self.tags.values().max_by_key(|(_, at)| *at))
+    }
+}
+
+/// The engine's template-build state.
+#[derive(Default)]
+pub struct TemplateBuilds {
+    pub(crate) builds: Mutex<HashMap<String, Arc<BuildRecord>>>,
+    pub(crate) custom: Mutex<BTreeMap<String, CustomTemplate>>,
+    /// Serialises changes to custom templates (saving, registering, deleting).
+    pub(crate) change: tokio::sync::Mutex<()>,
+    /// Upload tokens handed out in upload links: token → the upload it allows.
+    pub(crate) uploads: Mutex<HashMap<String, UploadGrant>>,
+}
+
+/// What an upload link lets its bearer store: one archive, in one team's files.
+pub(crate) struct UploadGrant {
+    pub(crate) team_id: String,
+    /// Lowercase.
+    pub(crate) files_hash: String,
+    pub(crate) expires: std::time::Instant,
+}
+
+/// How long an upload link stays valid (the SDK uploads right after asking).
+pub(crate) const UPLOAD_LINK_TTL: std::time::Duration = std::time::Duration::from_secs(3600);
+
+pub const DEFAULT_TAG: &str = "default";
