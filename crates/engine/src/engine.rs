@@ -1,10 +1,8 @@
-//! The engine's shared state: one [`Engine`] value that every verb module extends with its own
-//! `impl Engine` block (`create`, `kill`, `timeout`, `connect`, `usage`, `network_ops`,
-//! `secrets`, `signed_urls`, `sandboxes`, `templates`, `recovery`, `reaper`, `filler`,
-//! `pool_source`). It
-//! imports only leaf modules, so no verb module depends on another.
+//! The control plane's shared state: one [`Engine`] value (the store, the template registry,
+//! the live set and its lifecycle, tenancy, builds) over one [`Node`] (where sandboxes run),
+//! which the folders' `impl Engine` blocks extend with their verbs.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use bulkhead_store::Store;
@@ -13,8 +11,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineConfig;
 use crate::error::EngineError;
-use crate::node::driver::{Driver, DriverHandle};
+use crate::node::driver::Driver;
 use crate::node::network::{EgressControl, StoreAuditSink};
+use crate::node::{AgentPath, LocalNode, Node};
 use crate::pool::gold::PoolSources;
 use crate::pool::policy::Demand;
 use crate::sandbox::admission::Admission;
@@ -27,11 +26,17 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 pub struct Engine {
     pub(crate) store: Store,
-    pub(crate) driver: Arc<dyn Driver>,
+    /// Where the sandboxes run: every driver, pool and network call goes through it.
+    pub(crate) node: Arc<dyn Node>,
+    /// The byte streams to the sandboxes' agents (the same node, its data path).
+    pub(crate) agents: Arc<dyn AgentPath>,
+    /// The in-process node, for wiring its egress proxy (`set_egress`); `None` when the
+    /// engine was given another node.
+    local: Option<Arc<LocalNode>>,
     pub(crate) cfg: EngineConfig,
     pub(crate) templates: RwLock<HashMap<String, Arc<TemplateInfo>>>,
     pub(crate) live: LiveSet,
-    pub(crate) pools: Mutex<HashMap<String, VecDeque<DriverHandle>>>,
+    /// Wakes the warm-pool filler (a claim, a new template).
     pub(crate) pool_wakeup: Notify,
     /// Creates per template, which the filler sizes each pool to.
     pub(crate) pool_demand: Mutex<HashMap<String, Demand>>,
@@ -42,12 +47,7 @@ pub struct Engine {
     pub(crate) shutdown: CancellationToken,
     /// The warm-pool filler, awaited on shutdown so a start in flight is not orphaned.
     pub(crate) filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The egress proxy; without it no sandbox may have network access.
-    pub(crate) egress: OnceLock<Arc<dyn EgressControl>>,
-    /// The proxy's audit sink, flushed before the trail is read.
-    pub(crate) audit: OnceLock<Arc<StoreAuditSink>>,
-    /// Serialises network changes (create's attach, updates, teardown) per engine, so two
-    /// updates never both attach a link.
+    /// Serialises network updates per engine, so two updates never both attach a link.
     pub(crate) net_lock: tokio::sync::Mutex<()>,
     /// Host storage of volumes; without it the volume verbs answer "no volume storage".
     pub(crate) volume_storage: OnceLock<Arc<dyn VolumeStorage>>,
@@ -60,23 +60,44 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// An engine over this machine's `driver` (a [`LocalNode`] in process).
     pub fn new(store: Store, driver: Arc<dyn Driver>, cfg: EngineConfig) -> Arc<Self> {
+        let local = LocalNode::new(driver);
+        Self::build(store, local.clone(), local.clone(), Some(local), cfg)
+    }
+
+    /// An engine over any node (its control and data paths).
+    pub fn with_node(
+        store: Store,
+        node: Arc<dyn Node>,
+        agents: Arc<dyn AgentPath>,
+        cfg: EngineConfig,
+    ) -> Arc<Self> {
+        Self::build(store, node, agents, None, cfg)
+    }
+
+    fn build(
+        store: Store,
+        node: Arc<dyn Node>,
+        agents: Arc<dyn AgentPath>,
+        local: Option<Arc<LocalNode>>,
+        cfg: EngineConfig,
+    ) -> Arc<Self> {
         let admission = Admission::new(cfg.admission);
         Arc::new(Self {
             store,
-            driver,
+            node,
+            agents,
+            local,
             cfg,
             templates: RwLock::new(HashMap::new()),
             live: LiveSet::default(),
-            pools: Mutex::new(HashMap::new()),
             pool_wakeup: Notify::new(),
             pool_demand: Mutex::new(HashMap::new()),
             admission,
             pool_sources: PoolSources::default(),
             shutdown: CancellationToken::new(),
             filler: Mutex::new(None),
-            egress: OnceLock::new(),
-            audit: OnceLock::new(),
             net_lock: tokio::sync::Mutex::new(()),
             volume_storage: OnceLock::new(),
             volumes_mounting: Mutex::new(HashMap::new()),
@@ -85,12 +106,13 @@ impl Engine {
         })
     }
 
-    /// Install the egress proxy (once, before `recover`). `audit` is flushed before the audit
-    /// trail is read, so readers see every event recorded before their request.
+    /// Install the in-process node's egress proxy (once, before `recover`). `audit` is
+    /// flushed before the audit trail is read, so readers see every event recorded before
+    /// their request. An engine given another node wires that node's proxy there.
     pub fn set_egress(&self, egress: Arc<dyn EgressControl>, audit: Option<Arc<StoreAuditSink>>) {
-        let _ = self.egress.set(egress);
-        if let Some(a) = audit {
-            let _ = self.audit.set(a);
+        match &self.local {
+            Some(node) => node.set_egress(egress, audit),
+            None => tracing::warn!("set_egress on an engine without an in-process node: ignored"),
         }
     }
 

@@ -141,7 +141,7 @@ pub enum EngineError {
     #[error(
         "This server's sandbox driver ({driver}) cannot {op} sandboxes: ask the operator to enable checkpoints (build CRIU with `scripts/criu.sh` and start `bulkhead serve --criu <path>` or set BULKHEAD_CRIU)"
     )]
-    NotCapable { driver: &'static str, op: Operation },
+    NotCapable { driver: String, op: Operation },
     #[error(
         "The server's database failed: try again, and if it keeps failing ask the operator to check the database"
     )]

@@ -13,7 +13,6 @@ use bulkhead_store::{PersistenceRow, SandboxFilter, SandboxState};
 use bulkhead_envd::protocol::{AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
 
 use crate::clock::now_ms;
-use crate::node::agent_client;
 use crate::node::checkpoints;
 use crate::node::driver::DriverHandle;
 use crate::sandbox::live::{LiveExtra, Paused};
@@ -68,9 +67,7 @@ impl Engine {
                 && row.end_at <= now_ms()
                 && extra.lifecycle.on_timeout == OnTimeout::Kill;
             let alive = match handle {
-                Some(h) if self.driver.owns(&h) && !expired && self.driver.adopt(&h).await => {
-                    Some(h)
-                }
+                Some(h) if self.node.owns(&h) && !expired && self.node.adopt(&h).await => Some(h),
                 _ => None,
             };
             let checkpoint = persist
@@ -90,8 +87,8 @@ impl Engine {
                     if let Some(dir) = &checkpoint {
                         checkpoints::remove(dir);
                     }
-                    if self.driver.capabilities().freeze
-                        && let Err(e) = self.driver.thaw(&h).await
+                    if self.node.info().capabilities.freeze
+                        && let Err(e) = self.node.thaw(&h).await
                     {
                         tracing::warn!(sandbox = %row.id, error = &e as &dyn std::error::Error, "could not thaw a sandbox found after an interrupted pause");
                     }
@@ -135,7 +132,7 @@ impl Engine {
                     .or_else(|| {
                         // The driver finished the pause but the server died before it wrote
                         // its marker: the driver's own record says the checkpoint is whole.
-                        let info = self.driver.checkpoint_info(dir)?;
+                        let info = self.node.checkpoint_info(dir)?;
                         checkpoints::mark_complete(&info).ok()?;
                         tracing::info!(sandbox = %row.id, "checkpoint completed by the driver before the restart");
                         Some(info)
@@ -182,7 +179,7 @@ impl Engine {
             }
         }
         let reclaimed = self
-            .driver
+            .node
             .reclaim_orphans(&keep)
             .await
             .map_err(EngineError::Recover)?;
@@ -201,12 +198,10 @@ impl Engine {
         // Bounded: an agent that does not answer (stopped, or still frozen) must not keep the
         // server from serving.
         let asked = tokio::time::timeout(RECOVERY_AGENT_TIMEOUT, async {
-            match self.driver.connect(h).await {
-                Ok(stream) => agent_client::agent_info(stream)
-                    .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(bulkhead_common::error_chain(&e)),
-            }
+            self.node
+                .agent_info(h)
+                .await
+                .map_err(|e| bulkhead_common::error_chain(&e))
         })
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {RECOVERY_AGENT_TIMEOUT:?}")));

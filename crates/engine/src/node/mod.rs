@@ -1,9 +1,151 @@
-//! What runs where the sandboxes are: the isolation driver, checkpoints on disk, the egress
-//! network, and the byte streams to each sandbox's agent.
+//! The node half of the engine: what runs where the sandboxes are — the isolation driver, warm
+//! pools of started sandboxes, checkpoints on disk, the egress network and the calls to each
+//! sandbox's agent. The control plane ([`crate::Engine`]: auth, tenancy, quotas, the store, the
+//! template registry, the lifecycle) reaches it only through the [`Node`] trait, whose arguments
+//! and results are plain data (ids, specs, handles, reports: what a `.proto` message would
+//! carry), and the byte streams of the data path through [`AgentPath`]. `bulkhead serve` wires
+//! one [`LocalNode`] in process; a cluster puts the network under the same two traits.
 
 pub mod agent_client;
 pub(crate) mod checkpoints;
 pub(crate) mod disk_usage;
 pub mod driver;
 pub(crate) mod guarded;
+mod link;
+mod local;
 pub mod network;
+mod pools;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use async_trait::async_trait;
+use bulkhead_envd::protocol::AgentInfo;
+use bulkhead_envd::rest::InitRequest;
+use serde::{Deserialize, Serialize};
+
+use crate::error::NetworkError;
+use agent_client::AgentClientError;
+use driver::{
+    AgentStream, Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, DriverError,
+    DriverHandle, FileChange, ResourceUsage, RestoreOptions, SandboxSpec,
+};
+pub use local::LocalNode;
+
+/// What a node is and can do, as the control plane sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Its driver's name (`jail`, `microvm`, `fake`).
+    pub driver: String,
+    pub capabilities: Capabilities,
+    /// It runs an egress proxy: sandboxes on it may be given network access.
+    pub egress: bool,
+    /// What a memory checkpoint written on it depends on (see `Driver::checkpoint_key`).
+    pub checkpoint_key: Option<String>,
+}
+
+/// How a call to a sandbox's agent failed: the node could not reach it, or it answered badly.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentCallError {
+    #[error(transparent)]
+    Reach(DriverError),
+    #[error(transparent)]
+    Call(AgentClientError),
+}
+
+/// The control plane's view of a node. Every method names its sandbox by its [`DriverHandle`]
+/// (plain data the store keeps) or its id; nothing crosses that holds a lock or a descriptor.
+#[async_trait]
+pub trait Node: Send + Sync + 'static {
+    fn info(&self) -> NodeInfo;
+    /// Did this node make `handle` (may it adopt, reach or stop it)?
+    fn owns(&self, handle: &DriverHandle) -> bool;
+
+    // Sandboxes.
+    /// Start a sandbox; `warm` for a pool member (lower CPU priority until claimed).
+    async fn start(&self, spec: &SandboxSpec, warm: bool) -> Result<DriverHandle, DriverError>;
+    /// A warm sandbox is handed out: give it the normal CPU priority.
+    async fn claimed(&self, handle: &DriverHandle) -> Result<(), DriverError>;
+    async fn stop(&self, handle: &DriverHandle) -> Result<(), DriverError>;
+    /// Resolves when the sandbox has died.
+    async fn wait(&self, handle: &DriverHandle);
+    /// Take a sandbox a previous server left running back (see `Driver::adopt`).
+    async fn adopt(&self, handle: &DriverHandle) -> bool;
+    async fn usage(&self, handle: &DriverHandle) -> Result<ResourceUsage, DriverError>;
+    async fn thaw(&self, handle: &DriverHandle) -> Result<(), DriverError>;
+    /// Stop every sandbox on the node that is not in `keep`; how many were stopped.
+    async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError>;
+
+    // The agent's internal routes.
+    /// `POST /init`: give the agent its identity; `auth` is a token a restored agent still asks for.
+    async fn init_agent(
+        &self,
+        handle: &DriverHandle,
+        init: &InitRequest,
+        auth: Option<&str>,
+    ) -> Result<AgentInfo, AgentCallError>;
+    /// What the agent says about itself (its protocol version).
+    async fn agent_info(&self, handle: &DriverHandle) -> Result<AgentInfo, AgentCallError>;
+    /// Does the sandbox's agent still accept connections?
+    async fn reachable(&self, handle: &DriverHandle) -> bool;
+
+    // Checkpoints (directories on the node).
+    async fn checkpoint(
+        &self,
+        handle: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError>;
+    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo>;
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError>;
+    async fn changes(
+        &self,
+        of: &ChangeSource,
+        since: Option<&Path>,
+    ) -> Result<Vec<FileChange>, DriverError>;
+    async fn export_changes(&self, handle: &DriverHandle, dest: &Path) -> Result<(), DriverError>;
+
+    // The egress network.
+    /// Give a sandbox a link served by the node's egress proxy under `policy`.
+    async fn attach_network(
+        &self,
+        sandbox_id: &str,
+        handle: &DriverHandle,
+        policy: bulkhead_egress::NetworkPolicy,
+    ) -> Result<(), NetworkError>;
+    /// Replace an attached sandbox's policy (new connections at once).
+    fn set_network_policy(
+        &self,
+        sandbox_id: &str,
+        policy: bulkhead_egress::NetworkPolicy,
+    ) -> Result<(), NetworkError>;
+    /// Remove a sandbox's link; idempotent.
+    fn detach_network(&self, sandbox_id: &str);
+    /// Write out the egress decisions recorded so far (before the audit trail is read).
+    async fn flush_audit(&self);
+
+    // Warm pools (started, anonymous sandboxes per template).
+    /// The oldest member of `template`'s pool, taken out of it.
+    fn pool_take(&self, template: &str) -> Option<DriverHandle>;
+    fn pool_put(&self, template: &str, handle: DriverHandle);
+    /// Up to `n` of `template`'s members, newest first, taken out (to stop a surplus).
+    fn pool_take_surplus(&self, template: &str, n: usize) -> Vec<DriverHandle>;
+    /// Every member of every pool, taken out (at shutdown, or when a template goes).
+    fn pool_drain(&self, template: Option<&str>) -> Vec<DriverHandle>;
+    /// Members per template.
+    fn pool_stock(&self) -> BTreeMap<String, usize>;
+    /// Every pool member, left in place (recovery keeps them).
+    fn pool_members(&self) -> Vec<DriverHandle>;
+}
+
+/// The data path: byte streams to a sandbox's agent (envd traffic, build commands). Kept apart
+/// from [`Node`] because a stream is not data: over a network it is a proxied connection.
+#[async_trait]
+pub trait AgentPath: Send + Sync + 'static {
+    async fn open(&self, handle: &DriverHandle) -> Result<AgentStream, DriverError>;
+}

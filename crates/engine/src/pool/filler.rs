@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::Engine;
-use crate::node::driver::DriverHandle;
 use crate::pool::policy::PoolLimits;
 use crate::types::TemplateInfo;
 
@@ -63,14 +62,8 @@ impl Engine {
         ) {
             st.shrunk_at.insert(t.id.clone(), now);
             // The newest member goes: the oldest are claimed first and keep rotating.
-            let surplus = self
-                .pools
-                .lock()
-                .expect("pool lock")
-                .get_mut(&t.id)
-                .and_then(|q| q.pop_back());
-            if let Some(h) = surplus {
-                let _ = self.driver.stop(&h).await;
+            for h in self.node.pool_take_surplus(&t.id, 1) {
+                let _ = self.node.stop(&h).await;
             }
             return Step::Idle;
         }
@@ -97,21 +90,16 @@ impl Engine {
         match member {
             Ok(h) if !self.is_pooled_tree(t) => {
                 // The template was rebuilt while this member started from its old tree.
-                let _ = self.driver.stop(&h).await;
+                let _ = self.node.stop(&h).await;
                 Step::Worked
             }
             Ok(h) if self.shutdown.is_cancelled() => {
                 // Started while shutting down: nobody will claim it.
-                let _ = self.driver.stop(&h).await;
+                let _ = self.node.stop(&h).await;
                 Step::Done
             }
             Ok(h) => {
-                self.pools
-                    .lock()
-                    .expect("pool lock")
-                    .entry(t.id.clone())
-                    .or_default()
-                    .push_back(h);
+                self.node.pool_put(&t.id, h);
                 Step::Worked
             }
             Err(e) => {
@@ -167,24 +155,13 @@ impl Engine {
             // start timeout).
             let _ = f.await;
         }
-        let pooled: Vec<DriverHandle> = self
-            .pools
-            .lock()
-            .expect("pool lock")
-            .drain()
-            .flat_map(|(_, q)| q)
-            .collect();
-        for h in pooled {
-            let _ = self.driver.stop(&h).await;
+        for h in self.node.pool_drain(None) {
+            let _ = self.node.stop(&h).await;
         }
     }
 
     pub fn pool_len(&self, template: &str) -> usize {
-        self.pools
-            .lock()
-            .expect("pool lock")
-            .get(template)
-            .map_or(0, |q| q.len())
+        self.node.pool_stock().get(template).copied().unwrap_or(0)
     }
 }
 

@@ -126,9 +126,9 @@ impl Engine {
         }
         let spec = t.spec();
         let started = if background {
-            self.driver.start_warm(&spec).await
+            self.node.start(&spec, true).await
         } else {
-            self.driver.start(&spec).await
+            self.node.start(&spec, false).await
         };
         let h = started.map_err(EngineError::driver(Operation::Create))?;
         Ok((h, PoolSource::Cold))
@@ -240,10 +240,14 @@ impl Engine {
 
     /// The name of `t`'s warm checkpoint directory: a hash of everything the image depends on.
     fn gold_key(&self, t: &TemplateInfo) -> Result<String, PoolSourceError> {
-        if !self.driver.capabilities().checkpoint {
+        if !self.node.info().capabilities.checkpoint {
             return Err(PoolSourceError::NotCapable);
         }
-        let driver_key = self.driver.checkpoint_key().ok_or(PoolSourceError::NoKey)?;
+        let driver_key = self
+            .node
+            .info()
+            .checkpoint_key
+            .ok_or(PoolSourceError::NoKey)?;
         let mut h = Sha256::new();
         for part in [
             t.id.as_str(),
@@ -262,8 +266,8 @@ impl Engine {
     async fn make_gold(&self, t: &TemplateInfo, dir: &Path) -> Result<(), PoolSourceError> {
         checkpoints::prepare(dir).map_err(PoolSourceError::Dir)?;
         let h = self
-            .driver
-            .start(&t.spec())
+            .node
+            .start(&t.spec(), false)
             .await
             .map_err(PoolSourceError::Start)?;
         let made = async {
@@ -273,7 +277,7 @@ impl Engine {
                 filesystem_only: false,
             };
             let info = self
-                .driver
+                .node
                 .checkpoint(&h, dir, opts)
                 .await
                 .map_err(PoolSourceError::Checkpoint)?;
@@ -281,7 +285,7 @@ impl Engine {
                 "template": t.id,
                 "content_hash": t.content_hash,
                 "rootfs": t.rootfs,
-                "driver_key": self.driver.checkpoint_key(),
+                "driver_key": self.node.info().checkpoint_key,
             });
             std::fs::write(
                 dir.join(SOURCE_FILE),
@@ -296,7 +300,7 @@ impl Engine {
             checkpoints::mark_complete(&info).map_err(PoolSourceError::Dir)
         }
         .await;
-        let _ = self.driver.stop(&h).await;
+        let _ = self.node.stop(&h).await;
         if made.is_err() {
             checkpoints::remove(dir);
         }
@@ -315,12 +319,12 @@ impl Engine {
             access_token: None,
         };
         let h = self
-            .driver
+            .node
             .restore(&t.spec(), dir, opts)
             .await
             .map_err(PoolSourceError::Restore)?;
         if let Err(e) = self.agent_post(&h, CLONED_PATH, CLONED_TIMEOUT).await {
-            let _ = self.driver.stop(&h).await;
+            let _ = self.node.stop(&h).await;
             return Err(e);
         }
         tracing::info!(template = %t.id, pid = h.pid, "warm pool: member restored from the warm checkpoint");
@@ -336,8 +340,8 @@ impl Engine {
     ) -> Result<(), PoolSourceError> {
         let call = async {
             let stream = self
-                .driver
-                .connect(h)
+                .agents
+                .open(h)
                 .await
                 .map_err(PoolSourceError::Connect)?;
             match agent_client::request::<()>(stream, http::Method::POST, route, None, None).await {

@@ -51,7 +51,7 @@ impl Engine {
         source: &ChangeSource,
         since: Option<PathBuf>,
     ) -> Result<Vec<FileChange>> {
-        self.driver
+        self.node
             .changes(source, since.as_deref())
             .await
             .map_err(|e| match e {

@@ -69,8 +69,8 @@ impl Engine {
                         .traffic(id)
                         .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
                     let stream = self
-                        .driver
-                        .connect(&handle)
+                        .agents
+                        .open(&handle)
                         .await
                         .map_err(EngineError::driver(Operation::AgentTraffic))?;
                     return Ok(Box::new(GuardedStream::new(stream, traffic)));

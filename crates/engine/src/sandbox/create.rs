@@ -15,7 +15,7 @@ use bulkhead_envd::protocol::AgentInfo;
 
 use crate::clock::now_ms;
 use crate::ids;
-use crate::node::agent_client;
+use crate::node::AgentCallError;
 use crate::node::driver::DriverHandle;
 use crate::node::network;
 use crate::sandbox::lifecycle::{self, Operation};
@@ -229,7 +229,7 @@ impl Engine {
         if !agent.is_supported() {
             // The template's image holds an agent this server cannot drive: refuse to hand it
             // out (nothing is lost, the sandbox was never given to anyone).
-            let _ = self.driver.stop(&handle).await;
+            let _ = self.node.stop(&handle).await;
             return Err(EngineError::agent_too_old(&id, Operation::Create, &agent));
         }
         // Late binding: pool members have no link; one is made only for sandboxes whose
@@ -240,7 +240,7 @@ impl Engine {
                 .attach_link(&id, &handle, policy, Operation::Create)
                 .await
         {
-            let _ = self.driver.stop(&handle).await;
+            let _ = self.node.stop(&handle).await;
             return Err(e);
         }
         // A built template's start command runs in every new sandbox of it, which is handed
@@ -254,7 +254,7 @@ impl Engine {
                 .await
         {
             self.detach_link(&id);
-            let _ = self.driver.stop(&handle).await;
+            let _ = self.node.stop(&handle).await;
             return Err(crate::template::builds::TemplateBuildError::StartFailed(e).into());
         }
 
@@ -303,7 +303,7 @@ impl Engine {
         };
         if let Err(e) = stored.await {
             self.detach_link(&id);
-            let _ = self.driver.stop(&handle).await;
+            let _ = self.node.stop(&handle).await;
             let _ = self.store.delete_persistence(&id).await;
             let _ = self
                 .store
@@ -327,17 +327,11 @@ impl Engine {
     ) -> Result<(DriverHandle, AgentInfo)> {
         // A pooled sandbox may have died while waiting; try the pool a few times, then cold.
         for _ in 0..3 {
-            let Some(handle) = self
-                .pools
-                .lock()
-                .expect("pool lock")
-                .get_mut(&t.id)
-                .and_then(|q| q.pop_front())
-            else {
+            let Some(handle) = self.node.pool_take(&t.id) else {
                 break;
             };
             // It was started at background CPU priority (see `Driver::start_warm`).
-            if let Err(e) = self.driver.claimed(&handle).await {
+            if let Err(e) = self.node.claimed(&handle).await {
                 tracing::warn!(error = %e, "pooled sandbox keeps its background CPU priority");
             }
             match self
@@ -353,7 +347,7 @@ impl Engine {
                         error = &e as &dyn std::error::Error,
                         "pooled sandbox unusable, discarding it"
                     );
-                    let _ = self.driver.stop(&handle).await;
+                    let _ = self.node.stop(&handle).await;
                 }
             }
         }
@@ -371,8 +365,8 @@ impl Engine {
         init: &InitRequest,
     ) -> Result<(DriverHandle, AgentInfo)> {
         let handle = self
-            .driver
-            .start(spec)
+            .node
+            .start(spec, false)
             .await
             .map_err(EngineError::driver(Operation::Create))?;
         self.init_or_stop(handle, init).await
@@ -390,7 +384,7 @@ impl Engine {
         {
             Ok(agent) => Ok((handle, agent)),
             Err(e) => {
-                let _ = self.driver.stop(&handle).await;
+                let _ = self.node.stop(&handle).await;
                 Err(e)
             }
         }
@@ -406,15 +400,13 @@ impl Engine {
         auth: Option<&str>,
         op: Operation,
     ) -> Result<AgentInfo> {
-        let stream = self
-            .driver
-            .connect(handle)
+        self.node
+            .init_agent(handle, init, auth)
             .await
-            .map_err(EngineError::driver(op))?;
-        let body = agent_client::request(stream, http::Method::POST, "/init", Some(init), auth)
-            .await
-            .map_err(EngineError::agent(op))?;
-        Ok(agent_client::info_from_init(&body))
+            .map_err(|e| match e {
+                AgentCallError::Reach(e) => EngineError::driver(op)(e),
+                AgentCallError::Call(e) => EngineError::agent(op)(e),
+            })
     }
 }
 

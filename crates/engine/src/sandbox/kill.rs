@@ -48,7 +48,7 @@ impl Engine {
         self.detach_link(id);
         // A paused sandbox has no processes, only its checkpoint.
         if let Some(handle) = handle
-            && let Err(e) = self.driver.stop(&handle).await
+            && let Err(e) = self.node.stop(&handle).await
         {
             tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
         }

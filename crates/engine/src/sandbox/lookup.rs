@@ -124,7 +124,7 @@ impl Engine {
                 // A cancelled watcher never reports: a pause ends the process on purpose.
                 biased;
                 _ = cancel.cancelled() => {}
-                _ = engine.driver.wait(&handle) => {
+                _ = engine.node.wait(&handle) => {
                     if !cancel.is_cancelled() {
                         engine.finish(&id, "exited").await;
                     }

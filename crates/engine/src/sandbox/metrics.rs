@@ -39,7 +39,7 @@ impl Engine {
         let (id, _) = self.enter(id, Operation::Metrics)?;
         let handle = self.handle(id)?;
         let u = self
-            .driver
+            .node
             .usage(&handle)
             .await
             .map_err(EngineError::driver(Operation::Metrics))?;

@@ -5,7 +5,6 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use bulkhead_store::{SandboxRow, SandboxState};
 
-use crate::error::NetworkError;
 use crate::ids;
 use crate::node::driver::DriverHandle;
 use crate::node::network::{self, SandboxNetwork};
@@ -30,7 +29,7 @@ impl Engine {
         policy
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("Invalid network config: {e}")))?;
-        if network::egress_allowed(&policy) && self.egress.get().is_none() {
+        if network::egress_allowed(&policy) && !self.node.info().egress {
             return Err(EngineError::BadRequest(
                 "This server has no egress proxy, so sandboxes cannot have network access: \
                  leave allow_internet_access and network.allowOut unset"
@@ -48,28 +47,14 @@ impl Engine {
         policy: bulkhead_egress::NetworkPolicy,
         op: Operation,
     ) -> Result<()> {
-        let failed = EngineError::network(op);
-        let egress = self
-            .egress
-            .get()
-            .ok_or(NetworkError::NoProxy)
-            .map_err(failed)?;
-        let tun = self
-            .driver
-            .open_network(handle)
+        self.node
+            .attach_network(id, handle, policy)
             .await
-            .map_err(|e| EngineError::network(op)(NetworkError::Link(e)))?;
-        egress
-            .attach(id, tun, policy)
-            .map_err(|e| EngineError::network(op)(NetworkError::Proxy(e)))?;
-        tracing::info!(sandbox = %id, "network link attached");
-        Ok(())
+            .map_err(EngineError::network(op))
     }
 
     pub(crate) fn detach_link(&self, id: &str) {
-        if let Some(e) = self.egress.get() {
-            e.detach(id);
-        }
+        self.node.detach_network(id);
     }
 
     /// `PUT /sandboxes/{id}/network`: replace the whole network config (omitted fields are
@@ -103,10 +88,8 @@ impl Engine {
         };
         match (attached, wanted) {
             (true, true) => self
-                .egress
-                .get()
-                .ok_or(NetworkError::NoProxy)
-                .and_then(|e| e.set_policy(&row.id, policy).map_err(NetworkError::Proxy))
+                .node
+                .set_network_policy(&row.id, policy)
                 .map_err(EngineError::network(Operation::UpdateNetwork))?,
             (false, true) => {
                 self.attach_link(&row.id, &handle, policy, Operation::UpdateNetwork)
@@ -148,9 +131,7 @@ impl Engine {
         if !ids::is_valid_sandbox_id(id) {
             return Err(EngineError::SandboxNotFound(id.to_string()));
         }
-        if let Some(a) = self.audit.get() {
-            a.flush().await;
-        }
+        self.node.flush_audit().await;
         let events = self
             .store
             .list_egress_events(id, limit.clamp(1, 10_000) as i64)

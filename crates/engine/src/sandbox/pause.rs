@@ -53,9 +53,9 @@ impl Engine {
         memory: bool,
         op: Operation,
     ) -> Result<()> {
-        if !self.driver.capabilities().checkpoint {
+        if !self.node.info().capabilities.checkpoint {
             return Err(EngineError::NotCapable {
-                driver: self.driver.name(),
+                driver: self.node.info().driver,
                 op,
             });
         }
@@ -97,7 +97,7 @@ impl Engine {
             leave_running: false,
             filesystem_only: !memory,
         };
-        let written = self.driver.checkpoint(&handle, &dir, opts).await;
+        let written = self.node.checkpoint(&handle, &dir, opts).await;
         // The driver removed the link inside the sandbox (the device cannot be dumped); the
         // proxy lets go of its end only now, so the device never vanishes under the driver.
         if net_attached {
@@ -121,7 +121,7 @@ impl Engine {
                 return Err(e);
             }
         };
-        let _ = self.driver.stop(&handle).await;
+        let _ = self.node.stop(&handle).await;
 
         let paused = Paused {
             dir: dir.clone(),
@@ -172,7 +172,7 @@ impl Engine {
         handle: &DriverHandle,
         net_attached: bool,
     ) {
-        let alive = self.driver.connect(handle).await.is_ok();
+        let alive = self.node.reachable(handle).await;
         if !alive {
             tracing::error!(sandbox = %id, "the sandbox died while being checkpointed");
             self.finish(id, "died while pausing").await;

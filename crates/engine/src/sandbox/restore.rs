@@ -20,9 +20,9 @@ impl Engine {
         c: &CheckpointSource,
         init: &InitRequest,
     ) -> Result<(DriverHandle, AgentInfo)> {
-        if !self.driver.capabilities().checkpoint {
+        if !self.node.info().capabilities.checkpoint {
             return Err(EngineError::NotCapable {
-                driver: self.driver.name(),
+                driver: self.node.info().driver,
                 op: Operation::Create,
             });
         }
@@ -32,7 +32,7 @@ impl Engine {
             access_token: c.access_token.clone(),
         };
         let handle = self
-            .driver
+            .node
             .restore(&c.template.spec(), &c.dir, opts)
             .await
             .map_err(EngineError::driver(Operation::Create))?;
@@ -48,7 +48,7 @@ impl Engine {
         {
             Ok(agent) => Ok((handle, agent)),
             Err(e) => {
-                let _ = self.driver.stop(&handle).await;
+                let _ = self.node.stop(&handle).await;
                 Err(e)
             }
         }

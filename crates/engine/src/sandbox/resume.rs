@@ -157,7 +157,7 @@ impl Engine {
         let mut spec = template.spec();
         spec.volumes = self.sandbox_volume_mounts(id).await?;
         let handle = self
-            .driver
+            .node
             .restore(&spec, &paused.dir, opts)
             .await
             .map_err(|source| EngineError::RestoreFailed {
@@ -165,10 +165,10 @@ impl Engine {
                 source,
             })?;
         let undo = |e: EngineError| {
-            let driver = self.driver.clone();
+            let node = self.node.clone();
             let handle = handle.clone();
             async move {
-                let _ = driver.stop(&handle).await;
+                let _ = node.stop(&handle).await;
                 e
             }
         };
@@ -216,7 +216,7 @@ impl Engine {
         };
         if !still_ours {
             // Killed while resuming: the kill saw no process to stop.
-            let _ = self.driver.stop(&handle).await;
+            let _ = self.node.stop(&handle).await;
             return Err(EngineError::SandboxNotFound(id.to_string()));
         }
         self.rewatch(id, handle.clone());

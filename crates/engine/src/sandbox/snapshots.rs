@@ -158,9 +158,9 @@ impl Engine {
             return Ok(info);
         }
         let handle = handle.ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
-        if !self.driver.capabilities().snapshot {
+        if !self.node.info().capabilities.snapshot {
             return Err(EngineError::NotCapable {
-                driver: self.driver.name(),
+                driver: self.node.info().driver,
                 op,
             });
         }
@@ -173,7 +173,7 @@ impl Engine {
         // be dumped); the sandbox runs on and gets a new one with the same policy.
         self.live.cut_traffic(id);
         let had_link = self.live.lock().get(id).is_some_and(|l| l.net_attached);
-        let written = self.driver.checkpoint(&handle, dir, opts).await;
+        let written = self.node.checkpoint(&handle, dir, opts).await;
         if had_link {
             // The proxy lets go of the old link only after the driver removed it.
             self.detach_link(id);

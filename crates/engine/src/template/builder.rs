@@ -204,8 +204,8 @@ impl Engine {
             volumes: Vec::new(),
         };
         let handle = self
-            .driver
-            .start(&spec)
+            .node
+            .start(&spec, false)
             .await
             .map_err(|e| format!("starting the build sandbox failed: {e}"))?;
         let id = format!("build-{}-{label}", &record.build_id[..8]);
@@ -217,7 +217,7 @@ impl Engine {
             self.init_agent(&handle, &init, None, Operation::Create)
                 .await
                 .map_err(|e| format!("the build sandbox's agent did not start: {e}"))?;
-            if network && self.egress.get().is_some() {
+            if network && self.node.info().egress {
                 let policy = bulkhead_egress::NetworkPolicy {
                     allow_out: self.cfg.build_limits.allow_out.clone(),
                     deny_out: vec!["0.0.0.0/0".into()],
@@ -232,7 +232,7 @@ impl Engine {
         .await;
         if let Err(e) = ready {
             self.detach_link(&id);
-            let _ = self.driver.stop(&handle).await;
+            let _ = self.node.stop(&handle).await;
             return Err(e);
         }
         Ok((handle, id))
@@ -253,7 +253,7 @@ impl Engine {
         let outcome = self.step_in(record, n, &handle, step, state, tree).await;
         self.detach_link(&id);
         if let Err(e) = outcome {
-            let _ = self.driver.stop(&handle).await;
+            let _ = self.node.stop(&handle).await;
             return Err(e);
         }
         let work = self
@@ -267,8 +267,8 @@ impl Engine {
             .map_err(|e| format!("create {}: {e}", work.display()))?;
         let dest = work.join(format!("{}-{n}", record.build_id));
         let _ = tokio::fs::remove_dir_all(&dest).await;
-        let exported = self.driver.export_changes(&handle, &dest).await;
-        let _ = self.driver.stop(&handle).await;
+        let exported = self.node.export_changes(&handle, &dest).await;
+        let _ = self.node.stop(&handle).await;
         exported.map_err(|e| format!("exporting the step's changes failed: {e}"))?;
         let size = dir_size(&dest).await;
         if size > self.cfg.build_limits.max_step_bytes {
@@ -298,11 +298,7 @@ impl Engine {
             let data = tokio::fs::read(&path).await.map_err(|_| {
                 format!("the files of step {n} ({}) were not uploaded", step.args[0])
             })?;
-            let stream = self
-                .driver
-                .connect(handle)
-                .await
-                .map_err(|e| e.to_string())?;
+            let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
             crate::template::exec::put_file(
                 stream,
                 &crate::template::spec::archive_path(hash),
@@ -317,11 +313,7 @@ impl Engine {
             (Some(w), StepKind::Run) => Some(expand_home(tree, w)?),
             _ => None,
         };
-        let stream = self
-            .driver
-            .connect(handle)
-            .await
-            .map_err(|e| e.to_string())?;
+        let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
         let mut output: Vec<String> = Vec::new();
         let mut on_line = |line: String| {
             record.log("info", Some(n), line.clone());
@@ -380,7 +372,7 @@ impl Engine {
             .map_err(fin)?;
         let r = self.start_and_wait_ready(&handle, rt, None).await;
         self.detach_link(&id);
-        let _ = self.driver.stop(&handle).await;
+        let _ = self.node.stop(&handle).await;
         r.map_err(fin)?;
         record.log("info", Some("finalize"), "[finalize] ready check passed");
         Ok(())
@@ -400,11 +392,7 @@ impl Engine {
                 "setsid -f /bin/bash -l -c {} >/dev/null 2>&1 </dev/null",
                 crate::template::spec::shell_quote(start)
             );
-            let stream = self
-                .driver
-                .connect(handle)
-                .await
-                .map_err(|e| e.to_string())?;
+            let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
             let cmd = Command {
                 script: &script,
                 user: &rt.user,
@@ -427,11 +415,7 @@ impl Engine {
         };
         let deadline = Instant::now() + limit;
         loop {
-            let stream = self
-                .driver
-                .connect(handle)
-                .await
-                .map_err(|e| e.to_string())?;
+            let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
             let cmd = Command {
                 script: ready,
                 user: &rt.user,

@@ -129,14 +129,8 @@ impl Engine {
 
     /// Stops the warm pool members of template `id` (its tree changed).
     pub(crate) async fn drain_pool(&self, id: &str) {
-        let members = self
-            .pools
-            .lock()
-            .expect("pool lock")
-            .remove(id)
-            .unwrap_or_default();
-        for h in members {
-            let _ = self.driver.stop(&h).await;
+        for h in self.node.pool_drain(Some(id)) {
+            let _ = self.node.stop(&h).await;
         }
     }
 

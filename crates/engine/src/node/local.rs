@@ -1,0 +1,219 @@
+//! The node in process: [`LocalNode`] drives this machine's isolation driver and holds its
+//! pools and network links. `bulkhead serve` hands it to the engine as its one [`Node`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bulkhead_envd::protocol::AgentInfo;
+use bulkhead_envd::rest::InitRequest;
+
+use crate::error::NetworkError;
+use crate::node::agent_client;
+use crate::node::driver::{
+    AgentStream, ChangeSource, CheckpointInfo, CheckpointOptions, Driver, DriverError,
+    DriverHandle, FileChange, ResourceUsage, RestoreOptions, SandboxSpec,
+};
+use crate::node::link::Links;
+use crate::node::network::{EgressControl, StoreAuditSink};
+use crate::node::pools::Pools;
+use crate::node::{AgentCallError, AgentPath, Node, NodeInfo};
+
+pub struct LocalNode {
+    driver: Arc<dyn Driver>,
+    pools: Pools,
+    links: Links,
+}
+
+impl LocalNode {
+    pub fn new(driver: Arc<dyn Driver>) -> Arc<Self> {
+        Arc::new(Self {
+            driver,
+            pools: Pools::default(),
+            links: Links::default(),
+        })
+    }
+
+    /// Install the egress proxy (once, before the engine recovers). `audit` is flushed before
+    /// the audit trail is read.
+    pub fn set_egress(&self, egress: Arc<dyn EgressControl>, audit: Option<Arc<StoreAuditSink>>) {
+        self.links.install(egress, audit);
+    }
+}
+
+#[async_trait]
+impl Node for LocalNode {
+    fn info(&self) -> NodeInfo {
+        NodeInfo {
+            driver: self.driver.name().to_string(),
+            capabilities: self.driver.capabilities(),
+            egress: self.links.has_egress(),
+            checkpoint_key: self.driver.checkpoint_key(),
+        }
+    }
+
+    fn owns(&self, handle: &DriverHandle) -> bool {
+        self.driver.owns(handle)
+    }
+
+    async fn start(&self, spec: &SandboxSpec, warm: bool) -> Result<DriverHandle, DriverError> {
+        if warm {
+            self.driver.start_warm(spec).await
+        } else {
+            self.driver.start(spec).await
+        }
+    }
+
+    async fn claimed(&self, handle: &DriverHandle) -> Result<(), DriverError> {
+        self.driver.claimed(handle).await
+    }
+
+    async fn stop(&self, handle: &DriverHandle) -> Result<(), DriverError> {
+        self.driver.stop(handle).await
+    }
+
+    async fn wait(&self, handle: &DriverHandle) {
+        self.driver.wait(handle).await
+    }
+
+    async fn adopt(&self, handle: &DriverHandle) -> bool {
+        self.driver.adopt(handle).await
+    }
+
+    async fn usage(&self, handle: &DriverHandle) -> Result<ResourceUsage, DriverError> {
+        self.driver.usage(handle).await
+    }
+
+    async fn thaw(&self, handle: &DriverHandle) -> Result<(), DriverError> {
+        self.driver.thaw(handle).await
+    }
+
+    async fn reclaim_orphans(&self, keep: &[DriverHandle]) -> Result<usize, DriverError> {
+        self.driver.reclaim_orphans(keep).await
+    }
+
+    async fn init_agent(
+        &self,
+        handle: &DriverHandle,
+        init: &InitRequest,
+        auth: Option<&str>,
+    ) -> Result<AgentInfo, AgentCallError> {
+        let stream = self
+            .driver
+            .connect(handle)
+            .await
+            .map_err(AgentCallError::Reach)?;
+        let body = agent_client::request(stream, http::Method::POST, "/init", Some(init), auth)
+            .await
+            .map_err(AgentCallError::Call)?;
+        Ok(agent_client::info_from_init(&body))
+    }
+
+    async fn agent_info(&self, handle: &DriverHandle) -> Result<AgentInfo, AgentCallError> {
+        let stream = self
+            .driver
+            .connect(handle)
+            .await
+            .map_err(AgentCallError::Reach)?;
+        agent_client::agent_info(stream)
+            .await
+            .map_err(AgentCallError::Call)
+    }
+
+    async fn reachable(&self, handle: &DriverHandle) -> bool {
+        self.driver.connect(handle).await.is_ok()
+    }
+
+    async fn checkpoint(
+        &self,
+        handle: &DriverHandle,
+        dir: &Path,
+        opts: CheckpointOptions,
+    ) -> Result<CheckpointInfo, DriverError> {
+        self.driver.checkpoint(handle, dir, opts).await
+    }
+
+    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+        self.driver.checkpoint_info(dir)
+    }
+
+    async fn restore(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        opts: RestoreOptions,
+    ) -> Result<DriverHandle, DriverError> {
+        self.driver.restore(spec, dir, opts).await
+    }
+
+    async fn changes(
+        &self,
+        of: &ChangeSource,
+        since: Option<&Path>,
+    ) -> Result<Vec<FileChange>, DriverError> {
+        self.driver.changes(of, since).await
+    }
+
+    async fn export_changes(&self, handle: &DriverHandle, dest: &Path) -> Result<(), DriverError> {
+        self.driver.export_changes(handle, dest).await
+    }
+
+    async fn attach_network(
+        &self,
+        sandbox_id: &str,
+        handle: &DriverHandle,
+        policy: bulkhead_egress::NetworkPolicy,
+    ) -> Result<(), NetworkError> {
+        self.links
+            .attach(self.driver.as_ref(), sandbox_id, handle, policy)
+            .await
+    }
+
+    fn set_network_policy(
+        &self,
+        sandbox_id: &str,
+        policy: bulkhead_egress::NetworkPolicy,
+    ) -> Result<(), NetworkError> {
+        self.links.set_policy(sandbox_id, policy)
+    }
+
+    fn detach_network(&self, sandbox_id: &str) {
+        self.links.detach(sandbox_id)
+    }
+
+    async fn flush_audit(&self) {
+        self.links.flush_audit().await
+    }
+
+    fn pool_take(&self, template: &str) -> Option<DriverHandle> {
+        self.pools.take(template)
+    }
+
+    fn pool_put(&self, template: &str, handle: DriverHandle) {
+        self.pools.put(template, handle)
+    }
+
+    fn pool_take_surplus(&self, template: &str, n: usize) -> Vec<DriverHandle> {
+        self.pools.take_surplus(template, n)
+    }
+
+    fn pool_drain(&self, template: Option<&str>) -> Vec<DriverHandle> {
+        self.pools.drain(template)
+    }
+
+    fn pool_stock(&self) -> BTreeMap<String, usize> {
+        self.pools.stock()
+    }
+
+    fn pool_members(&self) -> Vec<DriverHandle> {
+        self.pools.members()
+    }
+}
+
+#[async_trait]
+impl AgentPath for LocalNode {
+    async fn open(&self, handle: &DriverHandle) -> Result<AgentStream, DriverError> {
+        self.driver.connect(handle).await
+    }
+}
