@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use bulkhead_engine::volume_fs::{Attrs, EntryStat};
-use bulkhead_engine::{Caller, ContentAuth, VolumeInfo, VolumeRow};
+use bulkhead_engine::{Caller, ContentAuth, VolumeAccess, VolumeInfo};
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
@@ -177,7 +177,7 @@ impl ContentQuery {
 }
 
 /// The volume a content request may use (token or API key), else 401.
-async fn authorize(st: &AppState, id: &str, headers: &HeaderMap) -> ApiResult<VolumeRow> {
+async fn authorize(st: &AppState, id: &str, headers: &HeaderMap) -> ApiResult<VolumeAccess> {
     let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

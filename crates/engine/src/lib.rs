@@ -38,14 +38,13 @@ pub use tenancy::{keys, metering, quota, teams};
 pub use volume::{fs as volume_fs, storage as volume_storage};
 
 pub use background::image_gc::ImageGcError;
-pub use bulkhead_store::{UsageFilter, VolumeRow};
 pub use config::{
     BuildLimits, CheckpointPools, DEFAULT_SANDBOX_DISK_MB, EngineConfig, MIN_SANDBOX_DISK_MB,
 };
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};
 pub use lifecycle::{Operation, Refusal, SandboxState};
-pub use metering::{ExhaustedAction, MeteringConfig, Prices, UsageReport};
+pub use metering::{ExhaustedAction, MeteringConfig, Prices, UsageFilter, UsageReport};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use node::checkpoints::CheckpointError;
 pub use pool::policy::{PoolConfig, PoolLimits};
@@ -53,10 +52,14 @@ pub use pool::source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
 pub use quota::{Limit, QuotaError};
 pub use sandbox::admission::AdmissionLimits;
 pub use sandbox::fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
+pub use tenancy::admin::Admin;
+pub use tenancy::teams::{Team, TeamLimits};
 pub use types::{
     ApiKey, Caller, CreateGeneration, CreateRequest, EgressEvent, LifecyclePolicy, ListPage,
     ListRequest, OnTimeout, ResumeRequest, SandboxInfo, SecretInfo, SecretPage, SnapshotInfo,
     SnapshotPage, TemplateInfo, TemplateRuntime, TemplateStatus, Usage,
 };
 pub use volume::content::ContentAuth;
-pub use volume::types::{MountRequest, VolumeError, VolumeInfo, validate_mounts, validate_name};
+pub use volume::types::{
+    MountRequest, VolumeAccess, VolumeError, VolumeInfo, validate_mounts, validate_name,
+};

@@ -183,7 +183,7 @@ async fn pause_and_connect_keep_memory_files_env_token_and_id() {
         .list(
             &s.owner,
             &ListRequest {
-                states: vec![SandboxState::Paused],
+                states: vec![SandboxState::Paused.into()],
                 ..Default::default()
             },
         )
@@ -195,7 +195,7 @@ async fn pause_and_connect_keep_memory_files_env_token_and_id() {
         .list(
             &s.owner,
             &ListRequest {
-                states: vec![SandboxState::Running],
+                states: vec![SandboxState::Running.into()],
                 ..Default::default()
             },
         )

@@ -5,12 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bulkhead_engine::UsageFilter;
 use bulkhead_engine::testing::{FakeEngine, fake_engine};
 use bulkhead_engine::{
     Caller, CreateRequest, Engine, EngineConfig, EngineError, Limit, ListRequest, MeteringConfig,
     Prices, ResumeRequest, SandboxState, teams,
 };
-use bulkhead_store::{Store, UsageFilter};
+use bulkhead_store::Store;
 
 struct Setup {
     _dir: tempfile::TempDir,

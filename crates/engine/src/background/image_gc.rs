@@ -20,8 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sandbox::lifecycle::SandboxState;
 use bulkhead_images::{GcReport, ImageCache, entries_named_in};
-use bulkhead_store::{SandboxFilter, SandboxState};
+use bulkhead_store::SandboxFilter;
 
 use crate::engine::Engine;
 use crate::template::types::BuildStatus;
@@ -147,6 +148,7 @@ impl Engine {
             states: SandboxState::ALL
                 .into_iter()
                 .filter(|s| *s != SandboxState::Dead)
+                .map(Into::into)
                 .collect(),
             ..Default::default()
         };

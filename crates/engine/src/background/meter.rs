@@ -7,7 +7,10 @@
 
 use std::sync::Arc;
 
-use bulkhead_store::{SandboxState, UsageFilter, UsageRow};
+use crate::sandbox::lifecycle::SandboxState;
+use bulkhead_store::UsageRow;
+
+use crate::tenancy::metering::UsageFilter;
 
 use crate::clock::now_ms;
 use crate::engine::Engine;

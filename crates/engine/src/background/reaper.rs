@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use bulkhead_store::SandboxState;
+use crate::sandbox::lifecycle::SandboxState;
 
 use crate::clock::now_ms;
 use crate::engine::Engine;

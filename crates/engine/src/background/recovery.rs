@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
-use bulkhead_store::{PersistenceRow, SandboxFilter, SandboxState};
+use crate::sandbox::lifecycle::SandboxState;
+use bulkhead_store::{PersistenceRow, SandboxFilter};
 
 use bulkhead_envd::protocol::{AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
 
@@ -43,10 +44,10 @@ impl Engine {
             .list_sandboxes(
                 &SandboxFilter {
                     states: vec![
-                        SandboxState::Running,
-                        SandboxState::Pausing,
-                        SandboxState::Paused,
-                        SandboxState::Resuming,
+                        SandboxState::Running.into(),
+                        SandboxState::Pausing.into(),
+                        SandboxState::Paused.into(),
+                        SandboxState::Resuming.into(),
                     ],
                     ..Default::default()
                 },
@@ -63,7 +64,7 @@ impl Engine {
                 .driver_handle
                 .as_deref()
                 .and_then(|h| serde_json::from_str::<DriverHandle>(h).ok());
-            let expired = row.state == SandboxState::Running
+            let expired = row.state == SandboxState::Running.into()
                 && row.end_at <= now_ms()
                 && extra.lifecycle.on_timeout == OnTimeout::Kill;
             let alive = match handle {
@@ -77,7 +78,7 @@ impl Engine {
             if let Some(h) = alive {
                 // Still running (a pause or resume the previous server did not finish either
                 // never stopped it or had already restored it): it runs on.
-                if row.state != SandboxState::Running {
+                if row.state != SandboxState::Running.into() {
                     tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found running after an interrupted operation");
                     // A pause interrupted in the driver may have left the sandbox frozen.
                     // The checkpoint goes: a pause that got as far as a complete checkpoint
@@ -98,9 +99,9 @@ impl Engine {
                         self.store.upsert_persistence(&p).await?;
                     }
                     self.store
-                        .set_sandbox_state(&row.id, SandboxState::Running, None)
+                        .set_sandbox_state(&row.id, SandboxState::Running.into(), None)
                         .await?;
-                    row.state = SandboxState::Running;
+                    row.state = SandboxState::Running.into();
                 }
                 keep.push(h.clone());
                 let agent = self.adopted_agent_info(&row.id, &h).await;
@@ -126,7 +127,7 @@ impl Engine {
             }
             // Not running: paused if its checkpoint is complete (a pause interrupted before
             // its completion marker, or a resume that consumed it, left nothing to resume).
-            let complete = match (row.state, &checkpoint) {
+            let complete = match (SandboxState::from(row.state), &checkpoint) {
                 (SandboxState::Running, _) | (_, None) => None,
                 (_, Some(dir)) => checkpoints::completed(dir)
                     .or_else(|| {
@@ -145,7 +146,7 @@ impl Engine {
                         .as_ref()
                         .and_then(|p| p.paused_at)
                         .unwrap_or_else(now_ms);
-                    if row.state != SandboxState::Paused {
+                    if row.state != SandboxState::Paused.into() {
                         tracing::info!(sandbox = %row.id, was = %row.state, "sandbox found paused after an interrupted operation");
                         if let Some(mut p) = persist.clone() {
                             p.paused_at = Some(at_ms);
@@ -153,10 +154,10 @@ impl Engine {
                             self.store.upsert_persistence(&p).await?;
                         }
                         self.store
-                            .set_sandbox_state(&row.id, SandboxState::Paused, None)
+                            .set_sandbox_state(&row.id, SandboxState::Paused.into(), None)
                             .await?;
                         self.store.set_sandbox_driver_handle(&row.id, None).await?;
-                        row.state = SandboxState::Paused;
+                        row.state = SandboxState::Paused.into();
                     }
                     extra.paused = Some(Paused {
                         dir,
@@ -172,7 +173,11 @@ impl Engine {
                         checkpoints::remove(dir);
                     }
                     self.store
-                        .set_sandbox_state(&row.id, SandboxState::Dead, Some("lost on restart"))
+                        .set_sandbox_state(
+                            &row.id,
+                            SandboxState::Dead.into(),
+                            Some("lost on restart"),
+                        )
                         .await?;
                     self.store.set_sandbox_driver_handle(&row.id, None).await?;
                 }

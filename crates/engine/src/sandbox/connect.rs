@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkhead_store::SandboxState;
+use crate::sandbox::lifecycle::SandboxState;
 
 use crate::clock::now_ms;
 use crate::engine::Engine;

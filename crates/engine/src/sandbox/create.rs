@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::sandbox::lifecycle::SandboxState;
 use bulkhead_envd::rest::InitRequest;
-use bulkhead_store::{PersistenceRow, SandboxRow, SandboxState};
+use bulkhead_store::{PersistenceRow, SandboxRow};
 
 use bulkhead_envd::protocol::AgentInfo;
 
@@ -270,7 +271,7 @@ impl Engine {
             id: id.clone(),
             template_id: template.id.clone(),
             alias: template.aliases.first().cloned(),
-            state: created.after,
+            state: created.after.into(),
             owner_key_id: caller.key_id.clone(),
             team_id: caller.team_id.clone(),
             metadata: req.metadata.clone(),
@@ -307,7 +308,7 @@ impl Engine {
             let _ = self.store.delete_persistence(&id).await;
             let _ = self
                 .store
-                .set_sandbox_state(&id, SandboxState::Dead, Some("create failed"))
+                .set_sandbox_state(&id, SandboxState::Dead.into(), Some("create failed"))
                 .await;
             return Err(e);
         }

@@ -1,7 +1,7 @@
 //! Kill: the one way a sandbox ends (killed, timed out, exited, paused too long): out of the
 //! live set, torn down (processes, or the checkpoint of a paused one), recorded.
 
-use bulkhead_store::SandboxState;
+use crate::sandbox::lifecycle::SandboxState;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
@@ -58,7 +58,7 @@ impl Engine {
         }
         if let Err(e) = self
             .store
-            .set_sandbox_state(id, SandboxState::Dead, Some(reason))
+            .set_sandbox_state(id, SandboxState::Dead.into(), Some(reason))
             .await
         {
             tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");

@@ -8,7 +8,85 @@
 //! resuming a running one is a 409; any call on a sandbox that is changing state is a 409; an
 //! ended (or ending) sandbox is a 404.
 
-pub use bulkhead_store::SandboxState;
+/// Where a sandbox is in its life (the engine's own type; the store keeps the same states under
+/// the same spelling). Transient states are held only while an operation is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SandboxState {
+    /// Being created: claimed from the pool or started cold, not yet given its identity.
+    Starting,
+    Running,
+    /// Being frozen (checkpoint in progress).
+    Pausing,
+    Paused,
+    /// Being restored from a pause.
+    Resuming,
+    /// A snapshot (or a fork's checkpoint) of it is being taken; it runs again afterwards.
+    Snapshotting,
+    /// Being torn down.
+    Killing,
+    /// Killed, timed out or died.
+    Dead,
+}
+
+impl std::fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl SandboxState {
+    /// Every state, for exhaustive tests and listings.
+    pub const ALL: [SandboxState; 8] = [
+        SandboxState::Starting,
+        SandboxState::Running,
+        SandboxState::Pausing,
+        SandboxState::Paused,
+        SandboxState::Resuming,
+        SandboxState::Snapshotting,
+        SandboxState::Killing,
+        SandboxState::Dead,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        bulkhead_store::SandboxState::from(self).as_str()
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        bulkhead_store::SandboxState::parse(s).map(Self::from)
+    }
+}
+
+impl From<bulkhead_store::SandboxState> for SandboxState {
+    fn from(s: bulkhead_store::SandboxState) -> Self {
+        use bulkhead_store::SandboxState as S;
+        match s {
+            S::Starting => Self::Starting,
+            S::Running => Self::Running,
+            S::Pausing => Self::Pausing,
+            S::Paused => Self::Paused,
+            S::Resuming => Self::Resuming,
+            S::Snapshotting => Self::Snapshotting,
+            S::Killing => Self::Killing,
+            S::Dead => Self::Dead,
+        }
+    }
+}
+
+impl From<SandboxState> for bulkhead_store::SandboxState {
+    fn from(s: SandboxState) -> Self {
+        use SandboxState as S;
+        match s {
+            S::Starting => Self::Starting,
+            S::Running => Self::Running,
+            S::Pausing => Self::Pausing,
+            S::Paused => Self::Paused,
+            S::Resuming => Self::Resuming,
+            S::Snapshotting => Self::Snapshotting,
+            S::Killing => Self::Killing,
+            S::Dead => Self::Dead,
+        }
+    }
+}
 
 /// What a caller asks of a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

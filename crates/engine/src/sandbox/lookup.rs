@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::sandbox::lifecycle::SandboxState;
 use bulkhead_envd::protocol::AgentInfo;
-use bulkhead_store::{SandboxFilter, SandboxRow, SandboxState};
+use bulkhead_store::{SandboxFilter, SandboxRow};
 use tokio_util::sync::CancellationToken;
 
 use crate::clock::ms_to_dt;
@@ -45,7 +46,7 @@ impl Engine {
     pub(crate) async fn running_row(&self, id: &str, op: Operation) -> Result<SandboxRow> {
         let (id, _) = self.enter(id, op)?;
         match self.store.get_sandbox(id).await? {
-            Some(row) if row.state != SandboxState::Dead => Ok(row),
+            Some(row) if row.state != SandboxState::Dead.into() => Ok(row),
             _ => Err(EngineError::SandboxNotFound(id.to_string())),
         }
     }
@@ -72,7 +73,7 @@ impl Engine {
     ) {
         let cancel = CancellationToken::new();
         let live = Live {
-            state: row.state,
+            state: row.state.into(),
             handle: handle.clone(),
             end_at_ms: row.end_at,
             access_token: row.envd_access_token.clone(),
@@ -137,7 +138,7 @@ impl Engine {
         // The live set is ahead of the store (TTL changes, transient states).
         let (end_at, state, extra) = self.live.lock().get(&row.id).map_or_else(
             || (row.end_at, row.state, LiveExtra::default()),
-            |l| (l.end_at_ms, l.state, l.extra.clone()),
+            |l| (l.end_at_ms, l.state.into(), l.extra.clone()),
         );
         SandboxInfo {
             id: row.id.clone(),
@@ -149,7 +150,7 @@ impl Engine {
             cpu_count: row.cpu_count,
             memory_mb: row.memory_mb,
             disk_size_mb: row.disk_size_mb,
-            state: lifecycle::e2b_state(state),
+            state: lifecycle::e2b_state(state.into()),
             envd_access_token: row.envd_access_token.clone(),
             envd_version: self.cfg.envd_version.clone(),
             allow_internet_access: row.allow_internet,
@@ -189,7 +190,7 @@ impl Engine {
             }
         }
         let filter = SandboxFilter {
-            states,
+            states: states.into_iter().map(Into::into).collect(),
             metadata: req.metadata.clone(),
             template_id: req.template.as_ref().map(|t| {
                 self.template_for(caller, t)
@@ -209,7 +210,7 @@ impl Engine {
         let total_running = self
             .store
             .count_sandboxes(&SandboxFilter {
-                states: vec![SandboxState::Running],
+                states: vec![SandboxState::Running.into()],
                 team_id: Some(caller.team_id.clone()),
                 ..Default::default()
             })

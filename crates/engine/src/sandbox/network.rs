@@ -3,7 +3,8 @@
 
 use crate::engine::Engine;
 use crate::error::EngineError;
-use bulkhead_store::{SandboxRow, SandboxState};
+use crate::sandbox::lifecycle::SandboxState;
+use bulkhead_store::SandboxRow;
 
 use crate::ids;
 use crate::node::driver::DriverHandle;

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use bulkhead_store::SandboxState;
+use crate::sandbox::lifecycle::SandboxState;
 
 use crate::clock::now_ms;
 use crate::engine::Engine;
@@ -86,7 +86,7 @@ impl Engine {
         pending.generation = generation;
         self.store.upsert_persistence(&pending).await?;
         self.store
-            .set_sandbox_state(id, SandboxState::Pausing, None)
+            .set_sandbox_state(id, SandboxState::Pausing.into(), None)
             .await?;
 
         // The sandbox's end is expected now: the watcher must not take it for a death. The
@@ -134,7 +134,7 @@ impl Engine {
             self.store.upsert_persistence(&pending).await?;
             self.store.set_sandbox_driver_handle(id, None).await?;
             self.store
-                .set_sandbox_state(id, SandboxState::Paused, None)
+                .set_sandbox_state(id, SandboxState::Paused.into(), None)
                 .await
         };
         if let Err(e) = recorded.await {
@@ -180,7 +180,7 @@ impl Engine {
         }
         let _ = self
             .store
-            .set_sandbox_state(id, SandboxState::Running, None)
+            .set_sandbox_state(id, SandboxState::Running.into(), None)
             .await;
         if let Ok(Some(mut p)) = self.store.get_persistence(id).await {
             p.checkpoint_dir = None;

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::sandbox::lifecycle::SandboxState;
 use bulkhead_envd::rest::InitRequest;
-use bulkhead_store::SandboxState;
 
 use crate::clock::now_ms;
 use crate::engine::Engine;
@@ -90,7 +90,7 @@ impl Engine {
         {
             let _ = self
                 .store
-                .set_sandbox_state(id, SandboxState::Paused, None)
+                .set_sandbox_state(id, SandboxState::Paused.into(), None)
                 .await;
             self.live.settle(id, SandboxState::Paused);
         }
@@ -146,7 +146,7 @@ impl Engine {
         }
         let fresh_boot = !paused.memory || !req.memory;
         self.store
-            .set_sandbox_state(id, SandboxState::Resuming, None)
+            .set_sandbox_state(id, SandboxState::Resuming.into(), None)
             .await?;
         let opts = RestoreOptions {
             consume: true,
@@ -238,7 +238,7 @@ impl Engine {
             .await?;
         self.store.set_sandbox_end_at(id, end_at).await?;
         self.store
-            .set_sandbox_state(id, SandboxState::Running, None)
+            .set_sandbox_state(id, SandboxState::Running.into(), None)
             .await?;
         if let Some(mut p) = self.store.get_persistence(id).await? {
             p.checkpoint_dir = None;

@@ -338,15 +338,15 @@ impl Engine {
         let dir = dest.parent().expect("files dir").to_owned();
         tokio::fs::create_dir_all(&dir)
             .await
-            .map_err(io_err(format!("create {}", dir.display())))?;
+            .map_err(io_err("create the directory for build files", Some(&dir)))?;
         let tmp = dir.join(format!(".{}.{}", ids::random_hex(8), files_hash));
         let mut f = tokio::fs::File::create(&tmp)
             .await
-            .map_err(io_err(format!("create {}", tmp.display())))?;
+            .map_err(io_err("store the upload", Some(&tmp)))?;
         let mut total = 0u64;
         let written: Result<(), TemplateBuildError> = async {
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(io_err("read the upload"))?;
+                let chunk = chunk.map_err(io_err("read the upload", None))?;
                 total += chunk.len() as u64;
                 if total > MAX_UPLOAD_BYTES {
                     return Err(TemplateBuildError::TooLarge {
@@ -355,13 +355,15 @@ impl Engine {
                 }
                 f.write_all(&chunk)
                     .await
-                    .map_err(io_err(format!("write {}", tmp.display())))?;
+                    .map_err(io_err("write the build files", Some(&tmp)))?;
             }
-            f.sync_all().await.map_err(io_err("sync the upload"))?;
+            f.sync_all()
+                .await
+                .map_err(io_err("sync the upload", Some(&tmp)))?;
             let check = tmp.clone();
             tokio::task::spawn_blocking(move || check_archive(&check))
                 .await
-                .map_err(|e| io_err("check the upload")(io::Error::other(e)))?
+                .map_err(|e| io_err("check the upload", None)(io::Error::other(e)))?
                 .map_err(|why| {
                     TemplateBuildError::Invalid(format!(
                         "the upload is not a tar archive (plain or gzip): {why}; upload the \
@@ -370,7 +372,7 @@ impl Engine {
                 })?;
             tokio::fs::rename(&tmp, &dest)
                 .await
-                .map_err(io_err(format!("rename {}", tmp.display())))
+                .map_err(io_err("move the build files into place", Some(&tmp)))
         }
         .await;
         if let Err(e) = written {
@@ -473,7 +475,7 @@ impl Engine {
         let dir = self.template_dir()?.to_owned();
         tokio::fs::create_dir_all(&dir)
             .await
-            .map_err(io_err(format!("create {}", dir.display())))?;
+            .map_err(io_err("create the directory for build files", Some(&dir)))?;
         let json = serde_json::to_vec_pretty(t).expect("custom template serialises");
         let (path, tmp) = (
             dir.join(format!("{}.json", t.id)),
@@ -481,10 +483,10 @@ impl Engine {
         );
         tokio::fs::write(&tmp, json)
             .await
-            .map_err(io_err(format!("write {}", tmp.display())))?;
+            .map_err(io_err("write the build files", Some(&tmp)))?;
         tokio::fs::rename(&tmp, &path)
             .await
-            .map_err(io_err(format!("rename {}", tmp.display())))?;
+            .map_err(io_err("move the build files into place", Some(&tmp)))?;
         self.builds
             .custom
             .lock()
@@ -715,7 +717,7 @@ impl Engine {
         match tokio::fs::remove_file(&path).await {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(format!("remove {}", path.display()))(e).into()),
+            Err(e) => return Err(io_err("remove the template's files", Some(&path))(e).into()),
         }
         self.builds.custom.lock().expect("custom").remove(&t.id);
         self.unregister_custom(&t.id);

@@ -30,17 +30,28 @@ pub enum TemplateBuildError {
     StartFailed(String),
     #[error("template builds are not configured on this server (no template directory)")]
     NotConfigured,
-    #[error("{what} failed")]
+    /// Storing a build's files failed. The message names the step only; the host path goes to
+    /// the server's log (never into a response).
+    #[error(
+        "The template build could not {what}: try again, and if it keeps failing ask the operator to check the server's disk and log"
+    )]
     Io {
-        what: String,
+        what: &'static str,
         #[source]
         source: io::Error,
     },
 }
 
-pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TemplateBuildError {
-    let what = what.into();
-    move |source| TemplateBuildError::Io { what, source }
+/// `TemplateBuildError::Io` for step `what` on `path` (logged here, kept out of the message).
+pub(crate) fn io_err(
+    what: &'static str,
+    path: Option<&std::path::Path>,
+) -> impl FnOnce(io::Error) -> TemplateBuildError {
+    let path = path.map(|p| p.display().to_string());
+    move |source| {
+        tracing::error!(path = path.as_deref().unwrap_or("-"), error = %source, "template build: could not {what}");
+        TemplateBuildError::Io { what, source }
+    }
 }
 
 /// `POST /v3/templates`.

@@ -1,7 +1,7 @@
 //! Tenancy: a sandbox belongs to its creator's team, and only keys of that team see or touch
 //! it (E2B: team-scoped); a create is admitted by its team's credits, quotas and create rate.
 
-use bulkhead_store::SandboxState;
+use crate::sandbox::lifecycle::SandboxState;
 
 use crate::clock::now_ms;
 use crate::engine::Engine;

@@ -213,12 +213,35 @@ impl UsageTotals {
     }
 }
 
+/// Which usage a report sums: intervals that overlap `[from_ms, to_ms)` (unix ms) and match
+/// every given id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UsageFilter {
+    pub team_id: Option<String>,
+    pub key_id: Option<String>,
+    pub sandbox_id: Option<String>,
+    pub from_ms: Option<i64>,
+    pub to_ms: Option<i64>,
+}
+
+impl UsageFilter {
+    fn to_store(&self) -> bulkhead_store::UsageFilter {
+        bulkhead_store::UsageFilter {
+            team_id: self.team_id.clone(),
+            key_id: self.key_id.clone(),
+            sandbox_id: self.sandbox_id.clone(),
+            from_ms: self.from_ms,
+            to_ms: self.to_ms,
+        }
+    }
+}
+
 /// The usage `filter` selects, summed (the operator's view: any team).
 pub async fn report(
     store: &bulkhead_store::Store,
-    filter: &bulkhead_store::UsageFilter,
+    filter: &UsageFilter,
 ) -> Result<UsageReport, bulkhead_store::StoreError> {
-    let sums = store.sum_usage(filter).await?;
+    let sums = store.sum_usage(&filter.to_store()).await?;
     let mut totals = UsageTotals::default();
     let sandboxes = sums
         .iter()

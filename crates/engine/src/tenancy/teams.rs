@@ -9,7 +9,8 @@ use crate::clock::now_ms;
 use crate::ids::random_hex;
 
 pub use crate::tenancy::quota::format_credits;
-pub use bulkhead_store::DEFAULT_TEAM;
+/// The team of keys made without one (and of everything made before teams existed).
+pub const DEFAULT_TEAM: &str = bulkhead_store::DEFAULT_TEAM;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TeamError {
@@ -78,8 +79,58 @@ pub fn parse_credits(s: &str) -> Result<i64> {
     Ok(if neg { -micro } else { micro })
 }
 
+/// A team as the operator sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Team {
+    pub id: String,
+    /// Unique; accepted wherever the id is.
+    pub name: String,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Balance in millionths of a credit; `None`: the team has no balance.
+    pub credits_micro: Option<i64>,
+    pub quotas: TeamLimits,
+}
+
+/// A team's limits; `None` is "no team limit" (the server's own limits still apply).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TeamLimits {
+    /// Sandboxes running at once.
+    pub max_sandboxes: Option<i64>,
+    /// vCPUs of one sandbox.
+    pub max_vcpus: Option<i64>,
+    /// Memory limit of one sandbox, MiB.
+    pub max_memory_mb: Option<i64>,
+    /// Longest TTL a sandbox may be given, seconds.
+    pub max_timeout_secs: Option<i64>,
+    /// Creates per second, in thousandths.
+    pub create_rate_milli: Option<i64>,
+    /// Creates that may come at once.
+    pub create_burst: Option<i64>,
+}
+
+impl From<TeamRow> for Team {
+    fn from(r: TeamRow) -> Self {
+        let q = r.quotas;
+        Team {
+            id: r.id,
+            name: r.name,
+            created_at: r.created_at,
+            credits_micro: r.credits_micro,
+            quotas: TeamLimits {
+                max_sandboxes: q.max_sandboxes,
+                max_vcpus: q.max_vcpus,
+                max_memory_mb: q.max_memory_mb,
+                max_timeout_secs: q.max_timeout_secs,
+                create_rate_milli: q.create_rate_milli,
+                create_burst: q.create_burst,
+            },
+        }
+    }
+}
+
 /// Creates a team named `name` (its id is generated), with an optional balance.
-pub async fn create(store: &Store, name: &str, credits_micro: Option<i64>) -> Result<TeamRow> {
+pub async fn create(store: &Store, name: &str, credits_micro: Option<i64>) -> Result<Team> {
     if !valid_name(name) {
         return Err(TeamError::InvalidName(name.to_owned()));
     }
@@ -94,15 +145,24 @@ pub async fn create(store: &Store, name: &str, credits_micro: Option<i64>) -> Re
         quotas: TeamQuotas::default(),
     };
     store.insert_team(&row).await?;
-    Ok(row)
+    Ok(row.into())
 }
 
-pub async fn list(store: &Store) -> Result<Vec<TeamRow>> {
-    Ok(store.list_teams().await?)
+pub async fn list(store: &Store) -> Result<Vec<Team>> {
+    Ok(store
+        .list_teams()
+        .await?
+        .into_iter()
+        .map(Team::from)
+        .collect())
 }
 
 /// The team with this id or name.
-pub async fn get(store: &Store, id_or_name: &str) -> Result<TeamRow> {
+pub async fn get(store: &Store, id_or_name: &str) -> Result<Team> {
+    row(store, id_or_name).await.map(Team::from)
+}
+
+async fn row(store: &Store, id_or_name: &str) -> Result<TeamRow> {
     store
         .get_team(id_or_name)
         .await?
@@ -137,8 +197,8 @@ pub struct QuotaUpdate {
     pub create_burst: Option<Option<i64>>,
 }
 
-pub async fn set_quotas(store: &Store, id_or_name: &str, u: &QuotaUpdate) -> Result<TeamRow> {
-    let mut team = get(store, id_or_name).await?;
+pub async fn set_quotas(store: &Store, id_or_name: &str, u: &QuotaUpdate) -> Result<Team> {
+    let mut team = row(store, id_or_name).await?;
     let q = &mut team.quotas;
     for (slot, new) in [
         (&mut q.max_sandboxes, u.max_sandboxes),
@@ -153,7 +213,7 @@ pub async fn set_quotas(store: &Store, id_or_name: &str, u: &QuotaUpdate) -> Res
         }
     }
     store.set_team_quotas(&team.id, &team.quotas).await?;
-    Ok(team)
+    Ok(team.into())
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use bulkhead_store::VolumeRow;
+use crate::volume::types::VolumeAccess;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
@@ -26,7 +26,11 @@ pub enum ContentAuth<'a> {
 impl Engine {
     /// The volume a content request may use. An unknown id and a wrong token answer alike
     /// (404 vs 401 would tell a prober which ids exist).
-    pub async fn volume_for_content(&self, id: &str, auth: ContentAuth<'_>) -> Result<VolumeRow> {
+    pub async fn volume_for_content(
+        &self,
+        id: &str,
+        auth: ContentAuth<'_>,
+    ) -> Result<VolumeAccess> {
         let row = self.store.find_volume(id).await?;
         let allowed = match (&row, auth) {
             (Some(row), ContentAuth::Token(t)) => bulkhead_common::constant_time_eq(&row.token, t),
@@ -39,7 +43,7 @@ impl Engine {
             (None, _) => false,
         };
         match row {
-            Some(row) if allowed => Ok(row),
+            Some(row) if allowed => Ok(VolumeAccess { id: row.id }),
             _ => Err(VolumeError::BadToken.into()),
         }
     }
@@ -47,7 +51,7 @@ impl Engine {
     /// Run `f` on the volume's root on a blocking thread.
     async fn with_root<T: Send + 'static>(
         &self,
-        row: &VolumeRow,
+        row: &VolumeAccess,
         f: impl FnOnce(&VolumeRoot) -> Result<T, VolumeFsError> + Send + 'static,
     ) -> Result<T> {
         let storage: Arc<dyn crate::volume::storage::VolumeStorage> = self.storage()?.clone();
@@ -61,14 +65,14 @@ impl Engine {
         .expect("volume content task")
     }
 
-    pub async fn volume_stat(&self, row: &VolumeRow, path: &str) -> Result<EntryStat> {
+    pub async fn volume_stat(&self, row: &VolumeAccess, path: &str) -> Result<EntryStat> {
         let p = clean(path)?;
         self.with_root(row, move |r| r.stat(&p)).await
     }
 
     pub async fn volume_list(
         &self,
-        row: &VolumeRow,
+        row: &VolumeAccess,
         path: &str,
         depth: u32,
     ) -> Result<Vec<EntryStat>> {
@@ -78,7 +82,7 @@ impl Engine {
 
     pub async fn volume_make_dir(
         &self,
-        row: &VolumeRow,
+        row: &VolumeAccess,
         path: &str,
         attrs: Attrs,
         force: bool,
@@ -90,7 +94,7 @@ impl Engine {
 
     pub async fn volume_set_attrs(
         &self,
-        row: &VolumeRow,
+        row: &VolumeAccess,
         path: &str,
         attrs: Attrs,
     ) -> Result<EntryStat> {
@@ -98,7 +102,7 @@ impl Engine {
         self.with_root(row, move |r| r.set_attrs(&p, &attrs)).await
     }
 
-    pub async fn volume_remove(&self, row: &VolumeRow, path: &str) -> Result<()> {
+    pub async fn volume_remove(&self, row: &VolumeAccess, path: &str) -> Result<()> {
         let p = clean(path)?;
         self.with_root(row, move |r| r.remove(&p)).await
     }
@@ -106,7 +110,7 @@ impl Engine {
     /// Open a file to stream it out; also returns its size.
     pub async fn volume_open_read(
         &self,
-        row: &VolumeRow,
+        row: &VolumeAccess,
         path: &str,
     ) -> Result<(tokio::fs::File, u64)> {
         let p = clean(path)?;
@@ -122,7 +126,7 @@ impl Engine {
     /// [`Engine::volume_stat`] afterwards (the returned path is the normalised one).
     pub async fn volume_open_write(
         &self,
-        row: &VolumeRow,
+        row: &VolumeAccess,
         path: &str,
         attrs: Attrs,
         force: bool,

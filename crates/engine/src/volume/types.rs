@@ -44,6 +44,19 @@ pub struct VolumeInfo {
     pub token: String,
 }
 
+/// A volume a content request was authorised for (by its token or its team's key): what the
+/// content verbs take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeAccess {
+    pub(crate) id: String,
+}
+
+impl VolumeAccess {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
 impl From<&VolumeRow> for VolumeInfo {
     fn from(v: &VolumeRow) -> Self {
         Self {
