@@ -25,7 +25,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::kernel::{CellState, Channel, Event, Kernel, KernelError, KernelMessage};
+use super::cell::{CellState, Channel, KernelMessage};
+use super::kernel::{Event, Kernel, KernelError};
 use super::output::{ErrorLine, Line, result_fields};
 use super::{Context, Interpreter, Slot, snippets};
 

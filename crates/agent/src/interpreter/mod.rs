@@ -30,6 +30,7 @@
 mod account;
 pub mod execute;
 pub mod http;
+mod cell;
 pub mod kernel;
 pub mod local;
 pub mod manifest;
