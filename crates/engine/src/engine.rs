@@ -3,10 +3,9 @@
 //! which the folders' `impl Engine` blocks extend with their verbs.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, RwLock};
 
 use bulkhead_store::Store;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineConfig;
@@ -14,13 +13,12 @@ use crate::error::EngineError;
 use crate::node::driver::Driver;
 use crate::node::network::{EgressControl, StoreAuditSink};
 use crate::node::{AgentPath, LocalNode, Node};
-use crate::pool::gold::PoolSources;
-use crate::pool::policy::Demand;
+use crate::pool::state::PoolState;
 use crate::sandbox::admission::Admission;
 use crate::sandbox::live::LiveSet;
 use crate::tenancy::keys;
 use crate::types::{Caller, TemplateInfo};
-use crate::volume::storage::VolumeStorage;
+use crate::volume::state::Volumes;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -36,23 +34,15 @@ pub struct Engine {
     pub(crate) cfg: EngineConfig,
     pub(crate) templates: RwLock<HashMap<String, Arc<TemplateInfo>>>,
     pub(crate) live: LiveSet,
-    /// Wakes the warm-pool filler (a claim, a new template).
-    pub(crate) pool_wakeup: Notify,
-    /// Creates per template, which the filler sizes each pool to.
-    pub(crate) pool_demand: Mutex<HashMap<String, Demand>>,
+    /// Demand, warm checkpoints and the filler of the warm pools (`pool`).
+    pub(crate) pools: PoolState,
     /// Creates running and waiting (see `admission`).
     pub(crate) admission: Admission,
-    /// Per heavy template, the warm checkpoint its pool is restored from.
-    pub(crate) pool_sources: PoolSources,
     pub(crate) shutdown: CancellationToken,
-    /// The warm-pool filler, awaited on shutdown so a start in flight is not orphaned.
-    pub(crate) filler: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Serialises network updates per engine, so two updates never both attach a link.
     pub(crate) net_lock: tokio::sync::Mutex<()>,
-    /// Host storage of volumes; without it the volume verbs answer "no volume storage".
-    pub(crate) volume_storage: OnceLock<Arc<dyn VolumeStorage>>,
-    /// Volumes that creates in flight are mounting (id → count): not deletable meanwhile.
-    pub(crate) volumes_mounting: Mutex<HashMap<String, usize>>,
+    /// Volume storage and the volumes being mounted (`volume`).
+    pub(crate) volumes: Volumes,
     /// Template builds through the Template API (`template_builds`).
     pub(crate) builds: crate::template::types::TemplateBuilds,
     /// Per-team rate limits, creates in flight, key last-use and credit state (`tenancy`).
@@ -92,15 +82,11 @@ impl Engine {
             cfg,
             templates: RwLock::new(HashMap::new()),
             live: LiveSet::default(),
-            pool_wakeup: Notify::new(),
-            pool_demand: Mutex::new(HashMap::new()),
+            pools: PoolState::default(),
             admission,
-            pool_sources: PoolSources::default(),
             shutdown: CancellationToken::new(),
-            filler: Mutex::new(None),
             net_lock: tokio::sync::Mutex::new(()),
-            volume_storage: OnceLock::new(),
-            volumes_mounting: Mutex::new(HashMap::new()),
+            volumes: Volumes::default(),
             builds: Default::default(),
             tenants: Default::default(),
         })

@@ -24,7 +24,7 @@ impl Engine {
         tokio::spawn(engine.metering_loop());
         let engine = Arc::clone(self);
         let filler = tokio::spawn(async move { engine.pool_filler().await });
-        *self.filler.lock().expect("filler lock") = Some(filler);
+        *self.pools.filler.lock().expect("filler lock") = Some(filler);
     }
 
     /// One pass: running sandboxes past their TTL are killed, or paused when their lifecycle

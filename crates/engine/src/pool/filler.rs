@@ -42,7 +42,7 @@ impl Engine {
             }
             if !worked {
                 tokio::select! {
-                    _ = self.pool_wakeup.notified() => {}
+                    _ = self.pools.wakeup.notified() => {}
                     _ = tokio::time::sleep(IDLE_TICK) => {}
                     _ = self.shutdown.cancelled() => return,
                 }
@@ -125,7 +125,8 @@ impl Engine {
     pub(crate) fn pool_target(&self, template: &str, now: Instant) -> usize {
         let limits: PoolLimits = self.cfg.pools.limits(template);
         let level = self
-            .pool_demand
+            .pools
+            .demand
             .lock()
             .expect("demand lock")
             .entry(template.to_string())
@@ -137,7 +138,8 @@ impl Engine {
     /// Count one create of `template` toward its pool's demand (the filler is woken when the
     /// create is done, so refills do not compete with it).
     pub(crate) fn record_pool_demand(&self, template: &str) {
-        self.pool_demand
+        self.pools
+            .demand
             .lock()
             .expect("demand lock")
             .entry(template.to_string())
@@ -149,7 +151,7 @@ impl Engine {
     /// server start re-adopts them.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
-        let filler = self.filler.lock().expect("filler lock").take();
+        let filler = self.pools.filler.lock().expect("filler lock").take();
         if let Some(f) = filler {
             // Lets a start in flight finish and stop its sandbox (bounded by the driver's own
             // start timeout).

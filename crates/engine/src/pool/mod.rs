@@ -5,3 +5,4 @@ pub(crate) mod filler;
 pub(crate) mod gold;
 pub(crate) mod policy;
 pub(crate) mod source;
+pub(crate) mod state;

@@ -151,7 +151,7 @@ impl Engine {
         &self,
         t: &TemplateInfo,
     ) -> Result<Option<DriverHandle>, PoolSourceError> {
-        let slot = self.pool_sources.slot(&t.id);
+        let slot = self.pools.sources.slot(&t.id);
         let mut gold = slot.lock().await;
         let dir = match self.gold_dir(t, &mut gold).await {
             Some(dir) => dir,

@@ -3,14 +3,13 @@
 //! TTL.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::sandbox::lifecycle::SandboxState;
 use bulkhead_envd::rest::InitRequest;
-use bulkhead_store::{PersistenceRow, SandboxRow};
+use bulkhead_store::SandboxRow;
 
 use bulkhead_envd::protocol::AgentInfo;
 
@@ -20,32 +19,14 @@ use crate::node::AgentCallError;
 use crate::node::driver::DriverHandle;
 use crate::node::network;
 use crate::sandbox::lifecycle::{self, Operation};
-use crate::sandbox::live::LiveExtra;
+use crate::sandbox::live::{LiveExtra, persistence_row};
+use crate::sandbox::source::Source;
 use crate::telemetry;
 use crate::tenancy::quota::Ask;
 use crate::types::{Caller, CreateRequest, SandboxInfo, TemplateInfo};
 use crate::validate::{validate_env, validate_metadata};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
-
-/// What a new sandbox starts from: a template's pool, or a checkpoint (a snapshot, a fork).
-pub(crate) enum Source {
-    Template(Arc<TemplateInfo>),
-    Checkpoint(CheckpointSource),
-}
-
-/// A complete checkpoint a new sandbox is restored from.
-pub(crate) struct CheckpointSource {
-    /// The template the checkpoint was taken on (the restore's base).
-    pub(crate) template: Arc<TemplateInfo>,
-    pub(crate) dir: PathBuf,
-    /// Restore its memory (else boot afresh on its files).
-    pub(crate) memory: bool,
-    /// The env the source had (given again to a fresh boot; a memory restore still has it).
-    pub(crate) env_vars: BTreeMap<String, String>,
-    /// The source's access token, which its restored agent asks for until it gets its own.
-    pub(crate) access_token: Option<String>,
-}
 
 impl Engine {
     /// Create a sandbox. Admitted first (see `admission`): beyond the running and queued
@@ -124,21 +105,43 @@ impl Engine {
         }
     }
 
-    /// Create a sandbox from `source` with the settings of `req` (its `template` is ignored).
+    /// Create a sandbox from `source` with the settings of `req` (its `template` is ignored):
+    /// admitted and validated into a [`Plan`], started (claimed from the pool, started cold
+    /// or restored) with its identity, made ready (agent version, network link, start
+    /// command), then recorded and tracked. A failure after the start stops the sandbox, so
+    /// nothing half-made is left.
     pub(crate) async fn create_from(
         self: &Arc<Self>,
         caller: &Caller,
         req: CreateRequest,
         source: Source,
     ) -> Result<SandboxInfo> {
-        let template = match &source {
+        let plan = self.plan(caller, &req, &source).await?;
+        let (handle, agent) = self.start_planned(&plan, &req, &source).await?;
+        let net_attached = self.make_ready(&plan, &source, &handle, &agent).await?;
+        let started = Started {
+            handle,
+            agent,
+            net_attached,
+        };
+        self.record(caller, &req, &source, plan, started).await
+    }
+
+    /// Admission and validation: nothing has started yet, so a refusal costs nothing.
+    async fn plan(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: &CreateRequest,
+        source: &Source,
+    ) -> Result<Plan> {
+        let template = match source {
             Source::Template(t) => t.clone(),
             Source::Checkpoint(c) => c.template.clone(),
         };
         let timeout =
             self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
         // Held until the sandbox is tracked: it counts toward the team's running sandboxes.
-        let _team_slot = self
+        let team_slot = self
             .admit_team(
                 caller,
                 Ask {
@@ -171,15 +174,11 @@ impl Engine {
             ));
         }
         // Held until the sandbox is recorded: its volumes cannot be deleted meanwhile.
-        let (volumes, volume_ids, _mounting) =
+        let (volumes, volume_ids, mounting) =
             self.resolve_mounts(caller, &req.volume_mounts).await?;
         for v in &volumes {
             crate::volume::types::check_against_template(&template.rootfs, &v.path)?;
         }
-
-        // Validated before anything starts; the new sandbox is `starting` until it is recorded.
-        let created = lifecycle::transition(SandboxState::Starting, Operation::Create)
-            .expect("a starting sandbox can be created");
         let id = ids::sandbox_id();
         let token = req.is_secure().then(|| ids::random_hex(20));
         let mut env = self.cfg.sandbox_env.clone();
@@ -188,7 +187,7 @@ impl Engine {
         if let Some(rt) = &runtime {
             env.extend(rt.envs.clone());
         }
-        if let Source::Checkpoint(c) = &source {
+        if let Source::Checkpoint(c) = source {
             env.extend(c.env_vars.clone());
         }
         env.extend(req.env_vars.clone());
@@ -199,18 +198,40 @@ impl Engine {
             default_workdir: runtime.as_ref().and_then(|r| r.workdir.clone()),
             ..Default::default()
         };
-        let (handle, agent) = match &source {
+        Ok(Plan {
+            id,
+            template,
+            timeout,
+            allow_internet,
+            policy,
+            volumes,
+            volume_ids,
+            token,
+            init,
+            _team_slot: team_slot,
+            _mounting: mounting,
+        })
+    }
+
+    /// Start the sandbox and give it its identity: from the pool, cold, or from a checkpoint.
+    async fn start_planned(
+        &self,
+        plan: &Plan,
+        req: &CreateRequest,
+        source: &Source,
+    ) -> Result<(DriverHandle, AgentInfo)> {
+        match source {
             // Pool members have no volumes: a sandbox that mounts some starts cold.
-            Source::Template(t) if !volumes.is_empty() || !self.is_pooled_tree(t) => {
+            Source::Template(t) if !plan.volumes.is_empty() || !self.is_pooled_tree(t) => {
                 let mut spec = t.spec();
-                spec.volumes = volumes.clone();
-                self.start_cold_and_init(&spec, &init).await?
+                spec.volumes = plan.volumes.clone();
+                self.start_cold_and_init(&spec, &plan.init).await
             }
             // Only creates that claim from the pool make it grow (not an older tag's, not one
             // with volumes, not one refused by validation).
             Source::Template(t) => {
                 self.record_pool_demand(&t.id);
-                self.claim_and_init(t, &init).await?
+                self.claim_and_init(t, &plan.init).await
             }
             Source::Checkpoint(c) => {
                 // A memory restore's agent already has the source's env and user: it gets the
@@ -218,55 +239,85 @@ impl Engine {
                 let init = if c.memory {
                     InitRequest {
                         env_vars: Some(req.env_vars.clone()),
-                        access_token: Some(token.clone().unwrap_or_default()),
+                        access_token: Some(plan.token.clone().unwrap_or_default()),
                         ..Default::default()
                     }
                 } else {
-                    init
+                    plan.init.clone()
                 };
-                self.restore_new(c, &init).await?
+                self.restore_new(c, &init).await
             }
-        };
+        }
+    }
+
+    /// Before anyone sees it: an agent this server can drive, its network link (late binding:
+    /// pool members have none; only sandboxes whose policy lets something out get one), and a
+    /// built template's start command passing its ready check (a memory restore already runs
+    /// it). Stops the sandbox on failure. Returns whether a link was attached.
+    async fn make_ready(
+        &self,
+        plan: &Plan,
+        source: &Source,
+        handle: &DriverHandle,
+        agent: &AgentInfo,
+    ) -> Result<bool> {
+        let id = &plan.id;
         if !agent.is_supported() {
             // The template's image holds an agent this server cannot drive: refuse to hand it
             // out (nothing is lost, the sandbox was never given to anyone).
-            let _ = self.node.stop(&handle).await;
-            return Err(EngineError::agent_too_old(&id, Operation::Create, &agent));
+            let _ = self.node.stop(handle).await;
+            return Err(EngineError::agent_too_old(id, Operation::Create, agent));
         }
-        // Late binding: pool members have no link; one is made only for sandboxes whose
-        // policy lets something out.
-        let net_attached = network::egress_allowed(&policy);
+        let net_attached = network::egress_allowed(&plan.policy);
         if net_attached
             && let Err(e) = self
-                .attach_link(&id, &handle, policy, Operation::Create)
+                .attach_link(id, handle, plan.policy.clone(), Operation::Create)
                 .await
         {
-            let _ = self.node.stop(&handle).await;
+            let _ = self.node.stop(handle).await;
             return Err(e);
         }
-        // A built template's start command runs in every new sandbox of it, which is handed
-        // out only once the ready check passes (a memory restore already runs it).
         if let (Some(rt), false) = (
-            &runtime,
-            matches!(&source, Source::Checkpoint(c) if c.memory),
+            &plan.template.runtime,
+            matches!(source, Source::Checkpoint(c) if c.memory),
         ) && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
             && let Err(e) = self
-                .start_and_wait_ready(&handle, rt, token.as_deref())
+                .start_and_wait_ready(handle, rt, plan.token.as_deref())
                 .await
         {
-            self.detach_link(&id);
-            let _ = self.node.stop(&handle).await;
+            self.detach_link(id);
+            let _ = self.node.stop(handle).await;
             return Err(crate::template::builds::TemplateBuildError::StartFailed(e).into());
         }
+        Ok(net_attached)
+    }
 
+    /// Record the sandbox (row, lifecycle settings, mounts) and track it; a failed write stops
+    /// it and leaves a dead row.
+    async fn record(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: &CreateRequest,
+        source: &Source,
+        plan: Plan,
+        started: Started,
+    ) -> Result<SandboxInfo> {
+        let Started {
+            handle,
+            agent,
+            net_attached,
+        } = started;
+        let created = lifecycle::transition(SandboxState::Starting, Operation::Create)
+            .expect("a starting sandbox can be created");
+        let (id, template) = (plan.id.clone(), plan.template.clone());
         // What a fresh boot of this sandbox (a filesystem-only resume) is given again.
-        let mut stored_env = match &source {
+        let mut stored_env = match source {
             Source::Checkpoint(c) => c.env_vars.clone(),
             Source::Template(_) => BTreeMap::new(),
         };
         stored_env.extend(req.env_vars.clone());
-        let started = now_ms();
-        let end_at = started + timeout.as_millis() as i64;
+        let started_at = now_ms();
+        let end_at = started_at + plan.timeout.as_millis() as i64;
         let row = SandboxRow {
             id: id.clone(),
             template_id: template.id.clone(),
@@ -276,15 +327,15 @@ impl Engine {
             team_id: caller.team_id.clone(),
             metadata: req.metadata.clone(),
             env_vars: stored_env,
-            envd_access_token: token.clone(),
+            envd_access_token: plan.token.clone(),
             cpu_count: template.cpu_count as i64,
             memory_mb: template.memory_mb as i64,
             disk_size_mb: template.disk_size_mb as i64,
-            started_at: started,
+            started_at,
             end_at,
             driver_handle: Some(serde_json::to_string(&handle).expect("handle serializes")),
             end_reason: None,
-            allow_internet,
+            allow_internet: plan.allow_internet,
             network: req
                 .network
                 .as_ref()
@@ -292,7 +343,7 @@ impl Engine {
         };
         let extra = LiveExtra {
             lifecycle: req.lifecycle,
-            timeout_ms: timeout.as_millis() as i64,
+            timeout_ms: plan.timeout.as_millis() as i64,
             paused: None,
         };
         let stored = async {
@@ -300,7 +351,8 @@ impl Engine {
             self.store
                 .upsert_persistence(&persistence_row(&id, &extra))
                 .await?;
-            self.record_mounts(&id, &volumes, &volume_ids).await
+            self.record_mounts(&id, &plan.volumes, &plan.volume_ids)
+                .await
         };
         if let Err(e) = stored.await {
             self.detach_link(&id);
@@ -313,7 +365,7 @@ impl Engine {
             return Err(e);
         }
         self.track(&row, Some(handle), net_attached, agent, extra);
-        self.pool_wakeup.notify_one();
+        self.pools.wakeup.notify_one();
         tracing::info!(sandbox = %id, template = %template.id, "sandbox created");
         Ok(self.info_from_row(&row))
     }
@@ -411,17 +463,25 @@ impl Engine {
     }
 }
 
-/// The stored lifecycle settings (and checkpoint, when paused) of a sandbox.
-pub(crate) fn persistence_row(id: &str, extra: &LiveExtra) -> PersistenceRow {
-    PersistenceRow {
-        sandbox_id: id.to_string(),
-        on_timeout: extra.lifecycle.on_timeout.as_str().into(),
-        auto_resume: extra.lifecycle.auto_resume,
-        pause_memory: extra.lifecycle.pause_memory,
-        timeout_ms: extra.timeout_ms,
-        checkpoint_dir: extra.paused.as_ref().map(|p| p.dir.display().to_string()),
-        checkpoint_memory: extra.paused.as_ref().is_some_and(|p| p.memory),
-        generation: 0,
-        paused_at: extra.paused.as_ref().map(|p| p.at_ms),
-    }
+/// A create that passed admission and validation: what the later steps need, and the guards
+/// that hold its team slot and its volumes until it is recorded.
+struct Plan {
+    id: String,
+    template: Arc<TemplateInfo>,
+    timeout: std::time::Duration,
+    allow_internet: bool,
+    policy: bulkhead_egress::NetworkPolicy,
+    volumes: Vec<crate::node::driver::VolumeMount>,
+    volume_ids: Vec<String>,
+    token: Option<String>,
+    init: InitRequest,
+    _team_slot: crate::tenancy::state::CreateSlot,
+    _mounting: crate::volume::verbs::MountGuard,
+}
+
+/// A started, ready sandbox not yet recorded.
+struct Started {
+    handle: DriverHandle,
+    agent: AgentInfo,
+    net_attached: bool,
 }

@@ -9,8 +9,8 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
 use crate::node::checkpoints;
-use crate::sandbox::create::{CheckpointSource, Source};
 use crate::sandbox::lifecycle::Operation;
+use crate::sandbox::source::{CheckpointSource, Source};
 use crate::types::{Caller, CreateGeneration, CreateRequest, SandboxInfo};
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;

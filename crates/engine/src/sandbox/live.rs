@@ -151,3 +151,18 @@ impl LiveSet {
         self.lock().get(id).map(|l| l.extra.clone())
     }
 }
+
+/// The stored lifecycle settings (and checkpoint, when paused) of a sandbox.
+pub(crate) fn persistence_row(id: &str, extra: &LiveExtra) -> bulkhead_store::PersistenceRow {
+    bulkhead_store::PersistenceRow {
+        sandbox_id: id.to_string(),
+        on_timeout: extra.lifecycle.on_timeout.as_str().into(),
+        auto_resume: extra.lifecycle.auto_resume,
+        pause_memory: extra.lifecycle.pause_memory,
+        timeout_ms: extra.timeout_ms,
+        checkpoint_dir: extra.paused.as_ref().map(|p| p.dir.display().to_string()),
+        checkpoint_memory: extra.paused.as_ref().is_some_and(|p| p.memory),
+        generation: 0,
+        paused_at: extra.paused.as_ref().map(|p| p.at_ms),
+    }
+}

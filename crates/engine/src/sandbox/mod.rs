@@ -19,4 +19,5 @@ pub(crate) mod restore;
 pub(crate) mod resume;
 pub(crate) mod signed_urls;
 pub(crate) mod snapshots;
+pub(crate) mod source;
 pub(crate) mod timeout;

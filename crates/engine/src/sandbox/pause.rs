@@ -12,9 +12,9 @@ use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::node::checkpoints;
 use crate::node::driver::{CheckpointOptions, DriverHandle};
-use crate::sandbox::create::persistence_row;
 use crate::sandbox::lifecycle::Operation;
 use crate::sandbox::live::Paused;
+use crate::sandbox::live::persistence_row;
 use crate::types::Caller;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;

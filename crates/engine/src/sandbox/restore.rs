@@ -7,8 +7,8 @@ use bulkhead_envd::rest::InitRequest;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::node::driver::{DriverHandle, RestoreOptions};
-use crate::sandbox::create::CheckpointSource;
 use crate::sandbox::lifecycle::Operation;
+use crate::sandbox::source::CheckpointSource;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 

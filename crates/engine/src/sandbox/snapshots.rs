@@ -14,8 +14,8 @@ use crate::error::EngineError;
 use crate::ids;
 use crate::node::checkpoints;
 use crate::node::driver::{CheckpointInfo, CheckpointOptions};
-use crate::sandbox::create::CheckpointSource;
 use crate::sandbox::lifecycle::Operation;
+use crate::sandbox::source::CheckpointSource;
 use crate::types::{Caller, SnapshotInfo, SnapshotPage};
 use crate::validate::{page_after, page_end};
 

@@ -53,7 +53,7 @@ impl Engine {
             }
         }
         drop(map);
-        self.pool_wakeup.notify_one();
+        self.pools.wakeup.notify_one();
         Ok(())
     }
 

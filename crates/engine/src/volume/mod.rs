@@ -4,6 +4,7 @@
 
 pub(crate) mod content;
 pub mod fs;
+pub(crate) mod state;
 pub mod storage;
 pub(crate) mod types;
 pub(crate) mod verbs;

@@ -36,7 +36,7 @@ pub(crate) struct MountGuard {
 
 impl Drop for MountGuard {
     fn drop(&mut self) {
-        let mut m = self.engine.volumes_mounting.lock().expect("volumes lock");
+        let mut m = self.engine.volumes.mounting.lock().expect("volumes lock");
         for id in &self.ids {
             if let Some(n) = m.get_mut(id) {
                 *n -= 1;
@@ -51,11 +51,11 @@ impl Drop for MountGuard {
 impl Engine {
     /// Install the host storage of volumes (once, at server start).
     pub fn set_volume_storage(&self, storage: Arc<dyn VolumeStorage>) {
-        let _ = self.volume_storage.set(storage);
+        let _ = self.volumes.storage.set(storage);
     }
 
     pub(crate) fn storage(&self) -> Result<&Arc<dyn VolumeStorage>, VolumeError> {
-        self.volume_storage.get().ok_or(VolumeError::NoStorage)
+        self.volumes.storage.get().ok_or(VolumeError::NoStorage)
     }
 
     pub async fn create_volume(&self, caller: &Caller, name: &str) -> Result<VolumeInfo> {
@@ -119,7 +119,8 @@ impl Engine {
         let storage = self.storage()?.clone();
         let mut users = self.store.volume_users(&row.id).await?;
         if self
-            .volumes_mounting
+            .volumes
+            .mounting
             .lock()
             .expect("volumes lock")
             .contains_key(&row.id)
@@ -170,7 +171,8 @@ impl Engine {
                 .ok_or_else(|| VolumeError::NotFound(m.name.clone()))?;
             if seen.insert(row.id.clone()) {
                 *self
-                    .volumes_mounting
+                    .volumes
+                    .mounting
                     .lock()
                     .expect("volumes lock")
                     .entry(row.id.clone())

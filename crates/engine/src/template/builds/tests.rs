@@ -19,7 +19,7 @@ fn names_and_tags_are_checked_like_e2b() {
 }
 
 use crate::error::ChangesError;
-use crate::sandbox::create::Source;
+use crate::sandbox::source::Source;
 use crate::testing::{FakeEngine, base_template, fake_engine};
 use bulkhead_store::SnapshotRow;
 
