@@ -269,17 +269,26 @@ impl SecretSource for StoreSecrets {
 }
 
 /// E2B's rule for secret names (they are interpolated into `${e2b.secrets.<name>}`).
-pub fn validate_secret_name(name: &str) -> Result<(), String> {
+pub fn validate_secret_name(name: &str) -> Result<(), SecretNameError> {
     if name.is_empty() || name.len() > 256 {
-        return Err("Secret name must be 1 to 256 characters".into());
+        return Err(SecretNameError::Length);
     }
     if name.chars().any(|c| c == '{' || c == '}' || c.is_control()) {
-        return Err(format!(
-            "Secret name {name:?} is not usable: it cannot contain '{{', '}}' or control characters \
-             (it is referenced as ${{e2b.secrets.<name>}})"
-        ));
+        return Err(SecretNameError::Characters(name.to_owned()));
     }
     Ok(())
+}
+
+/// Why a secret name is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretNameError {
+    #[error("Secret name must be 1 to 256 characters")]
+    Length,
+    #[error(
+        "Secret name {0:?} is not usable: it cannot contain '{{', '}}' or control characters \
+         (it is referenced as ${{e2b.secrets.<name>}})"
+    )]
+    Characters(String),
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::node::disk_usage::{Measure, tree_bytes};
 use crate::node::driver::{DriverHandle, SandboxSpec};
 use crate::sandbox::lifecycle::Operation;
 use crate::template::exec::Command;
+use crate::template::failure::StepError;
 use crate::template::spec::{BuildStep, RunState, StepKind};
 use crate::template::types::{BuildFailure, BuildRecord, BuildStart, BuiltTemplate};
 use crate::types::TemplateRuntime;
@@ -77,7 +78,7 @@ impl Engine {
         let parent = self
             .build_parent(record, spec)
             .await
-            .map_err(|m| Failed(m, "base".into()))?;
+            .map_err(|e| Failed(e.to_string(), "base".into()))?;
         let layers = LayerStore::new(&self.cfg.image_cache);
         let mut state = parent.state.clone();
         let mut key = crate::template::spec::base_key(&parent.content_hash);
@@ -100,7 +101,7 @@ impl Engine {
                     let changes = self
                         .run_step(record, "base", step, &state, &tree)
                         .await
-                        .map_err(|m| Failed(image_hint(m), "base".into()))?;
+                        .map_err(|e| Failed(e.message_for_image(), "base".into()))?;
                     let committed = layers
                         .commit(&key, &tree, &changes, "provision: user `user`")
                         .await;
@@ -124,7 +125,8 @@ impl Engine {
             let what = step.describe();
             if !step.changes_tree() {
                 if step.kind == StepKind::User {
-                    check_user(&tree, &step.args[0]).map_err(|m| Failed(m, n.clone()))?;
+                    check_user(&tree, &step.args[0])
+                        .map_err(|e| Failed(e.to_string(), n.clone()))?;
                 }
                 state.apply(step);
                 record.log("info", Some(&n), format!("[{n}/{total}] {what}"));
@@ -141,8 +143,12 @@ impl Engine {
             let changes = self
                 .run_step(record, &n, step, &state, &tree)
                 .await
-                .map_err(|m| {
-                    let m = if parent.pulled { image_hint(m) } else { m };
+                .map_err(|e| {
+                    let m = if parent.pulled {
+                        e.message_for_image()
+                    } else {
+                        e.to_string()
+                    };
                     Failed(m, n.clone())
                 })?;
             let committed = layers.commit(&key, &tree, &changes, &what).await;
@@ -164,7 +170,9 @@ impl Engine {
             );
         }
         let workdir = match &state.workdir {
-            Some(w) => Some(expand_home(&tree, w).map_err(|m| Failed(m, "finalize".into()))?),
+            Some(w) => {
+                Some(expand_home(&tree, w).map_err(|e| Failed(e.to_string(), "finalize".into()))?)
+            }
             None => None,
         };
         let runtime = TemplateRuntime {
@@ -192,7 +200,7 @@ impl Engine {
         tree: &Path,
         network: bool,
         label: &str,
-    ) -> Result<(DriverHandle, String), String> {
+    ) -> Result<(DriverHandle, String), StepError> {
         let spec = SandboxSpec {
             template_id: format!("build-{}", record.template_id),
             rootfs: tree.to_owned(),
@@ -207,7 +215,7 @@ impl Engine {
             .node
             .start(&spec, false)
             .await
-            .map_err(|e| format!("starting the build sandbox failed: {e}"))?;
+            .map_err(StepError::SandboxStart)?;
         let id = format!("build-{}-{label}", &record.build_id[..8]);
         let init = InitRequest {
             default_user: Some("root".into()),
@@ -216,7 +224,7 @@ impl Engine {
         let ready = async {
             self.init_agent(&handle, &init, None, Operation::Create)
                 .await
-                .map_err(|e| format!("the build sandbox's agent did not start: {e}"))?;
+                .map_err(|e| StepError::AgentStart(Box::new(e)))?;
             if network && self.node.info().egress {
                 let policy = bulkhead_egress::NetworkPolicy {
                     allow_out: self.cfg.build_limits.allow_out.clone(),
@@ -225,9 +233,9 @@ impl Engine {
                 };
                 self.attach_link(&id, &handle, policy, Operation::Create)
                     .await
-                    .map_err(|e| format!("the build sandbox's network failed: {e}"))?;
+                    .map_err(|e| StepError::Network(Box::new(e)))?;
             }
-            Ok::<(), String>(())
+            Ok::<(), StepError>(())
         }
         .await;
         if let Err(e) = ready {
@@ -246,7 +254,7 @@ impl Engine {
         step: &BuildStep,
         state: &RunState,
         tree: &Path,
-    ) -> Result<PathBuf, String> {
+    ) -> Result<PathBuf, StepError> {
         let (handle, id) = self
             .build_sandbox(record, tree, step.kind == StepKind::Run, n)
             .await?;
@@ -264,19 +272,23 @@ impl Engine {
             .join("work");
         tokio::fs::create_dir_all(&work)
             .await
-            .map_err(|e| format!("create {}: {e}", work.display()))?;
+            .map_err(|e| {
+                tracing::error!(path = %work.display(), error = %e, "template build: cannot create the work directory");
+                StepError::WorkDir(e)
+            })?;
         let dest = work.join(format!("{}-{n}", record.build_id));
         let _ = tokio::fs::remove_dir_all(&dest).await;
         let exported = self.node.export_changes(&handle, &dest).await;
         let _ = self.node.stop(&handle).await;
-        exported.map_err(|e| format!("exporting the step's changes failed: {e}"))?;
+        exported.map_err(StepError::Export)?;
         let size = dir_size(&dest).await;
         if size > self.cfg.build_limits.max_step_bytes {
             let _ = tokio::fs::remove_dir_all(&dest).await;
-            return Err(format!(
-                "step {n} added {size} bytes, over the server's limit of {} bytes per step",
-                self.cfg.build_limits.max_step_bytes
-            ));
+            return Err(StepError::TooBig {
+                step: n.to_owned(),
+                size,
+                limit: self.cfg.build_limits.max_step_bytes,
+            });
         }
         Ok(dest)
     }
@@ -289,16 +301,19 @@ impl Engine {
         step: &BuildStep,
         state: &RunState,
         tree: &Path,
-    ) -> Result<(), String> {
+    ) -> Result<(), StepError> {
         if step.kind == StepKind::Copy {
             let hash = step.files_hash.as_deref().unwrap_or_default();
             let path = self
                 .upload_path(&record.team_id, hash)
-                .map_err(|e| e.to_string())?;
-            let data = tokio::fs::read(&path).await.map_err(|_| {
-                format!("the files of step {n} ({}) were not uploaded", step.args[0])
-            })?;
-            let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
+                .map_err(|e| StepError::Upload(Box::new(e)))?;
+            let data = tokio::fs::read(&path)
+                .await
+                .map_err(|_| StepError::NotUploaded {
+                    step: n.to_owned(),
+                    file: step.args[0].clone(),
+                })?;
+            let stream = self.agents.open(handle).await.map_err(StepError::Reach)?;
             crate::template::exec::put_file(
                 stream,
                 &crate::template::spec::archive_path(hash),
@@ -306,14 +321,14 @@ impl Engine {
                 data.into(),
             )
             .await
-            .map_err(|e| format!("copying the files into the build sandbox failed: {e}"))?;
+            .map_err(StepError::CopyFiles)?;
         }
         let (script, user) = crate::template::spec::step_script(step, state);
         let cwd = match (&state.workdir, step.kind) {
             (Some(w), StepKind::Run) => Some(expand_home(tree, w)?),
             _ => None,
         };
-        let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
+        let stream = self.agents.open(handle).await.map_err(StepError::Reach)?;
         let mut output: Vec<String> = Vec::new();
         let mut on_line = |line: String| {
             record.log("info", Some(n), line.clone());
@@ -332,18 +347,23 @@ impl Engine {
         };
         let code = crate::template::exec::run(stream, &cmd, &mut on_line)
             .await
-            .map_err(|e| format!("step {n} ({}) failed: {e}", step.describe()))?;
+            .map_err(|source| StepError::Exec {
+                step: n.to_owned(),
+                what: step.describe(),
+                source,
+            })?;
         if code != 0 {
             let tail = output.join("\n");
-            return Err(format!(
-                "step {n} ({}) failed with exit code {code}{}",
-                step.describe(),
-                if tail.is_empty() {
+            return Err(StepError::Exit {
+                step: n.to_owned(),
+                what: step.describe(),
+                code,
+                output: if tail.is_empty() {
                     String::new()
                 } else {
                     format!(":\n{tail}")
-                }
-            ));
+                },
+            });
         }
         Ok(())
     }
@@ -356,7 +376,7 @@ impl Engine {
         tree: &Path,
         rt: &TemplateRuntime,
     ) -> Result<(), Failed> {
-        let fin = |m: String| Failed(m, "finalize".into());
+        let fin = |e: StepError| Failed(e.to_string(), "finalize".into());
         record.log(
             "info",
             Some("finalize"),
@@ -385,14 +405,14 @@ impl Engine {
         handle: &DriverHandle,
         rt: &TemplateRuntime,
         access_token: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StepError> {
         let limit = self.cfg.build_limits.ready_timeout;
         if let Some(start) = &rt.start_cmd {
             let script = format!(
                 "setsid -f /bin/bash -l -c {} >/dev/null 2>&1 </dev/null",
                 crate::template::spec::shell_quote(start)
             );
-            let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
+            let stream = self.agents.open(handle).await.map_err(StepError::Reach)?;
             let cmd = Command {
                 script: &script,
                 user: &rt.user,
@@ -403,11 +423,9 @@ impl Engine {
             };
             let code = crate::template::exec::run(stream, &cmd, &mut |_| {})
                 .await
-                .map_err(|e| format!("the start command could not be started: {e}"))?;
+                .map_err(StepError::StartCommand)?;
             if code != 0 {
-                return Err(format!(
-                    "the start command could not be started (exit code {code})"
-                ));
+                return Err(StepError::StartCommandExit(code));
             }
         }
         let Some(ready) = &rt.ready_cmd else {
@@ -415,7 +433,7 @@ impl Engine {
         };
         let deadline = Instant::now() + limit;
         loop {
-            let stream = self.agents.open(handle).await.map_err(|e| e.to_string())?;
+            let stream = self.agents.open(handle).await.map_err(StepError::Reach)?;
             let cmd = Command {
                 script: ready,
                 user: &rt.user,
@@ -430,45 +448,31 @@ impl Engine {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "the ready check {ready:?} did not pass within {limit:?}{}",
-                    if out.is_empty() {
+                return Err(StepError::NotReady {
+                    cmd: ready.clone(),
+                    limit,
+                    output: if out.is_empty() {
                         String::new()
                     } else {
                         format!(": {}", out.join("\n"))
-                    }
-                ));
+                    },
+                });
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
 
-/// A build sandbox on a pulled image whose agent does not come up: most likely the image's C
-/// library is older than the one the agent was built against.
-fn image_hint(m: String) -> String {
-    if m.contains("agent did not start") {
-        format!(
-            "{m} (the image's GNU C library may be older than the one Bulkhead's agent needs; \
-             start from a current Debian or Ubuntu based image)"
-        )
-    } else {
-        m
-    }
-}
-
 /// The tree's `/etc/passwd` (a regular file: never a symlink out of the tree).
-fn passwd(tree: &Path) -> Result<String, String> {
+fn passwd(tree: &Path) -> Result<String, StepError> {
     let p = tree.join("etc/passwd");
     match std::fs::symlink_metadata(&p) {
-        Ok(m) if m.is_file() => {
-            std::fs::read_to_string(&p).map_err(|e| format!("read /etc/passwd: {e}"))
-        }
-        _ => Err("the template has no /etc/passwd file".into()),
+        Ok(m) if m.is_file() => std::fs::read_to_string(&p).map_err(StepError::ReadPasswd),
+        _ => Err(StepError::NoPasswd),
     }
 }
 
-fn home_of(tree: &Path, user: &str) -> Result<Option<String>, String> {
+fn home_of(tree: &Path, user: &str) -> Result<Option<String>, StepError> {
     Ok(passwd(tree)?.lines().find_map(|l| {
         let f: Vec<&str> = l.split(':').collect();
         (f.len() >= 6 && f[0] == user).then(|| f[5].to_owned())
@@ -476,24 +480,21 @@ fn home_of(tree: &Path, user: &str) -> Result<Option<String>, String> {
 }
 
 /// E2B's error for a USER step naming a user the template does not have.
-fn check_user(tree: &Path, user: &str) -> Result<(), String> {
+fn check_user(tree: &Path, user: &str) -> Result<(), StepError> {
     let user = user.split(':').next().unwrap_or(user);
     if user.parse::<u32>().is_ok() || home_of(tree, user)?.is_some() {
         return Ok(());
     }
-    Err(format!(
-        "user {user:?} does not exist in the template: create it first, e.g. \
-         .run_cmd(\"useradd -m {user}\", user=\"root\")"
-    ))
+    Err(StepError::NoSuchUser(user.to_owned()))
 }
 
 /// `~user/rest` → the user's home + rest.
-fn expand_home(tree: &Path, path: &str) -> Result<String, String> {
+fn expand_home(tree: &Path, path: &str) -> Result<String, StepError> {
     let Some(rest) = path.strip_prefix('~') else {
         return Ok(path.to_owned());
     };
     let (user, tail) = rest.split_once('/').unwrap_or((rest, ""));
-    let home = home_of(tree, user)?.ok_or_else(|| format!("user {user:?} does not exist"))?;
+    let home = home_of(tree, user)?.ok_or_else(|| StepError::NoHome(user.to_owned()))?;
     Ok(format!("{}/{tail}", home.trim_end_matches('/')))
 }
 

@@ -15,6 +15,7 @@ use bulkhead_images::oci::{RegistryCredentials, sandbox_blockers};
 use bulkhead_images::{ImageCache, Progress};
 
 use crate::engine::Engine;
+use crate::template::failure::StepError;
 use crate::template::spec::{BuildStep, RunState, StepKind};
 use crate::template::types::{BuildRecord, BuildStart};
 
@@ -69,7 +70,7 @@ impl Engine {
         &self,
         record: &BuildRecord,
         spec: &BuildStart,
-    ) -> Result<Parent, String> {
+    ) -> Result<Parent, StepError> {
         let name = match (&spec.from_template, &spec.from_image) {
             (Some(t), _) => t.clone(),
             (None, Some(image)) => match image_template(image) {
@@ -80,12 +81,12 @@ impl Engine {
                         .await;
                 }
             },
-            (None, None) => return Err("no base image or template given".into()),
+            (None, None) => return Err(StepError::NoBase),
         };
         // The build's team's templates and the built-ins, never another team's.
         let parent = self
             .template_in_team(&record.team_id, &name)
-            .ok_or_else(|| format!("template {name:?} not found on this server"))?;
+            .ok_or_else(|| StepError::NoSuchTemplate(name.clone()))?;
         let state = match &parent.runtime {
             Some(rt) => RunState {
                 user: rt.user.clone(),
@@ -109,7 +110,7 @@ impl Engine {
         record: &BuildRecord,
         image: &str,
         credentials: Option<&RegistryCredentials>,
-    ) -> Result<Parent, String> {
+    ) -> Result<Parent, StepError> {
         let started = Instant::now();
         let cache = ImageCache::new(&self.cfg.image_cache);
         let pulled = cache
@@ -120,7 +121,7 @@ impl Engine {
                 &BuildProgress(record),
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(StepError::Pull)?;
         record.log(
             "info",
             Some("base"),
@@ -139,15 +140,12 @@ impl Engine {
         let root = pulled.rootfs.clone();
         let blockers = tokio::task::spawn_blocking(move || sandbox_blockers(&root))
             .await
-            .map_err(|e| format!("checking the image failed: {e}"))?;
+            .map_err(StepError::CheckImage)?;
         if !blockers.is_empty() {
-            return Err(format!(
-                "image {} cannot run as a sandbox: it has no {}. Start from an image with glibc \
-                 and bash, such as a Debian- or Ubuntu-based one (from_debian_image(), \
-                 from_ubuntu_image(), from_python_image(), from_node_image())",
-                pulled.reference,
-                blockers.join(" and no ")
-            ));
+            return Err(StepError::NotRunnable {
+                image: pulled.reference.to_string(),
+                missing: blockers.join(" and no "),
+            });
         }
         let c = &pulled.config;
         if c.user.is_some() || c.workdir.is_some() {

@@ -27,7 +27,7 @@ pub enum TemplateBuildError {
     #[error("the upload is larger than the limit of {limit} bytes; copy fewer files per step")]
     TooLarge { limit: u64 },
     #[error("the template's start command did not become ready: {0}")]
-    StartFailed(String),
+    StartFailed(crate::template::failure::StepError),
     #[error("template builds are not configured on this server (no template directory)")]
     NotConfigured,
     /// Storing a build's files failed. The message names the step only; the host path goes to

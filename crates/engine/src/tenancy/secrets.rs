@@ -25,7 +25,7 @@ impl Engine {
         value: &str,
         metadata: BTreeMap<String, String>,
     ) -> Result<SecretInfo> {
-        network::validate_secret_name(name).map_err(EngineError::BadRequest)?;
+        network::validate_secret_name(name).map_err(|e| EngineError::BadRequest(e.to_string()))?;
         validate_secret_value(value)?;
         validate_metadata(&metadata)?;
         let now = now_ms();

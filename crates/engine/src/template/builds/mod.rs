@@ -727,15 +727,24 @@ impl Engine {
     }
 }
 
+/// Why an upload is not a build-context archive.
+#[derive(Debug, thiserror::Error)]
+enum ArchiveError {
+    #[error("{0}")]
+    Read(#[from] io::Error),
+    #[error("it holds no files")]
+    Empty,
+}
+
 /// Is the file at `path` a tar archive, plain or gzip-compressed (what the SDKs upload)?
 /// Every entry is read through (and a gzip stream to its checksum), so a truncated, corrupt
 /// or foreign upload is refused when it arrives instead of failing the step that unpacks it.
-fn check_archive(path: &Path) -> std::result::Result<(), String> {
+fn check_archive(path: &Path) -> std::result::Result<(), ArchiveError> {
     use std::io::{Read, Seek};
-    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut f = std::fs::File::open(path)?;
     let mut magic = [0u8; 2];
-    let gzip = f.read(&mut magic).map_err(|e| e.to_string())? == 2 && magic == [0x1f, 0x8b];
-    f.rewind().map_err(|e| e.to_string())?;
+    let gzip = f.read(&mut magic)? == 2 && magic == [0x1f, 0x8b];
+    f.rewind()?;
     let f = io::BufReader::new(f);
     let reader: Box<dyn Read> = if gzip {
         Box::new(flate2::read::GzDecoder::new(f))
@@ -744,15 +753,15 @@ fn check_archive(path: &Path) -> std::result::Result<(), String> {
     };
     let mut archive = tar::Archive::new(reader);
     let mut entries = 0usize;
-    for entry in archive.entries().map_err(|e| e.to_string())? {
-        let mut entry = entry.map_err(|e| e.to_string())?;
-        io::copy(&mut entry, &mut io::sink()).map_err(|e| e.to_string())?;
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        io::copy(&mut entry, &mut io::sink())?;
         entries += 1;
     }
     // The rest of the stream (tar padding, the gzip trailer with its CRC).
-    io::copy(&mut archive.into_inner(), &mut io::sink()).map_err(|e| e.to_string())?;
+    io::copy(&mut archive.into_inner(), &mut io::sink())?;
     if entries == 0 {
-        return Err("it holds no files".into());
+        return Err(ArchiveError::Empty);
     }
     Ok(())
 }
