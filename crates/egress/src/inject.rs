@@ -86,23 +86,22 @@ struct Upstream {
 }
 
 impl Upstream {
-    async fn connect(&self) -> Result<SendRequest<Incoming>, String> {
+    async fn connect(&self) -> Result<SendRequest<Incoming>, UpstreamError> {
         let tcp = connect_any(&self.addrs, self.port)
             .await
-            .map_err(|e| format!("connect: {e}"))?;
-        let name =
-            ServerName::try_from(self.host.clone()).map_err(|e| format!("server name: {e}"))?;
+            .map_err(UpstreamError::Connect)?;
+        let name = ServerName::try_from(self.host.clone()).map_err(UpstreamError::Name)?;
         let tls = tokio::time::timeout(
             HANDSHAKE_TIMEOUT,
             TlsConnector::from(self.sb.shared.upstream_tls.clone())
                 .connect(name, Counted::new(tcp, self.inn.clone())),
         )
         .await
-        .map_err(|_| "TLS handshake timed out".to_string())?
-        .map_err(|e| format!("TLS: {e}"))?;
+        .map_err(|_| UpstreamError::HandshakeTimeout)?
+        .map_err(UpstreamError::Tls)?;
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
             .await
-            .map_err(|e| format!("HTTP: {e}"))?;
+            .map_err(UpstreamError::Http)?;
         let cancel = self.cancel.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -113,7 +112,7 @@ impl Upstream {
         Ok(sender)
     }
 
-    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, String> {
+    async fn send(&self, req: Request<Incoming>) -> Result<Response<Incoming>, UpstreamError> {
         let mut slot = self.sender.lock().await;
         if let Some(s) = slot.as_mut()
             && (s.is_closed() || s.ready().await.is_err())
@@ -124,10 +123,25 @@ impl Upstream {
             *slot = Some(self.connect().await?);
         }
         let s = slot.as_mut().expect("connected above");
-        s.send_request(req)
-            .await
-            .map_err(|e| format!("request: {e}"))
+        s.send_request(req).await.map_err(UpstreamError::Request)
     }
+}
+
+/// Why the upstream of an injected request failed (said in the sandbox's 502).
+#[derive(Debug, thiserror::Error)]
+enum UpstreamError {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("server name: {0}")]
+    Name(rustls::pki_types::InvalidDnsNameError),
+    #[error("TLS handshake timed out")]
+    HandshakeTimeout,
+    #[error("TLS: {0}")]
+    Tls(std::io::Error),
+    #[error("HTTP: {0}")]
+    Http(hyper::Error),
+    #[error("request: {0}")]
+    Request(hyper::Error),
 }
 
 async fn handle(up: Arc<Upstream>, req: Request<Incoming>) -> Response<Body> {

@@ -85,7 +85,7 @@ pub fn limit_capabilities(keep: u64) -> Result<(), String> {
 /// Landlock (the ruleset lives in `bulkhead-landlock`, shared with the agent, which re-applies
 /// it to what it spawns after a restore).
 pub fn apply_landlock() -> Result<landlock::RulesetStatus, String> {
-    bulkhead_landlock::restrict_self()
+    bulkhead_landlock::restrict_self().map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

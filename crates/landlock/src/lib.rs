@@ -49,30 +49,44 @@ pub fn rules() -> Vec<(&'static Path, BitFlags<AccessFs>)> {
     v
 }
 
-fn err(what: &str, e: &dyn std::fmt::Display) -> String {
-    format!("landlock {what}: {e}")
+/// Why the ruleset could not be built or applied; each names the step.
+#[derive(Debug, thiserror::Error)]
+pub enum LandlockError {
+    #[error("landlock {what}: {source}")]
+    Ruleset {
+        what: String,
+        #[source]
+        source: landlock::RulesetError,
+    },
+    #[error("landlock open /: cannot open the root directory")]
+    NoRoot,
+}
+
+fn err(what: impl Into<String>) -> impl FnOnce(landlock::RulesetError) -> LandlockError {
+    let what = what.into();
+    move |source| LandlockError::Ruleset { what, source }
 }
 
 /// The ruleset, created and filled, not yet applied. Best effort: a kernel without Landlock
 /// yields a ruleset that restricts nothing.
-pub fn ruleset() -> Result<RulesetCreated, String> {
+pub fn ruleset() -> Result<RulesetCreated, LandlockError> {
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(AccessFs::from_all(ABI_VERSION))
-        .map_err(|e| err("handle_access", &e))?
+        .map_err(err("handle_access"))?
         .create()
-        .map_err(|e| err("create", &e))?;
+        .map_err(err("create"))?;
     for (path, access) in rules() {
         // A device this sandbox lacks needs no rule.
         let Ok(fd) = PathFd::new(path) else {
             if path == Path::new("/") {
-                return Err(err("open /", &"cannot open the root directory"));
+                return Err(LandlockError::NoRoot);
             }
             continue;
         };
         ruleset = ruleset
             .add_rule(PathBeneath::new(fd, access))
-            .map_err(|e| err(&format!("rule {}", path.display()), &e))?;
+            .map_err(err(format!("rule {}", path.display())))?;
     }
     Ok(ruleset)
 }
@@ -80,11 +94,11 @@ pub fn ruleset() -> Result<RulesetCreated, String> {
 /// Apply the ruleset to the calling thread (and what it then executes). Does not set
 /// `no_new_privs`: the caller holds CAP_SYS_ADMIN in its user namespace instead (the jail's
 /// init, before it drops its capabilities), so set-uid programs keep working in the sandbox.
-pub fn restrict_self() -> Result<RulesetStatus, String> {
+pub fn restrict_self() -> Result<RulesetStatus, LandlockError> {
     let status = ruleset()?
         .no_new_privs(false)
         .restrict_self()
-        .map_err(|e| err("restrict_self", &e))?;
+        .map_err(err("restrict_self"))?;
     Ok(status.ruleset)
 }
 
