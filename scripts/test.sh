@@ -11,8 +11,8 @@
 # Every test runs: cargo test gets `--include-ignored`, so the tests gated on a host capability
 # with `#[bulkhead_testkit::requires(...)]` (root, /dev/net/tun, kernel venv, PostgreSQL, ...)
 # run and fail when it is missing, and a skipped pytest or node test, or an ignored Rust test,
-# fails the run. The log ends with the step summary and a table of tests run per suite
-# (scripts/test-counts).
+# fails the run. The log ends with the step summary (each step's result and duration) and a
+# table of tests run per suite (`cargo xtask test-counts`, crates/xtask).
 #
 # Environment:
 #   BULKHEAD_CACHE_DIR     venvs and the template image cache   (default /var/cache/bulkhead)
@@ -39,24 +39,37 @@ RESULTS=()
 FAILED=0
 LOGDIR="${BULKHEAD_TEST_LOG_DIR:-$(mktemp -d /var/tmp/bulkhead-test-XXXXXX)}"
 mkdir -p "$LOGDIR"
-SUITES="$LOGDIR/suites.tsv"   # one line per test report, for scripts/test-counts
+SUITES="$LOGDIR/suites.tsv"   # one line per test report, for `cargo xtask test-counts`
 : >"$SUITES"
 
+STARTED=$SECONDS
+
 section() { printf '\n======== %s ========\n' "$*"; }
-record() { # record NAME STATUS
-    if [ "$2" -eq 0 ]; then RESULTS+=("PASS  $1"); else RESULTS+=("FAIL  $1 (exit $2)"); FAILED=$((FAILED + 1)); fi
+duration() { # duration SECONDS -> 41s, 12m05s, 1h02m
+    local s="$1"
+    if [ "$s" -ge 3600 ]; then printf '%dh%02dm' $((s / 3600)) $((s % 3600 / 60))
+    elif [ "$s" -ge 60 ]; then printf '%dm%02ds' $((s / 60)) $((s % 60))
+    else printf '%ds' "$s"; fi
 }
-run_step() { # run_step NAME CMD...   (runs the command, records the result, never exits)
+result() { # result PASS|FAIL|SKIP SECONDS|"" TEXT: one summary line, the duration in a column
+    local t=""
+    [ -n "$2" ] && t="$(duration "$2")"
+    RESULTS+=("$(printf '%s  %7s  %s' "$1" "$t" "$3")")
+}
+record() { # record NAME STATUS [SECONDS]
+    if [ "$2" -eq 0 ]; then result PASS "${3:-}" "$1"; else result FAIL "${3:-}" "$1 (exit $2)"; FAILED=$((FAILED + 1)); fi
+}
+run_step() { # run_step NAME CMD...   (runs the command, records the result and its duration, never exits)
     local name="$1"; shift
     section "$name"
-    local rc=0
+    local rc=0 t0=$SECONDS
     "$@" || rc=$?
-    record "$name" "$rc"
+    record "$name" "$rc" $((SECONDS - t0))
     return 0
 }
 skipped() { # skipped STEP: true (and listed in the summary) when BULKHEAD_TEST_SKIP names it
     [[ "$SKIP" == *" $1 "* ]] || return 1
-    RESULTS+=("SKIP  $1 (BULKHEAD_TEST_SKIP)")
+    result SKIP "" "$1 (BULKHEAD_TEST_SKIP)"
 }
 slug() { tr -c 'A-Za-z0-9\n' '-' <<<"$1" | tr -s '-' | sed 's/-$//'; }
 summary() {
@@ -64,12 +77,12 @@ summary() {
     printf '%s\n' "${RESULTS[@]}"
     local skips
     skips="$(printf '%s\n' "${RESULTS[@]}" | grep -c '^SKIP' || true)"
-    echo "steps: $(( ${#RESULTS[@]} - FAILED - skips )) passed, $FAILED failed, $skips skipped"
+    echo "steps: $(( ${#RESULTS[@]} - FAILED - skips )) passed, $FAILED failed, $skips skipped ($(duration $((SECONDS - STARTED))) in all)"
 }
 counts() { # the last section: tests per suite; any skipped test fails the run
-    local rc=0
-    scripts/test-counts "$SUITES" >"$LOGDIR/counts.txt" 2>&1 || rc=$?
-    record "every test ran (no skipped or ignored tests; table below)" "$rc"
+    local rc=0 t0=$SECONDS
+    cargo xtask test-counts "$SUITES" >"$LOGDIR/counts.txt" 2>&1 || rc=$?
+    record "every test ran (no skipped or ignored tests; table below)" "$rc" $((SECONDS - t0))
     summary
     section "Tests per suite (reports in $LOGDIR)"
     cat "$LOGDIR/counts.txt"
@@ -103,11 +116,12 @@ echo "python: $($PY --version 2>&1) ($(command -v "$PY")); node: $(node -v); car
 # ---- PostgreSQL for the store tests ---------------------------------------------------------
 if [ -x .ci/postgres.sh ] && [[ "$SKIP" != *" unit "* ]]; then
     section "PostgreSQL (for store tests)"
+    pg_t0=$SECONDS
     if url="$(.ci/postgres.sh)"; then
         export BULKHEAD_TEST_POSTGRES_URL="$url"
         echo "BULKHEAD_TEST_POSTGRES_URL=$url"
     else
-        record "postgres setup" 1
+        record "postgres setup" 1 $((SECONDS - pg_t0))
     fi
 fi
 
@@ -170,33 +184,84 @@ mkdir -p "$BULKHEAD_IMAGE_CACHE"
 # CRIU 4.2 for pause, resume, snapshots and fork (built from source, cached by content hash;
 # `#[requires(Criu)]` and every server the suites start read BULKHEAD_CRIU).
 section "CRIU"
+criu_t0=$SECONDS
 if criu_bin="$(scripts/criu.sh)"; then
     export BULKHEAD_CRIU="$criu_bin"
     echo "BULKHEAD_CRIU=$BULKHEAD_CRIU ($("$BULKHEAD_CRIU" --version | head -1))"
 else
-    record "CRIU build (scripts/criu.sh)" 1
+    record "CRIU build (scripts/criu.sh)" 1 $((SECONDS - criu_t0))
 fi
 
 # The microvm driver's guest kernel (Debian's linux-source + our config fragment, cached by
 # content hash; `#[requires(GuestKernel)]` reads BULKHEAD_GUEST_KERNEL).
 section "Guest kernel"
+kernel_t0=$SECONDS
 if kernel_dir="$(scripts/guest-kernel.sh)"; then
     export BULKHEAD_GUEST_KERNEL="$kernel_dir/bzImage"
     echo "BULKHEAD_GUEST_KERNEL=$BULKHEAD_GUEST_KERNEL ($(cat "$kernel_dir/source"))"
 else
-    record "guest kernel build (scripts/guest-kernel.sh)" 1
+    record "guest kernel build (scripts/guest-kernel.sh)" 1 $((SECONDS - kernel_t0))
 fi
 
 # ---- Rust -----------------------------------------------------------------------------------
+# cargo-deny (deny.toml): licenses, bans and sources of the dependency graph. The pinned version
+# is installed once into $CACHE/cargo-deny-<version> (outside the clone; about five minutes).
+# Advisories are not checked: the RustSec database is a git repository on GitHub, which this
+# host cannot reach (deny.toml says more).
+CARGO_DENY_VERSION=0.20.2
+cargo_deny() {
+    local root="$CACHE/cargo-deny-$CARGO_DENY_VERSION"
+    if [ ! -x "$root/bin/cargo-deny" ]; then
+        echo "installing cargo-deny $CARGO_DENY_VERSION into $root (once; a few minutes)"
+        nice -n 10 cargo install --locked --quiet cargo-deny --version "$CARGO_DENY_VERSION" --root "$root" || return
+    fi
+    PATH="$root/bin:$PATH" cargo deny --offline check --hide-inclusion-graph licenses bans sources || return
+    echo "cargo deny: advisories not checked (the RustSec database is on GitHub, out of reach; see deny.toml)"
+}
 if ! skipped lint; then
     run_step "cargo fmt --check" cargo fmt --all -- --check
     run_step "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings
-    run_step "module import loops (scripts/check-module-cycles)" scripts/check-module-cycles
+    run_step "cargo deny (licenses, bans, sources)" cargo_deny
+    run_step "module import loops (cargo xtask module-cycles)" cargo xtask module-cycles
 fi
+# ---- book: BEGIN (docs/testing.md, "The book") ----------------------------------------------
+# The documentation book (book.toml, docs/): mdBook and mdbook-linkcheck from crates.io, each
+# installed once into $CACHE/<crate>-<version> (outside the clone), then `mdbook build`: HTML in
+# target/book/html, and every internal link checked (web links are never fetched). README.md is
+# outside the book, so its relative links are checked here: each must name an existing file.
+# mdbook-linkcheck 0.7.7 supports mdbook ^0.4 only: bump the two versions together.
+# Skip locally with BULKHEAD_TEST_SKIP=book.
+MDBOOK_VERSION=0.4.52
+MDBOOK_LINKCHECK_VERSION=0.7.7
+book_tool() { # book_tool CRATE VERSION -> prints the bin dir of CRATE, installed when missing
+    local root="$CACHE/$1-$2"
+    if [ ! -x "$root/bin/$1" ]; then
+        echo "installing $1 $2 into $root (once; a few minutes)" >&2
+        nice -n 10 cargo install --locked --quiet "$1" --version "$2" --root "$root" >&2 || return
+    fi
+    echo "$root/bin"
+}
+book_step() {
+    local mdbook_dir linkcheck_dir link target rc=0
+    mdbook_dir="$(book_tool mdbook "$MDBOOK_VERSION")" || return
+    linkcheck_dir="$(book_tool mdbook-linkcheck "$MDBOOK_LINKCHECK_VERSION")" || return
+    PATH="$mdbook_dir:$linkcheck_dir:$PATH" mdbook build "$REPO" || return
+    while IFS= read -r link; do
+        target="${link%%#*}"
+        case "$target" in '' | http://* | https://* | mailto:*) continue ;; esac
+        [ -e "$REPO/$target" ] || { echo "README.md: broken link to $link" >&2; rc=1; }
+    done < <(grep -oE '\]\([^)[:space:]]+\)' "$REPO/README.md" | sed -E 's/^\]\((.*)\)$/\1/')
+    [ "$rc" -eq 0 ] && echo "book: target/book/html/index.html; README.md's links resolve"
+    return "$rc"
+}
+if ! skipped book; then
+    run_step "book: mdbook build + link check" book_step
+fi
+# ---- book: END ------------------------------------------------------------------------------
 section "cargo build"
-build_rc=0
+build_rc=0 build_t0=$SECONDS
 cargo build --workspace || build_rc=$?
-record "cargo build" "$build_rc"
+record "cargo build" "$build_rc" $((SECONDS - build_t0))
 if [ "$build_rc" -ne 0 ]; then
     echo "build failed: the SDK suites need target/debug/bulkhead" >&2
     summary
@@ -233,7 +298,7 @@ if ! skipped microvm; then
         why="no qemu-system-x86_64 or no guest kernel (BULKHEAD_GUEST_KERNEL='${BULKHEAD_GUEST_KERNEL:-}')"
         section "microvm SDK suite"
         echo "SKIPPED: microvm SDK suite: $why" >&2
-        RESULTS+=("SKIP  microvm SDK suite ($why)")
+        result SKIP "" "microvm SDK suite ($why)"
     else
         pytest_step "microvm SDK suite (tests/sdk/microvm)" "$CI_VENV" 1800 tests/sdk/microvm
     fi

@@ -10,7 +10,6 @@
 //! virtio-serial port by connecting each to the agent's own Unix socket
 //! (see `bulkhead-vmchan`).
 
-use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -185,29 +184,10 @@ fn set_clock() {
 
 /// `ip link set lo up`.
 fn loopback_up() -> Result<(), GuestError> {
-    // SAFETY: plain socket and ioctl calls on a buffer we own; the fd is closed below.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io("socket for lo")(std::io::Error::last_os_error()));
-        }
-        let mut req: libc::ifreq = std::mem::zeroed();
-        let name = CString::new("lo").unwrap_or_default();
-        for (d, s) in req.ifr_name.iter_mut().zip(name.as_bytes_with_nul()) {
-            *d = *s as libc::c_char;
-        }
-        let mut r = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
-        if r == 0 {
-            req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            r = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
-        }
-        let err = std::io::Error::last_os_error();
-        libc::close(fd);
-        if r != 0 {
-            return Err(io("bring up lo")(err));
-        }
-    }
-    Ok(())
+    bulkhead_host::netif::loopback_up().map_err(|e| GuestError::Io {
+        context: format!("bring up lo ({e})"),
+        source: e.source,
+    })
 }
 
 /// `/dev/vportNpM` of the virtio-serial port named `name`.

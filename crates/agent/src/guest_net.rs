@@ -1,18 +1,19 @@
 //! The guest's `eth0` (guest mode), configured like the jail's sandbox link
-//! (`bulkhead_egress::open_tun_in_netns`): IPv6 off, one IPv4 address, the MTU, up, a default
+//! (`bulkhead_host::link::open_tun_in_netns`, with the same interface code,
+//! [`bulkhead_host::netif`]): IPv6 off, one IPv4 address, the MTU, up, a default
 //! route via the gateway, and `/etc/resolv.conf` naming the gateway as the only nameserver.
 //! The host hands the values over on the kernel command line as
 //! `BULKHEAD_GUEST_NET=ADDR/PREFIX,GATEWAY,MTU` (an environment variable of pid 1).
 //!
 //! The link's only peer is the host's egress stack (QEMU's NIC socket bridged to it), and only
 //! while the sandbox's policy lets anything out; `ignore_routes_with_linkdown` makes connects
-//! fail at once ("network unreachable") while the NIC has no carrier. Leaf module: plain
-//! ioctls, no netlink, no tools from the template.
+//! fail at once ("network unreachable") while the NIC has no carrier. No netlink, no tools
+//! from the template.
 
-use std::ffi::CString;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+
+use bulkhead_host::netif::{Ipv4Link, Netif, NetifError};
 
 const IFNAME: &str = "eth0";
 
@@ -22,14 +23,8 @@ pub enum GuestNetError {
         "BULKHEAD_GUEST_NET={0:?} is not ADDR/PREFIX,GATEWAY,MTU: start the VM with the microvm driver"
     )]
     Spec(String),
-    #[error(
-        "Could not configure the guest's eth0 ({what}): does the guest kernel have CONFIG_VIRTIO_NET?"
-    )]
-    Ioctl {
-        what: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("Could not configure the guest's eth0: does the guest kernel have CONFIG_VIRTIO_NET?")]
+    Ioctl(#[source] NetifError),
     #[error("Could not write {path}")]
     Write {
         path: String,
@@ -71,12 +66,13 @@ impl GuestNet {
         Ok(net)
     }
 
-    fn netmask(&self) -> Ipv4Addr {
-        Ipv4Addr::from(
-            u32::MAX
-                .checked_shl(32 - u32::from(self.prefix))
-                .unwrap_or(0),
-        )
+    fn link(&self) -> Ipv4Link {
+        Ipv4Link {
+            addr: self.addr,
+            prefix: self.prefix,
+            gateway: self.gateway,
+            mtu: self.mtu,
+        }
     }
 }
 
@@ -103,22 +99,9 @@ pub fn configure() -> Result<(), GuestNetError> {
         &format!("/proc/sys/net/ipv4/conf/{IFNAME}/ignore_routes_with_linkdown"),
         "1",
     )?;
-    let sock = inet_socket()?;
-    let mut ifr = ifreq(IFNAME);
-    ifr.ifr_ifru.ifru_addr = sockaddr_v4(net.addr);
-    ioctl(&sock, libc::SIOCSIFADDR, &mut ifr, "SIOCSIFADDR")?;
-    let mut ifr = ifreq(IFNAME);
-    ifr.ifr_ifru.ifru_netmask = sockaddr_v4(net.netmask());
-    ioctl(&sock, libc::SIOCSIFNETMASK, &mut ifr, "SIOCSIFNETMASK")?;
-    let mut ifr = ifreq(IFNAME);
-    ifr.ifr_ifru.ifru_mtu = libc::c_int::from(net.mtu);
-    ioctl(&sock, libc::SIOCSIFMTU, &mut ifr, "SIOCSIFMTU")?;
-    let mut ifr = ifreq(IFNAME);
-    ioctl(&sock, libc::SIOCGIFFLAGS, &mut ifr, "SIOCGIFFLAGS")?;
-    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
-    unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
-    ioctl(&sock, libc::SIOCSIFFLAGS, &mut ifr, "SIOCSIFFLAGS")?;
-    default_route(&sock, net.gateway)?;
+    Netif::open()
+        .and_then(|nif| nif.configure(IFNAME, &net.link()))
+        .map_err(GuestNetError::Ioctl)?;
     write_resolv_conf(Path::new("/etc/resolv.conf"), net.gateway)
 }
 
@@ -150,103 +133,6 @@ fn write_sysctl(path: &str, value: &str) -> Result<(), GuestNetError> {
     })
 }
 
-fn inet_socket() -> Result<OwnedFd, GuestNetError> {
-    // SAFETY: plain socket(2); the result is checked and owned below.
-    let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if raw < 0 {
-        return Err(GuestNetError::Ioctl {
-            what: "socket(AF_INET)",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: `raw` is a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
-fn sockaddr_v4(ip: Ipv4Addr) -> libc::sockaddr {
-    let sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(ip).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: sockaddr_in and sockaddr have the same size on Linux; sockaddr is the generic view.
-    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
-}
-
-fn ifreq(name: &str) -> libc::ifreq {
-    // SAFETY: ifreq is plain old data; all-zero is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(name.as_bytes()) {
-        *dst = *src as libc::c_char;
-    }
-    req
-}
-
-fn ioctl(
-    sock: &OwnedFd,
-    req: libc::Ioctl,
-    ifr: &mut libc::ifreq,
-    what: &'static str,
-) -> Result<(), GuestNetError> {
-    // SAFETY: `ifr` is a valid, initialised ifreq for the duration of the call.
-    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), req as _, ifr as *mut libc::ifreq) };
-    if rc < 0 {
-        return Err(GuestNetError::Ioctl {
-            what,
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
-}
-
-/// `struct rtentry` from the kernel's uapi `<linux/route.h>` (not exported by libc for glibc).
-#[repr(C)]
-struct RtEntry {
-    rt_pad1: libc::c_ulong,
-    rt_dst: libc::sockaddr,
-    rt_gateway: libc::sockaddr,
-    rt_genmask: libc::sockaddr,
-    rt_flags: libc::c_ushort,
-    rt_pad2: libc::c_short,
-    rt_pad3: libc::c_ulong,
-    rt_pad4: *mut libc::c_void,
-    rt_metric: libc::c_short,
-    rt_dev: *mut libc::c_char,
-    rt_mtu: libc::c_ulong,
-    rt_window: libc::c_ulong,
-    rt_irtt: libc::c_ushort,
-}
-
-/// `ip route add default via GATEWAY dev eth0`.
-fn default_route(sock: &OwnedFd, gateway: Ipv4Addr) -> Result<(), GuestNetError> {
-    let dev = CString::new(IFNAME).unwrap_or_default();
-    // SAFETY: RtEntry is POD; zero is valid for every field.
-    let mut rt: RtEntry = unsafe { std::mem::zeroed() };
-    rt.rt_dst = sockaddr_v4(Ipv4Addr::UNSPECIFIED);
-    rt.rt_genmask = sockaddr_v4(Ipv4Addr::UNSPECIFIED);
-    rt.rt_gateway = sockaddr_v4(gateway);
-    rt.rt_flags = (libc::RTF_UP | libc::RTF_GATEWAY) as libc::c_ushort;
-    rt.rt_dev = dev.as_ptr() as *mut libc::c_char;
-    // SAFETY: `rt` and the device name it points to outlive the call.
-    let rc = unsafe {
-        libc::ioctl(
-            sock.as_raw_fd(),
-            libc::SIOCADDRT as _,
-            &mut rt as *mut RtEntry,
-        )
-    };
-    if rc < 0 {
-        return Err(GuestNetError::Ioctl {
-            what: "SIOCADDRT default route",
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,7 +143,10 @@ mod tests {
         assert_eq!(n.addr, Ipv4Addr::new(10, 200, 0, 2));
         assert_eq!(n.gateway, Ipv4Addr::new(10, 200, 0, 1));
         assert_eq!((n.prefix, n.mtu), (24, 1500));
-        assert_eq!(n.netmask(), Ipv4Addr::new(255, 255, 255, 0));
+        assert_eq!(
+            bulkhead_host::netif::netmask(n.prefix),
+            Ipv4Addr::new(255, 255, 255, 0)
+        );
         for bad in [
             "",
             "10.200.0.2,10.200.0.1,1500",

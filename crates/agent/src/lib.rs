@@ -22,7 +22,7 @@
 //! [`report`] (error chains), [`users`], and [`paths`] (path resolution, directory creation).
 //! The hub [`state`] imports only leaves and the state-owning modules `process::table` and
 //! `filesystem::watch`, which never import the hub back.
-//! `scripts/check-module-cycles` (run by `scripts/test.sh`) checks that no module imports another
+//! `cargo xtask module-cycles` (run by `scripts/test.sh`) checks that no module imports another
 //! in a loop.
 
 pub mod cli;

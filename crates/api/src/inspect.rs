@@ -1,5 +1,5 @@
 //! Bulkhead's own read-only views into a running sandbox, for the web console and any other
-//! API-key client (README "Operating Bulkhead"):
+//! API-key client (docs/console.md):
 //!
 //! - `GET /bulkhead/v1/sandboxes/{id}/processes`: the processes its agent started (pid, tag,
 //!   command line, cwd; never their environment, which holds secrets).

@@ -1,5 +1,5 @@
-//! `GET /bulkhead/v1/keys` and `DELETE /bulkhead/v1/keys/{id}` (Bulkhead's own routes; README
-//! "Operating Bulkhead"): the caller's team's API keys (names, prefixes, last use, never the
+//! `GET /bulkhead/v1/keys` and `DELETE /bulkhead/v1/keys/{id}` (Bulkhead's own routes;
+//! docs/console.md): the caller's team's API keys (names, prefixes, last use, never the
 //! secret) and revoking one of them. Other teams' keys answer 404, like their sandboxes.
 
 use axum::extract::{Path, State};

@@ -1,4 +1,4 @@
-//! `GET /bulkhead/v1/usage` (Bulkhead's own route; README "Operating Bulkhead"): the metered
+//! `GET /bulkhead/v1/usage` (Bulkhead's own route; docs/usage.md): the metered
 //! usage of the caller's team, summed per sandbox, with the team's credit balance. Query:
 //! `start`, `end` (RFC 3339 or unix seconds), `key_id`, `sandbox_id`.
 

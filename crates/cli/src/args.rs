@@ -1,6 +1,7 @@
 //! Argument groups shared by several subcommands: where the server keeps its state
-//! ([`DataArgs`]) and how a client reaches a running server ([`ClientArgs`]). A leaf, so the
-//! subcommand modules and `main` import it without importing each other.
+//! ([`DataArgs`]) and how a client reaches a running server ([`ClientArgs`]). Part of the
+//! `bulkhead_cli` library, so the subcommand modules, `main` and `bulkhead-bench` import it
+//! without importing each other.
 
 use std::path::PathBuf;
 
@@ -44,7 +45,7 @@ impl DataArgs {
     }
 }
 
-/// How to reach a running server (for `sandbox` and `bench`).
+/// How to reach a running server (for `sandbox`, `secrets`, `mcp` and `bulkhead-bench`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct ClientArgs {
     #[arg(

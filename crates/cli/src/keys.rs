@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::args::DataArgs;
+use bulkhead_cli::args::DataArgs;
 
 #[derive(Subcommand)]
 pub enum KeysCmd {
@@ -21,10 +21,10 @@ pub enum KeysCmd {
 }
 
 pub async fn run(data: DataArgs, cmd: KeysCmd) -> anyhow::Result<ExitCode> {
-    let store = data.open_store().await?;
+    let admin = bulkhead_engine::Admin::new(data.open_store().await?);
     match cmd {
         KeysCmd::Create { name, team } => {
-            let (row, key) = bulkhead_engine::keys::create_in(&store, &name, &team).await?;
+            let (row, key) = admin.create_key(&name, &team).await?;
             eprintln!(
                 "Created key {} ({}) in team {}. It is shown only once:",
                 row.id, row.name, row.team_id
@@ -32,17 +32,17 @@ pub async fn run(data: DataArgs, cmd: KeysCmd) -> anyhow::Result<ExitCode> {
             println!("{key}");
         }
         KeysCmd::List => {
-            let names: std::collections::HashMap<String, String> =
-                bulkhead_engine::teams::list(&store)
-                    .await?
-                    .into_iter()
-                    .map(|t| (t.id, t.name))
-                    .collect();
+            let names: std::collections::HashMap<String, String> = admin
+                .teams()
+                .await?
+                .into_iter()
+                .map(|t| (t.id, t.name))
+                .collect();
             println!(
                 "{:<18} {:<12} {:<20} {:<16} {:<21} {:<21} REVOKED",
                 "ID", "PREFIX", "NAME", "TEAM", "CREATED", "LAST USED"
             );
-            for k in bulkhead_engine::keys::list(&store).await? {
+            for k in admin.keys().await? {
                 println!(
                     "{:<18} {:<12} {:<20} {:<16} {:<21} {:<21} {}",
                     k.id,
@@ -56,7 +56,7 @@ pub async fn run(data: DataArgs, cmd: KeysCmd) -> anyhow::Result<ExitCode> {
             }
         }
         KeysCmd::Revoke { id } => {
-            if bulkhead_engine::keys::revoke(&store, &id).await? {
+            if admin.revoke_key(&id).await? {
                 eprintln!("Revoked {id}");
             } else {
                 eprintln!("No active key matches {id:?}; see `bulkhead keys list`");

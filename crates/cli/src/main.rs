@@ -2,12 +2,6 @@
 //! (`sandbox`). The hidden `__jail-launch` subcommand is the jail driver's launcher: it must run
 //! in a fresh single-threaded process, so it is dispatched before anything else starts.
 
-mod args;
-mod bench;
-mod bench_cpu;
-mod bench_persist;
-mod bench_stats;
-mod client;
 mod doctor;
 mod keys;
 mod mcp;
@@ -21,7 +15,7 @@ mod template;
 
 use clap::{Parser, Subcommand};
 
-use crate::args::{ClientArgs, DataArgs};
+use bulkhead_cli::args::{ClientArgs, DataArgs};
 
 #[derive(Parser)]
 #[command(
@@ -75,9 +69,6 @@ enum Cmd {
         #[command(subcommand)]
         cmd: template::TemplateCmd,
     },
-    /// Measure create→first-command latency (or, with `--mode persistence`, pause, resume,
-    /// fork and snapshot restores) against a running server, with baselines.
-    Bench(bench::BenchArgs),
     /// Which drivers this host can run (jail, microvm with KVM or TCG), and why not.
     Doctor(doctor::DoctorArgs),
     /// Serve MCP on stdin/stdout for local agent clients, relayed to a running server.
@@ -114,7 +105,6 @@ fn main() -> std::process::ExitCode {
             Cmd::Sandbox { client, cmd } => sandbox::run(client, cmd).await,
             Cmd::Secrets { client, cmd } => secrets::run(client, cmd).await,
             Cmd::Template { data, cmd } => template::run(data, cmd).await,
-            Cmd::Bench(args) => bench::run(args).await,
             Cmd::Doctor(args) => doctor::run(args),
             Cmd::Mcp(args) => mcp::run(args).await,
             Cmd::Openapi => {

@@ -4,7 +4,7 @@
 
 use std::process::ExitCode;
 
-use crate::args::ClientArgs;
+use bulkhead_cli::args::ClientArgs;
 
 #[derive(clap::Args)]
 pub struct McpArgs {

@@ -7,8 +7,8 @@ use std::process::ExitCode;
 use bulkhead_api::wire;
 use clap::Subcommand;
 
-use crate::args::ClientArgs;
-use crate::client::{SandboxRef, run_command};
+use bulkhead_cli::args::ClientArgs;
+use bulkhead_cli::client::{SandboxRef, run_command};
 
 #[derive(Subcommand)]
 pub enum SandboxCmd {

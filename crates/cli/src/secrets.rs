@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::Subcommand;
 
-use crate::args::ClientArgs;
+use bulkhead_cli::args::ClientArgs;
 
 #[derive(Subcommand)]
 pub enum SecretsCmd {

@@ -12,7 +12,7 @@ use bulkhead_server::{
     TemplateSize, default_pools,
 };
 
-use crate::args::DataArgs;
+use bulkhead_cli::args::DataArgs;
 
 /// `--driver`.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -153,7 +153,7 @@ pub struct ServeArgs {
     pub sandbox_disk_mb: u64,
     /// Domain of the sandboxes' hosts: create and connect answer it as `domain`, so the SDKs'
     /// `get_host(port)` gives `{port}-{id}.{domain}`. Point wildcard DNS `*.{domain}` at a TLS
-    /// proxy in front of this server (README: "Sandbox ports on your own domain").
+    /// proxy in front of this server (docs/domains.md).
     #[arg(long, env = "BULKHEAD_SANDBOX_DOMAIN")]
     pub sandbox_domain: Option<String>,
     #[command(flatten)]
@@ -162,7 +162,7 @@ pub struct ServeArgs {
     pub connections: ConnectionArgs,
 }
 
-/// Client connection caps and timeouts of the HTTP listener (README "Operating Bulkhead").
+/// Client connection caps and timeouts of the HTTP listener (docs/configure.md, "Client connections").
 #[derive(clap::Args, Debug)]
 pub struct ConnectionArgs {
     /// Most client connections open at once (the REST API and the sandbox proxy share them).
@@ -216,7 +216,7 @@ impl ConnectionArgs {
     }
 }
 
-/// Usage metering and credits (README "Operating Bulkhead").
+/// Usage metering and credits (docs/usage.md).
 #[derive(clap::Args, Debug)]
 pub struct MeteringArgs {
     /// How often each sandbox's usage is written to the store, in seconds (a crash loses at

@@ -3,11 +3,11 @@
 
 use std::process::ExitCode;
 
-use bulkhead_engine::teams::{self, QuotaUpdate, format_credits, parse_credits};
-use bulkhead_store::{TeamRow, UsageFilter};
+use bulkhead_engine::teams::{QuotaUpdate, format_credits, parse_credits};
+use bulkhead_engine::{Admin, Team, UsageFilter};
 use clap::Subcommand;
 
-use crate::args::DataArgs;
+use bulkhead_cli::args::DataArgs;
 
 #[derive(Subcommand)]
 pub enum TeamsCmd {
@@ -81,7 +81,7 @@ fn show(v: Option<i64>) -> String {
     v.map_or_else(|| "-".to_owned(), |n| n.to_string())
 }
 
-fn print_team(t: &TeamRow) {
+fn print_team(t: &Team) {
     let q = &t.quotas;
     println!(
         "{:<22} {:<16} {:>16} {:>8} {:>6} {:>8} {:>8} {:>9}",
@@ -99,11 +99,11 @@ fn print_team(t: &TeamRow) {
 }
 
 pub async fn run(data: DataArgs, cmd: TeamsCmd) -> anyhow::Result<ExitCode> {
-    let store = data.open_store().await?;
+    let admin = Admin::new(data.open_store().await?);
     match cmd {
         TeamsCmd::Create { name, credits } => {
             let credits = credits.as_deref().map(parse_credits).transpose()?;
-            let t = teams::create(&store, &name, credits).await?;
+            let t = admin.create_team(&name, credits).await?;
             eprintln!(
                 "Created team {} ({}). Give it a key with `bulkhead keys create --team {}`.",
                 t.name, t.id, t.name
@@ -115,16 +115,16 @@ pub async fn run(data: DataArgs, cmd: TeamsCmd) -> anyhow::Result<ExitCode> {
                 "{:<22} {:<16} {:>16} {:>8} {:>6} {:>8} {:>8} {:>9}",
                 "ID", "NAME", "CREDITS", "MAX_SBX", "VCPUS", "MEM_MB", "TIMEOUT", "CREATES/S"
             );
-            for t in teams::list(&store).await? {
+            for t in admin.teams().await? {
                 print_team(&t);
             }
         }
         TeamsCmd::Credit { team, amount } => {
             if amount == "none" {
-                teams::clear_credits(&store, &team).await?;
+                admin.clear_credits(&team).await?;
                 eprintln!("Team {team} has no balance now (metered, never refused for credits).");
             } else {
-                let balance = teams::credit(&store, &team, parse_credits(&amount)?).await?;
+                let balance = admin.credit(&team, parse_credits(&amount)?).await?;
                 eprintln!("Team {team} balance: {}", format_credits(balance));
             }
         }
@@ -145,7 +145,7 @@ pub async fn run(data: DataArgs, cmd: TeamsCmd) -> anyhow::Result<ExitCode> {
                 create_rate_milli: rate_opt(&creates_per_second)?,
                 create_burst: int_opt("create-burst", &create_burst)?,
             };
-            let t = teams::set_quotas(&store, &team, &u).await?;
+            let t = admin.set_quotas(&team, &u).await?;
             println!(
                 "{:<22} {:<16} {:>16} {:>8} {:>6} {:>8} {:>8} {:>9}",
                 "ID", "NAME", "CREDITS", "MAX_SBX", "VCPUS", "MEM_MB", "TIMEOUT", "CREATES/S"
@@ -181,9 +181,9 @@ pub struct UsageArgs {
 }
 
 pub async fn usage(a: UsageArgs) -> anyhow::Result<ExitCode> {
-    let store = a.data.open_store().await?;
+    let admin = Admin::new(a.data.open_store().await?);
     let team_id = match &a.team {
-        Some(t) => Some(teams::get(&store, t).await?.id),
+        Some(t) => Some(admin.team(t).await?.id),
         None => None,
     };
     let filter = UsageFilter {
@@ -193,7 +193,7 @@ pub async fn usage(a: UsageArgs) -> anyhow::Result<ExitCode> {
         from_ms: a.start.map(|t| t.timestamp_millis()),
         to_ms: a.end.map(|t| t.timestamp_millis()),
     };
-    let r = bulkhead_engine::metering::report(&store, &filter).await?;
+    let r = admin.usage(&filter).await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
         return Ok(ExitCode::SUCCESS);

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use bulkhead_images::{ImageCache, IndicatifProgress, LogProgress, Progress, TemplateRecipe};
 use clap::Subcommand;
 
-use crate::args::DataArgs;
+use bulkhead_cli::args::DataArgs;
 
 #[derive(Subcommand)]
 pub enum TemplateCmd {

@@ -1,7 +1,22 @@
 //! Optional driver capabilities, in the manner of Cloud Hypervisor's `Pausable` and
 //! `Snapshottable`: every driver answers [`crate::Driver::capabilities`], and the trait's
-//! optional methods default to [`crate::DriverError::Unsupported`]. A driver claims a
-//! capability only once it implements it and passes the conformance cases for it.
+//! optional methods default to [`crate::DriverError::Unsupported`] (or to a documented plain
+//! behaviour). A driver claims a capability only once it implements it and passes the
+//! conformance cases for it; a case skips an operation only when the capability is not claimed,
+//! and then checks the default answer instead.
+//!
+//! Every optional method of the trait and the capability that declares it:
+//!
+//! | method | capability | without it |
+//! |---|---|---|
+//! | [`open_network`](crate::Driver::open_network) | [`network`](Capabilities::network) `!= None` | `Unsupported` |
+//! | [`freeze`](crate::Driver::freeze), [`thaw`](crate::Driver::thaw) | [`freeze`](Capabilities::freeze) | `Unsupported` |
+//! | [`checkpoint`](crate::Driver::checkpoint) (`leave_running: false`), [`restore`](crate::Driver::restore), [`checkpoint_info`](crate::Driver::checkpoint_info) | [`checkpoint`](Capabilities::checkpoint) | `Unsupported`; `checkpoint_info` answers `None` |
+//! | [`checkpoint`](crate::Driver::checkpoint) (`leave_running: true`) | [`snapshot`](Capabilities::snapshot) | `Unsupported` |
+//! | [`checkpoint_key`](crate::Driver::checkpoint_key) | [`checkpoint_key`](Capabilities::checkpoint_key) | `None` |
+//! | [`start_warm`](crate::Driver::start_warm), [`claimed`](crate::Driver::claimed) | [`warm_start`](Capabilities::warm_start) | a plain start; `claimed` does nothing |
+//! | [`changes`](crate::Driver::changes) | [`changes`](Capabilities::changes) | `Unsupported` |
+//! | [`export_changes`](crate::Driver::export_changes) | [`export_changes`](Capabilities::export_changes) | `Unsupported` |
 //!
 //! How the engine's verbs map onto them (the persistence work builds these):
 //!
@@ -12,24 +27,40 @@
 //! | resume | [`restore`](crate::Driver::restore) from the pause's directory |
 //! | snapshot | `checkpoint` with `leave_running: true` |
 //! | fork | `restore` of a snapshot as a new sandbox |
+//! | warm pool | [`start_warm`](crate::Driver::start_warm), then [`claimed`](crate::Driver::claimed) when handed out |
+//! | template build | [`export_changes`](crate::Driver::export_changes) |
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-/// The optional things a driver can do.
+/// The optional things a driver can do (see the module's table for the methods each covers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Capabilities {
     /// [`freeze`](crate::Driver::freeze) and [`thaw`](crate::Driver::thaw): stop every process
     /// of the sandbox where it is and let it go on later.
     pub freeze: bool,
-    /// [`checkpoint`](crate::Driver::checkpoint) with `leave_running: false` and
-    /// [`restore`](crate::Driver::restore).
+    /// [`checkpoint`](crate::Driver::checkpoint) with `leave_running: false`,
+    /// [`restore`](crate::Driver::restore), and [`checkpoint_info`](crate::Driver::checkpoint_info)
+    /// recognising the checkpoints it wrote.
     pub checkpoint: bool,
     /// [`checkpoint`](crate::Driver::checkpoint) with `leave_running: true`.
     pub snapshot: bool,
     /// The kind of network link [`open_network`](crate::Driver::open_network) gives.
     pub network: NetworkLink,
+    /// [`start_warm`](crate::Driver::start_warm) runs the sandbox at a background CPU priority
+    /// until [`claimed`](crate::Driver::claimed). Without it a warm start is a plain start.
+    pub warm_start: bool,
+    /// [`changes`](crate::Driver::changes): the files a sandbox (or, with `checkpoint`, one of
+    /// its checkpoints) changed against its template.
+    pub changes: bool,
+    /// [`export_changes`](crate::Driver::export_changes): a sandbox's changes as an overlay
+    /// layer (template builds).
+    pub export_changes: bool,
+    /// [`checkpoint_key`](crate::Driver::checkpoint_key) names what memory checkpoints depend
+    /// on, so that they may be kept for reuse across server starts.
+    pub checkpoint_key: bool,
 }
 
 /// The host's end of a sandbox's network link.
@@ -45,8 +76,6 @@ pub enum NetworkLink {
     /// The VM's NIC, bridged by the driver to a packet socket (the microvm): the host's end
     /// moves IP packets, like the TUN's.
     VmNic,
-    /// A TAP device the VMM attaches to the guest's virtio-net (the microvm); Ethernet frames.
-    Tap,
 }
 
 /// An optional operation, named in [`crate::DriverError::Unsupported`].

@@ -1,22 +1,31 @@
 //! The driver conformance suite (feature `conformance`), in the manner of youki's
 //! `tests/contest`: the cases are written once against the [`Driver`] trait and every driver
-//! runs all of them: the fake in this crate's tests (no root), the jail in its own tests (as
-//! root), the microvm driver when it comes.
+//! runs all of them: the fake and the per-template router ([`crate::ByTemplate`], over two
+//! fakes) in this crate's tests (no root), the jail and the microvm driver in their own
+//! integration tests (as root).
 //!
 //! A driver's test file implements [`Harness`] (how to make a driver instance on the test's
-//! host, a runnable template, how to kill a sandbox behind the driver's back) and expands
+//! host, a runnable template, how to kill a sandbox behind the driver's back, write a file
+//! inside one, tell whether one runs in the background) and expands
 //! [`conformance_tests!`](crate::conformance_tests) to get one `#[tokio::test]` per case.
 //! Optional capabilities are tested when the driver claims them and must answer
-//! [`DriverError::Unsupported`] when it does not.
+//! [`DriverError::Unsupported`] (or their documented default) when it does not: a case skips
+//! only what [`Capabilities`](crate::Capabilities) says the driver lacks, never because the host
+//! or the harness cannot do something.
 //!
 //! The template's agent must answer `GET /health` on the stream [`Driver::connect`] gives with
 //! a 2xx status (the real agent does; the jail's test agent does too).
 
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::capability::{CheckpointOptions, NetworkLink, Operation, RestoreOptions};
+use crate::capability::{
+    ChangeKind, ChangeSource, CheckpointOptions, FileChange, NetworkLink, Operation, RestoreOptions,
+};
 use crate::driver::Driver;
 use crate::error::DriverError;
 use crate::handle::{DRIVER_HANDLE_FORMAT, DriverHandle, SandboxSpec};
@@ -40,12 +49,61 @@ pub trait Harness {
     /// Panic if anything of any sandbox is left on the host (processes, mounts, cgroups,
     /// directories). Called after every sandbox of a case has been stopped.
     fn assert_clean(&self);
+
+    /// Write `content` to the file `path` inside the running sandbox `h`, as a process of the
+    /// sandbox running as its root would (through the agent, or however the harness can).
+    fn write_file(
+        &self,
+        d: &Self::Driver,
+        h: &DriverHandle,
+        path: &str,
+        content: &str,
+    ) -> impl Future<Output = ()>;
+
+    /// Does the sandbox run at the background CPU priority of a warm start? Asked only of
+    /// drivers that claim [`warm_start`](crate::Capabilities::warm_start).
+    fn in_background(&self, h: &DriverHandle) -> bool;
 }
 
 /// The time a live agent gets to answer.
 const ANSWER: Duration = Duration::from_secs(10);
 /// How long a frozen agent must stay silent.
 const SILENCE: Duration = Duration::from_millis(300);
+/// The file the change-tracking cases write inside a sandbox (on its disk, not a tmpfs).
+const CHANGED: &str = "/tmp/bulkhead-conformance.txt";
+/// A second one, written after a snapshot.
+const CHANGED_LATER: &str = "/tmp/bulkhead-conformance-later.txt";
+const CONTENT: &str = "conformance\n";
+
+/// A path for a case's checkpoint or export that nothing else uses (absent until written).
+fn scratch(what: &str) -> PathBuf {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    std::env::temp_dir().join(format!(
+        "bulkhead-conformance-{what}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    ))
+}
+
+/// `list`'s entry for `path`, which must be there.
+fn entry<'a>(list: &'a [FileChange], path: &str) -> &'a FileChange {
+    list.iter()
+        .find(|c| c.path == path)
+        .unwrap_or_else(|| panic!("{path} is not among the changes: {list:?}"))
+}
+
+fn assert_created_file(list: &[FileChange], path: &str, content: &str) {
+    let c = entry(list, path);
+    assert_eq!(
+        (c.kind, c.file_type.as_str(), c.size),
+        (ChangeKind::Created, "file", content.len() as u64),
+        "{c:?}"
+    );
+    assert!(c.mtime.is_some(), "{c:?}");
+    let mut sorted = list.to_vec();
+    sorted.sort_by(|a, b| a.path.cmp(&b.path));
+    assert_eq!(sorted, list, "changes are sorted by path");
+}
 
 /// `GET /health` over a fresh stream; the status code.
 pub async fn health<D: Driver + ?Sized>(d: &D, h: &DriverHandle) -> Result<u16, DriverError> {
@@ -95,7 +153,8 @@ fn assert_unsupported(r: Result<impl std::fmt::Debug, DriverError>, op: Operatio
 pub async fn start_connect_and_health<H: Harness>(t: &H) {
     let d = t.driver();
     let h = d.start(&t.spec(128, 64)).await.expect("start");
-    assert_eq!(h.driver, d.name());
+    // The driver's own name, or one of its parts' (a driver made of several).
+    assert!(d.owns(&h), "{} does not own its handle {h:?}", d.name());
     assert_eq!(h.format, DRIVER_HANDLE_FORMAT);
     assert_healthy(&d, &h).await;
     // Several streams, one after another and at once.
@@ -317,7 +376,10 @@ pub async fn checkpoint_and_restore<H: Harness>(t: &H) {
         return;
     }
     let info = d.checkpoint(&h, &dir, opts).await.expect("checkpoint");
-    assert_eq!(info.driver, d.name());
+    assert_eq!(
+        info.driver, h.driver,
+        "the sandbox's driver wrote the checkpoint"
+    );
     assert_dead(&d, &h).await;
     d.stop(&h).await.expect("stop after a checkpoint");
     let r = d
@@ -361,6 +423,194 @@ pub async fn snapshot_and_fork<H: Harness>(t: &H) {
     assert_healthy(&d, &fork).await;
     assert_healthy(&d, &h).await;
     d.stop(&fork).await.expect("stop the fork");
+    d.stop(&h).await.expect("stop");
+    let _ = std::fs::remove_dir_all(&dir);
+    t.assert_clean();
+}
+
+/// Warm start and claim: a warm sandbox is a working sandbox; with `warm_start` it runs in the
+/// background until claimed (and a plain start never does), without it a warm start is a plain
+/// start. Claiming is idempotent.
+pub async fn warm_start_and_claim<H: Harness>(t: &H) {
+    let d = t.driver();
+    let warm = d.capabilities().warm_start;
+    let spec = t.spec(128, 64);
+    let h = d.start_warm(&spec).await.expect("warm start");
+    assert!(d.owns(&h));
+    assert_healthy(&d, &h).await;
+    if warm {
+        assert!(
+            t.in_background(&h),
+            "a warm sandbox waits in the background"
+        );
+    }
+    d.claimed(&h).await.expect("claim");
+    if warm {
+        assert!(
+            !t.in_background(&h),
+            "a claimed sandbox runs in the foreground"
+        );
+    }
+    d.claimed(&h).await.expect("claiming twice is fine");
+    assert_healthy(&d, &h).await;
+    assert!(d.usage(&h).await.expect("usage").pids_current >= 1);
+    let plain = d.start(&spec).await.expect("start");
+    if warm {
+        assert!(
+            !t.in_background(&plain),
+            "a plain start is in the foreground"
+        );
+    }
+    d.claimed(&plain)
+        .await
+        .expect("claiming a plain start changes nothing");
+    d.stop(&plain).await.expect("stop");
+    d.stop(&h).await.expect("stop");
+    t.assert_clean();
+}
+
+/// Change tracking, when claimed: a fresh sandbox changed nothing, a file it writes is listed as
+/// created; with `snapshot` as well, a snapshot's changes are listed from the checkpoint, and a
+/// listing since the snapshot shows only what came after it. `Unsupported` otherwise.
+pub async fn changes_list_what_the_sandbox_wrote<H: Harness>(t: &H) {
+    let d = t.driver();
+    let h = d.start(&t.spec(128, 64)).await.expect("start");
+    let running = ChangeSource::Running(h.clone());
+    if !d.capabilities().changes {
+        assert_unsupported(d.changes(&running, None).await, Operation::Changes);
+        d.stop(&h).await.expect("stop");
+        t.assert_clean();
+        return;
+    }
+    assert_eq!(
+        d.changes(&running, None).await.expect("changes"),
+        vec![],
+        "a fresh sandbox changed nothing"
+    );
+    t.write_file(&d, &h, CHANGED, CONTENT).await;
+    let list = d.changes(&running, None).await.expect("changes");
+    assert_created_file(&list, CHANGED, CONTENT);
+
+    if d.capabilities().snapshot {
+        let dir = scratch("changes");
+        let opts = CheckpointOptions {
+            leave_running: true,
+            ..Default::default()
+        };
+        d.checkpoint(&h, &dir, opts).await.expect("snapshot");
+        let of_snapshot = d
+            .changes(&ChangeSource::Checkpoint(dir.clone()), None)
+            .await
+            .expect("changes of the snapshot");
+        assert_created_file(&of_snapshot, CHANGED, CONTENT);
+        assert_eq!(
+            d.changes(&running, Some(&dir))
+                .await
+                .expect("changes since"),
+            vec![],
+            "nothing changed since the snapshot"
+        );
+        t.write_file(&d, &h, CHANGED_LATER, CONTENT).await;
+        let since = d
+            .changes(&running, Some(&dir))
+            .await
+            .expect("changes since");
+        assert_created_file(&since, CHANGED_LATER, CONTENT);
+        assert_eq!(
+            since.len(),
+            1,
+            "only what came after the snapshot: {since:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    d.stop(&h).await.expect("stop");
+    assert!(matches!(
+        d.changes(&running, None).await,
+        Err(DriverError::NotRunning)
+    ));
+    t.assert_clean();
+}
+
+/// Export, when claimed: the sandbox ends and its changes are at the destination as an overlay
+/// layer; a destination that exists is refused. `Unsupported` otherwise.
+pub async fn export_changes_ends_the_sandbox<H: Harness>(t: &H) {
+    let d = t.driver();
+    let h = d.start(&t.spec(128, 64)).await.expect("start");
+    let dest = scratch("export");
+    if !d.capabilities().export_changes {
+        assert_unsupported(d.export_changes(&h, &dest).await, Operation::ExportChanges);
+        assert!(!dest.exists(), "an unsupported export writes nothing");
+        d.stop(&h).await.expect("stop");
+        t.assert_clean();
+        return;
+    }
+    t.write_file(&d, &h, CHANGED, CONTENT).await;
+    std::fs::create_dir_all(&dest).expect("create a directory in the way");
+    assert!(
+        d.export_changes(&h, &dest).await.is_err(),
+        "an existing destination is refused"
+    );
+    std::fs::remove_dir(&dest).expect("remove it");
+    assert_healthy(&d, &h).await;
+    d.export_changes(&h, &dest).await.expect("export");
+    assert_dead(&d, &h).await;
+    let exported = dest.join(CHANGED.trim_start_matches('/'));
+    assert_eq!(
+        std::fs::read_to_string(&exported).expect("the exported file"),
+        CONTENT
+    );
+    d.stop(&h).await.expect("stop after an export");
+    let _ = std::fs::remove_dir_all(&dest);
+    t.assert_clean();
+}
+
+/// `checkpoint_info` knows a complete checkpoint of this driver (from a fresh instance too, as
+/// after a crash) and nothing else; `checkpoint_key`, when claimed, names the same thing in
+/// every instance. Without `checkpoint`, no directory is a checkpoint; without
+/// `checkpoint_key`, the key is `None`.
+pub async fn checkpoint_info_and_key<H: Harness>(t: &H) {
+    let d = t.driver();
+    let caps = d.capabilities();
+    match d.checkpoint_key() {
+        Some(key) if caps.checkpoint_key => {
+            assert!(!key.is_empty(), "an empty checkpoint key");
+            assert_eq!(t.driver().checkpoint_key(), Some(key), "a stable key");
+        }
+        key => assert_eq!(
+            (caps.checkpoint_key, key.is_some()),
+            (false, false),
+            "checkpoint_key answers Some exactly when the capability is claimed"
+        ),
+    }
+    let dir = scratch("info");
+    assert_eq!(d.checkpoint_info(&dir), None, "a missing directory");
+    std::fs::create_dir_all(&dir).expect("create an empty directory");
+    std::fs::write(dir.join("checkpoint.json"), "{}").expect("write a stray file");
+    assert_eq!(
+        d.checkpoint_info(&dir),
+        None,
+        "a directory of something else"
+    );
+    std::fs::remove_dir_all(&dir).expect("remove it");
+    if !caps.checkpoint {
+        return;
+    }
+    let h = d.start(&t.spec(128, 64)).await.expect("start");
+    let opts = CheckpointOptions {
+        leave_running: false,
+        ..Default::default()
+    };
+    let info = d.checkpoint(&h, &dir, opts).await.expect("checkpoint");
+    assert!(info.memory, "{info:?}");
+    assert_eq!(info.dir, dir);
+    let found = t
+        .driver()
+        .checkpoint_info(&dir)
+        .expect("a fresh instance recognises the complete checkpoint");
+    assert_eq!(
+        (&found.driver, found.format, &found.dir, found.memory),
+        (&info.driver, info.format, &info.dir, info.memory)
+    );
     d.stop(&h).await.expect("stop");
     let _ = std::fs::remove_dir_all(&dir);
     t.assert_clean();
@@ -415,6 +665,10 @@ macro_rules! conformance_tests {
             freeze_and_thaw,
             checkpoint_and_restore,
             snapshot_and_fork,
+            warm_start_and_claim,
+            changes_list_what_the_sandbox_wrote,
+            export_changes_ends_the_sandbox,
+            checkpoint_info_and_key,
             handle_format_round_trips,
         );
     };

@@ -93,9 +93,11 @@ pub trait Driver: Send + Sync + 'static {
 
     /// Give the sandbox a network link and return the host's end of it, of the kind
     /// [`Capabilities::network`] names (the jail: a TUN device created inside the sandbox's
-    /// network namespace, see `bulkhead_egress::open_tun_in_netns`), which the engine hands to
-    /// the egress proxy. Called after a warm-pool claim (pool members have no link) and again
-    /// after a restart. Closing the host's end removes the link.
+    /// network namespace; the microvm: its NIC bridged to a packet socket; both from
+    /// `bulkhead_host::link`), which the engine hands to the egress proxy. This descriptor is
+    /// the whole interface between a driver and the proxy: no driver depends on it. Called
+    /// after a warm-pool claim (pool members have no link) and again after a restart. Closing
+    /// the host's end removes the link.
     async fn open_network(&self, _handle: &DriverHandle) -> Result<OwnedFd, DriverError> {
         Err(DriverError::unsupported(
             self.name(),

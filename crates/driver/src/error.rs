@@ -79,12 +79,6 @@ pub enum StartError {
     /// A driver-specific step failed (the jail's launcher, a VMM); the cause says which.
     #[error("The sandbox could not be set up")]
     Setup(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
-    #[error("{context}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
 }
 
 impl StartError {

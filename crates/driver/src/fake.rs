@@ -8,7 +8,9 @@
 //! fake agent holds in memory (the env and access token `/init` gave it, variables a test set)
 //! and its "filesystem" (files a test wrote) go as JSON into the checkpoint directory, and
 //! restore starts a new fake sandbox from that file (without the memory part when the
-//! checkpoint is filesystem-only, as a cold boot would).
+//! checkpoint is filesystem-only, as a cold boot would). It lists those files as the sandbox's
+//! changes and exports them, and runs warm starts "in the background" until claimed, so that it
+//! claims every capability and runs every conformance case.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::OwnedFd;
@@ -21,12 +23,14 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::capability::{
-    Capabilities, CheckpointInfo, CheckpointOptions, NetworkLink, RestoreOptions,
+    Capabilities, ChangeKind, ChangeSource, CheckpointInfo, CheckpointOptions, FileChange,
+    NetworkLink, RestoreOptions,
 };
 use crate::driver::{AgentStream, Driver, ResourceUsage};
 use crate::error::DriverError;
 use crate::handle::{DriverHandle, SandboxSpec};
 
+/// The name of a [`FakeDriver::on_host`] driver.
 const NAME: &str = "fake";
 /// The file a fake checkpoint is written to, inside the checkpoint directory.
 pub const CHECKPOINT_FILE: &str = "fake-checkpoint.json";
@@ -55,11 +59,18 @@ pub struct FakeMemory {
 /// A fake checkpoint as written to [`CHECKPOINT_FILE`].
 #[derive(serde::Serialize, serde::Deserialize)]
 struct FakeImage {
+    /// The name of the driver that wrote it.
+    #[serde(default = "fake_name")]
+    driver: String,
     format: u32,
     template_id: String,
     /// None: filesystem only.
     memory: Option<FakeMemory>,
     files: BTreeMap<String, String>,
+}
+
+fn fake_name() -> String {
+    NAME.into()
 }
 
 /// The machine the fake sandboxes run on; clones share it.
@@ -84,11 +95,14 @@ struct FakeSandbox {
     memory: Arc<Mutex<FakeMemory>>,
     /// Its filesystem changes: path → content.
     files: BTreeMap<String, String>,
+    /// Started warm and not claimed yet.
+    background: bool,
 }
 
 type FailSwitch = Mutex<Option<fn() -> DriverError>>;
 
 pub struct FakeDriver {
+    name: &'static str,
     host: FakeHost,
     /// Pids of live sandboxes on the host (shared by every driver on it). Removing one makes
     /// its process vanish silently (no `wait` wake-up), like a death the server missed.
@@ -132,7 +146,14 @@ impl Default for FakeDriver {
 impl FakeDriver {
     /// A driver instance over `host` (a fresh one per simulated server run).
     pub fn on_host(host: &FakeHost) -> FakeDriver {
+        FakeDriver::named(host, NAME)
+    }
+
+    /// A driver instance called `name` (the name in its handles and checkpoints), to stand for
+    /// one of several drivers of a server (see [`crate::ByTemplate`]).
+    pub fn named(host: &FakeHost, name: &'static str) -> FakeDriver {
         FakeDriver {
+            name,
             host: host.clone(),
             alive: host.0.alive.clone(),
             inits: Arc::default(),
@@ -177,6 +198,12 @@ impl FakeDriver {
         }
     }
 
+    /// Does the fake sandbox of `pid` run in the background (started warm, not claimed)?
+    pub fn in_background(&self, pid: i32) -> bool {
+        let sbs = self.host.0.sandboxes.lock().unwrap();
+        sbs.get(&pid).is_some_and(|sb| sb.background)
+    }
+
     /// A file of the fake sandbox's filesystem.
     pub fn file(&self, pid: i32, path: &str) -> Option<String> {
         let sbs = self.host.0.sandboxes.lock().unwrap();
@@ -189,6 +216,7 @@ impl FakeDriver {
         spec: &SandboxSpec,
         memory: FakeMemory,
         files: BTreeMap<String, String>,
+        background: bool,
     ) -> DriverHandle {
         let host = &self.host.0;
         let pid = host.next_pid.fetch_add(1, Ordering::SeqCst) + 100;
@@ -202,11 +230,18 @@ impl FakeDriver {
                 frozen: watch::Sender::new(false),
                 memory: Arc::new(Mutex::new(memory)),
                 files,
+                background,
             },
         );
         self.alive.lock().unwrap().insert(pid);
         self.started.fetch_add(1, Ordering::SeqCst);
-        DriverHandle::new(NAME, pid, start_time, pid as u32, serde_json::Value::Null)
+        DriverHandle::new(
+            self.name,
+            pid,
+            start_time,
+            pid as u32,
+            serde_json::Value::Null,
+        )
     }
 
     /// The host this driver runs its sandboxes on.
@@ -241,6 +276,51 @@ impl FakeDriver {
         sbs.get(&pid).map(|sb| sb.frozen.subscribe())
     }
 
+    /// The image in a checkpoint directory, if this driver wrote it.
+    fn image(&self, dir: &Path) -> Result<(FakeImage, u64), DriverError> {
+        let bytes = std::fs::read(dir.join(CHECKPOINT_FILE))
+            .map_err(|e| DriverError::io("Cannot read the checkpoint", e))?;
+        let image: FakeImage = serde_json::from_slice(&bytes)
+            .ok()
+            .filter(|i: &FakeImage| i.driver == self.name)
+            .ok_or_else(|| {
+                DriverError::io(
+                    format!(
+                        "{} is not a checkpoint of the {} driver",
+                        dir.display(),
+                        self.name
+                    ),
+                    std::io::Error::from(std::io::ErrorKind::InvalidData),
+                )
+            })?;
+        Ok((image, bytes.len() as u64))
+    }
+
+    /// The files of a live sandbox.
+    fn files_of(&self, h: &DriverHandle) -> Result<BTreeMap<String, String>, DriverError> {
+        if !self.live(h) {
+            return Err(DriverError::NotRunning);
+        }
+        let sbs = self.host.0.sandboxes.lock().unwrap();
+        let sb = sbs.get(&h.pid).ok_or(DriverError::NotRunning)?;
+        Ok(sb.files.clone())
+    }
+
+    async fn start_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        background: bool,
+    ) -> Result<DriverHandle, DriverError> {
+        let delay = *self.start_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(fail) = *self.fail_start.lock().unwrap() {
+            return Err(fail());
+        }
+        Ok(self.spawn(spec, FakeMemory::default(), BTreeMap::new(), background))
+    }
+
     fn set_frozen(&self, h: &DriverHandle, frozen: bool) -> Result<(), DriverError> {
         if !self.live(h) {
             return Err(DriverError::NotRunning);
@@ -255,7 +335,7 @@ impl FakeDriver {
 #[async_trait]
 impl Driver for FakeDriver {
     fn name(&self) -> &'static str {
-        NAME
+        self.name
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -265,18 +345,28 @@ impl Driver for FakeDriver {
             snapshot: true,
             // A datagram pair stands in for the TUN device.
             network: NetworkLink::TunInNetns,
+            warm_start: true,
+            changes: true,
+            export_changes: true,
+            checkpoint_key: self.checkpoint_key.lock().unwrap().is_some(),
         }
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
-        let delay = *self.start_delay.lock().unwrap();
-        if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
+        self.start_sandbox(spec, false).await
+    }
+
+    async fn start_warm(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
+        self.start_sandbox(spec, true).await
+    }
+
+    async fn claimed(&self, h: &DriverHandle) -> Result<(), DriverError> {
+        if self.live(h)
+            && let Some(sb) = self.host.0.sandboxes.lock().unwrap().get_mut(&h.pid)
+        {
+            sb.background = false;
         }
-        if let Some(fail) = *self.fail_start.lock().unwrap() {
-            return Err(fail());
-        }
-        Ok(self.spawn(spec, FakeMemory::default(), BTreeMap::new()))
+        Ok(())
     }
 
     async fn stop(&self, h: &DriverHandle) -> Result<(), DriverError> {
@@ -312,7 +402,7 @@ impl Driver for FakeDriver {
     }
 
     async fn adopt(&self, h: &DriverHandle) -> bool {
-        h.driver == NAME && h.is_readable() && self.live(h)
+        h.driver == self.name && h.is_readable() && self.live(h)
     }
 
     async fn connect(&self, h: &DriverHandle) -> Result<AgentStream, DriverError> {
@@ -454,13 +544,12 @@ impl Driver for FakeDriver {
     }
 
     fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
-        let json = std::fs::read(dir.join(CHECKPOINT_FILE)).ok()?;
-        let image: FakeImage = serde_json::from_slice(&json).ok()?;
+        let (image, size_bytes) = self.image(dir).ok()?;
         Some(CheckpointInfo {
-            driver: NAME.into(),
+            driver: self.name.into(),
             format: image.format,
             dir: dir.to_path_buf(),
-            size_bytes: json.len() as u64,
+            size_bytes,
             memory: image.memory.is_some(),
         })
     }
@@ -481,6 +570,7 @@ impl Driver for FakeDriver {
             let sbs = self.host.0.sandboxes.lock().unwrap();
             let sb = sbs.get(&h.pid).ok_or(DriverError::NotRunning)?;
             FakeImage {
+                driver: self.name.into(),
                 format: CHECKPOINT_FORMAT,
                 template_id: sb.spec.template_id.clone(),
                 memory: (!opts.filesystem_only).then(|| sb.memory.lock().unwrap().clone()),
@@ -497,7 +587,7 @@ impl Driver for FakeDriver {
             self.crash(h.pid);
         }
         Ok(CheckpointInfo {
-            driver: NAME.into(),
+            driver: self.name.into(),
             format: CHECKPOINT_FORMAT,
             dir: dir.to_path_buf(),
             size_bytes: json.len() as u64,
@@ -519,14 +609,7 @@ impl Driver for FakeDriver {
         if let Some(fail) = *self.fail_restore.lock().unwrap() {
             return Err(fail());
         }
-        let bytes = std::fs::read(dir.join(CHECKPOINT_FILE))
-            .map_err(|e| DriverError::io("Cannot read the checkpoint", e))?;
-        let image: FakeImage = serde_json::from_slice(&bytes).map_err(|e| {
-            DriverError::io(
-                "The checkpoint is not a fake checkpoint",
-                std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            )
-        })?;
+        let (image, _) = self.image(dir)?;
         if image.format != CHECKPOINT_FORMAT || image.template_id != spec.template_id {
             return Err(crate::StartError::Config(format!(
                 "checkpoint of template '{}' (format {}) cannot be restored as '{}'",
@@ -546,6 +629,67 @@ impl Driver for FakeDriver {
                 ..m
             })
             .unwrap_or_default();
-        Ok(self.spawn(spec, memory, image.files))
+        Ok(self.spawn(spec, memory, image.files, false))
+    }
+
+    async fn changes(
+        &self,
+        of: &ChangeSource,
+        since: Option<&Path>,
+    ) -> Result<Vec<FileChange>, DriverError> {
+        let now = match of {
+            ChangeSource::Running(h) => self.files_of(h)?,
+            ChangeSource::Checkpoint(dir) => self.image(dir)?.0.files,
+        };
+        let base = match since {
+            Some(dir) => self.image(dir)?.0.files,
+            None => BTreeMap::new(),
+        };
+        let file = |path: &str, kind, content: Option<&String>| FileChange {
+            path: path.into(),
+            kind,
+            file_type: "file".into(),
+            size: content.map_or(0, |c| c.len() as u64),
+            mtime: content.map(|_| 0),
+        };
+        let mut list: Vec<FileChange> = now
+            .iter()
+            .filter_map(|(path, content)| match base.get(path) {
+                None => Some(file(path, ChangeKind::Created, Some(content))),
+                Some(before) if before != content => {
+                    Some(file(path, ChangeKind::Modified, Some(content)))
+                }
+                Some(_) => None,
+            })
+            .collect();
+        list.extend(
+            base.keys()
+                .filter(|p| !now.contains_key(*p))
+                .map(|p| file(p, ChangeKind::Deleted, None)),
+        );
+        list.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(list)
+    }
+
+    async fn export_changes(&self, h: &DriverHandle, dest: &Path) -> Result<(), DriverError> {
+        let files = self.files_of(h)?;
+        if dest.exists() {
+            return Err(DriverError::io(
+                format!("export target {} already exists", dest.display()),
+                std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            ));
+        }
+        let io = |e| DriverError::io("Cannot write the exported changes", e);
+        std::fs::create_dir_all(dest).map_err(io)?;
+        for (path, content) in &files {
+            let target = dest.join(path.trim_start_matches('/'));
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(io)?;
+            }
+            std::fs::write(&target, content).map_err(io)?;
+        }
+        // Taken like a filesystem-only pause: the sandbox has ended.
+        self.crash(h.pid);
+        Ok(())
     }
 }

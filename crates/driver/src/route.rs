@@ -2,9 +2,11 @@
 //! in the jail and others in microVMs (`bulkhead serve --driver-for TEMPLATE=microvm`).
 //!
 //! A sandbox is started by the driver of its template (the default one for every template not
-//! listed); afterwards each call goes to the driver named in its handle. The optional
-//! capabilities are those *every* driver has, since the engine asks about them without naming
-//! a sandbox (a server mixing the jail and microVMs, which cannot checkpoint, does not pause).
+//! listed); afterwards each call goes to the driver named in its handle, and a call about a
+//! checkpoint directory to the driver that recognises it ([`Driver::checkpoint_info`]). The
+//! optional capabilities are those *every* driver has, since the engine asks about them without
+//! naming a sandbox (a server mixing a driver that checkpoints with one that does not, does not
+//! pause). The conformance suite runs against it (`bulkhead-driver`'s tests, over two fakes).
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -56,6 +58,14 @@ impl ByTemplate {
     fn of(&self, h: &DriverHandle) -> Result<&Arc<dyn Driver>, DriverError> {
         self.for_handle(h).ok_or(DriverError::NotRunning)
     }
+
+    /// The driver that wrote the checkpoint in `dir` (the default one when none says so).
+    fn for_checkpoint(&self, dir: &Path) -> &Arc<dyn Driver> {
+        self.all
+            .iter()
+            .find(|d| d.checkpoint_info(dir).is_some())
+            .unwrap_or(&self.default)
+    }
 }
 
 #[async_trait]
@@ -70,10 +80,15 @@ impl Driver for ByTemplate {
 
     fn capabilities(&self) -> Capabilities {
         let caps: Vec<Capabilities> = self.all.iter().map(|d| d.capabilities()).collect();
+        let all = |f: fn(&Capabilities) -> bool| caps.iter().all(f);
         Capabilities {
-            freeze: caps.iter().all(|c| c.freeze),
-            checkpoint: caps.iter().all(|c| c.checkpoint),
-            snapshot: caps.iter().all(|c| c.snapshot),
+            freeze: all(|c| c.freeze),
+            checkpoint: all(|c| c.checkpoint),
+            snapshot: all(|c| c.snapshot),
+            warm_start: all(|c| c.warm_start),
+            changes: all(|c| c.changes),
+            export_changes: all(|c| c.export_changes),
+            checkpoint_key: all(|c| c.checkpoint_key),
             // The engine only asks whether there is a link at all; each driver says which.
             network: if caps.iter().any(|c| c.network == NetworkLink::None) {
                 NetworkLink::None
@@ -153,7 +168,7 @@ impl Driver for ByTemplate {
     }
 
     fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
-        self.default.checkpoint_info(dir)
+        self.all.iter().find_map(|d| d.checkpoint_info(dir))
     }
 
     fn checkpoint_key(&self) -> Option<String> {
@@ -178,7 +193,7 @@ impl Driver for ByTemplate {
     ) -> Result<Vec<FileChange>, DriverError> {
         match of {
             ChangeSource::Running(h) => self.of(h)?.changes(of, since).await,
-            ChangeSource::Checkpoint(_) => self.default.changes(of, since).await,
+            ChangeSource::Checkpoint(dir) => self.for_checkpoint(dir).changes(of, since).await,
         }
     }
 
@@ -266,6 +281,10 @@ mod tests {
             checkpoint,
             snapshot: checkpoint,
             network,
+            warm_start: checkpoint,
+            changes: checkpoint,
+            export_changes: checkpoint,
+            checkpoint_key: checkpoint,
         }
     }
 

@@ -6,12 +6,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The sandbox's address on its `eth0` TUN link.
-pub const SANDBOX_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 2);
-/// The link's peer: our userspace stack; DNS server for the sandbox (`nameserver 10.200.0.1`).
-pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 200, 0, 1);
-pub const PREFIX_LEN: u8 = 24;
-pub const MTU: u16 = 1500;
+/// The link's addresses: the sandbox's (`SANDBOX_ADDR`) and ours, the gateway and DNS server
+/// (`GATEWAY_ADDR`); fixed by the link the drivers create (`bulkhead_host::link`).
+pub use bulkhead_host::link::{GATEWAY_ADDR, MTU, PREFIX_LEN, SANDBOX_ADDR};
 /// DNS answers for allowed names come from this pool (198.18.0.0/15, per-sandbox mapping).
 pub const FAKE_IP_BASE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 0);
 pub const FAKE_IP_PREFIX_LEN: u8 = 15;

@@ -22,12 +22,8 @@ pub enum EgressError {
     NotAttached(String),
     #[error("invalid network policy: {0}")]
     Policy(#[from] PolicyError),
-    #[error("network namespace {path}: {message}")]
-    Netns { path: PathBuf, message: String },
-    #[error(
-        "creating the sandbox's eth0 TUN link: {0} (needs root/CAP_NET_ADMIN and /dev/net/tun)"
-    )]
-    Tun(String),
+    #[error("the sandbox's network link")]
+    Link(#[from] bulkhead_host::link::LinkError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

@@ -5,8 +5,10 @@
 //! per-deployment CA), and records one [`AuditEvent`] per decision.
 //!
 //! Packets from the sandbox never reach the host kernel's routing or netfilter: the proxy is the
-//! only reachable peer by construction. A microVM's NIC reaches the same stack through
-//! [`ethernet_link`], which turns QEMU's stream of Ethernet frames into a TUN-like packet fd.
+//! only reachable peer by construction. The link itself is the drivers' business
+//! (`bulkhead_host::link`): the jail's TUN ([`open_tun_in_netns`]) or a microVM's NIC bridged by
+//! [`ethernet_link`], which turns QEMU's stream of Ethernet frames into a TUN-like packet fd;
+//! the engine hands either descriptor to [`Egress::attach`].
 //!
 //! Runtime requirement: `attach` must run inside a **multi-threaded** tokio runtime (ipstack's
 //! TCP streams use `block_in_place` when dropped).
@@ -21,12 +23,10 @@ mod denyset;
 mod device;
 mod dns;
 mod error;
-mod ethernet;
 mod fakeip;
 mod inject;
 #[cfg(feature = "testing")]
 pub mod netlab;
-mod netns;
 mod policy;
 mod proxy;
 mod sandbox;
@@ -42,14 +42,17 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 pub use audit::{AuditEvent, AuditSink};
+/// The sandbox's link (created by the drivers, see `bulkhead-host`), re-exported for the
+/// engine and this crate's tests.
+pub use bulkhead_host::link::{
+    GATEWAY_MAC, GUEST_MAC, LinkError, ethernet_link, open_tun_in_netns,
+};
 pub use config::{
     CONNECT_TIMEOUT, DNS_TTL_SECS, EgressConfig, FAKE_IP_BASE, FAKE_IP_PREFIX_LEN, GATEWAY_ADDR,
     MTU, PREFIX_LEN, SANDBOX_ADDR,
 };
 pub use denyset::{DenySet, host_addresses};
 pub use error::EgressError;
-pub use ethernet::{GATEWAY_MAC, GUEST_MAC, ethernet_link};
-pub use netns::open_tun_in_netns;
 pub use policy::{HeaderRule, NetworkPolicy, PolicyError, Verdict, normalize_name};
 pub use secrets::{SecretRefError, SecretSource};
 

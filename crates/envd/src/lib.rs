@@ -21,7 +21,7 @@
 //! toolchain for protobuf in Rust (prost is what tonic and OpenTelemetry use) and leave the
 //! Connect framing to us; `connectrpc` + `buffa` would bring a second HTTP stack and are pre-1.0.
 //! All four crates are pinned exactly in `Cargo.toml`, because a new version may change the
-//! generated code and with it the wire; `tests/wire_json.rs` pins the JSON byte for byte.
+//! generated code and with it the wire; `tests/it/wire_json.rs` pins the JSON byte for byte.
 
 pub mod connect;
 pub mod filesystem;

@@ -1,192 +1,271 @@
 //! The sandbox init before `execve`: runs in the launcher's clone child, inside the fresh
-//! namespaces, single-threaded. Every failure is returned as "<step>: <error>" and travels to
-//! the launcher parent over the error pipe.
+//! namespaces, single-threaded.
+//!
+//! The sequence is data, like the mount plan ([`crate::mountplan`]): [`plan`] lists the
+//! [`InitStep`]s for a [`StartSpec`] and [`execute`] runs them in order through an [`InitSys`].
+//! [`LiveInit`] makes the system calls (through `nix` where it wraps them); a recording fake
+//! checks the order in the unit tests, without privileges. Every failure is returned as
+//! "<step>: <error>" and travels to the launcher parent over the error pipe.
 
 use std::ffi::CString;
 use std::fs;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
+use nix::errno::Errno;
+use nix::fcntl::{AT_FDCWD, OFlag};
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+use nix::sys::resource::Resource;
+use nix::sys::signal::{SigSet, SigmaskHow};
+use nix::sys::stat::Mode;
+use nix::unistd::{Gid, Uid};
 use seccompiler::BpfProgram;
 
 use crate::confine;
 use crate::mountplan::{self, AGENT_LOG, MountSys};
 use crate::seccomp;
 use crate::spec::StartSpec;
-use crate::sys::{self, cpath};
+use crate::sys;
 
-/// `openat(dir, path, O_PATH | O_DIRECTORY | O_NOFOLLOW)`.
-fn open_path_dir(dir: RawFd, path: &Path) -> io::Result<OwnedFd> {
-    let c = cpath(path)?;
-    // SAFETY: `c` is a valid C string; the kernel returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::openat(
-            dir,
-            c.as_ptr(),
-            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// One step of the sandbox init, from the clone to the agent's `execve`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InitStep<'a> {
+    /// Wait until the parent has written our uid/gid maps and cgroup membership (one byte on
+    /// the release pipe), then close the pipe.
+    AwaitRelease,
+    /// A session of its own (CRIU needs the init to be a session leader inside the namespace).
+    NewSession,
+    /// No supplementary groups; gid, then uid 0 (real, effective, saved) in the user namespace.
+    BecomeRoot,
+    /// A cgroup namespace, made now that the parent has moved us into the sandbox cgroup, so
+    /// that its root is that cgroup (a namespace made by `clone` would be rooted at the
+    /// launcher's).
+    NewCgroupNamespace,
+    /// The file mode creation mask.
+    Umask(u32),
+    /// The sandbox's filesystem ([`mountplan::plan`]), ending with the volumes after
+    /// `pivot_root`.
+    Mounts(Vec<mountplan::Step>),
+    Hostname(&'a str),
+    /// `lo` up ([`bulkhead_host::netif`]).
+    LoopbackUp,
+    /// stdin from `/dev/null`, stdout and stderr appended to the agent log in the socket
+    /// directory.
+    Stdio,
+    Chdir(&'static str),
+    /// Nothing of the launcher may leak into the sandbox: every inherited fd beyond stdio
+    /// (including the error pipe, which must stay open until exec) closes on exec.
+    CloseInheritedOnExec,
+    /// Default dispositions and an empty signal mask (see [`reset_signals`]).
+    ResetSignals,
+    /// `RLIMIT_NPROC` for the agent and everything it starts.
+    NprocLimit(u64),
+    /// Landlock, seccomp and the capability sets go on while the init still holds
+    /// CAP_SYS_ADMIN in the sandbox's user namespace, which the kernel accepts in place of
+    /// `no_new_privs`. Without that bit, set-uid programs work inside (`sudo`, as on E2B): they
+    /// reach the sandbox's own root with the capability set below, never anything outside the
+    /// user namespace, and the filters stay.
+    Landlock,
+    Seccomp,
+    LimitCapabilities,
+    /// `execve` the agent; returns only on failure.
+    Exec {
+        argv: &'a [String],
+        env: &'a [String],
+    },
 }
 
-fn os_err(what: &str) -> String {
-    format!("{what}: {}", io::Error::last_os_error())
+/// The init sequence for `spec`.
+pub fn plan(spec: &StartSpec) -> Vec<InitStep<'_>> {
+    let mut steps = vec![
+        InitStep::AwaitRelease,
+        InitStep::NewSession,
+        InitStep::BecomeRoot,
+        InitStep::NewCgroupNamespace,
+        // Mount points and tmpfs roots get exactly the modes we ask for; the agent gets 022.
+        InitStep::Umask(0),
+        InitStep::Mounts(mountplan::plan(spec)),
+        InitStep::Hostname(&spec.hostname),
+        InitStep::LoopbackUp,
+        InitStep::Stdio,
+        InitStep::Chdir("/"),
+        InitStep::CloseInheritedOnExec,
+        InitStep::ResetSignals,
+    ];
+    steps.extend(spec.nproc_limit.map(InitStep::NprocLimit));
+    steps.extend([
+        InitStep::Umask(0o022),
+        InitStep::Landlock,
+        InitStep::Seccomp,
+        InitStep::LimitCapabilities,
+        InitStep::Exec {
+            argv: &spec.argv,
+            env: &spec.env,
+        },
+    ]);
+    steps
 }
 
-fn check(ret: libc::c_int, what: &str) -> Result<(), String> {
-    if ret < 0 { Err(os_err(what)) } else { Ok(()) }
+/// What runs the steps: [`LiveInit`], or a fake in tests. An error is the complete message
+/// ("<step>: <error>").
+pub trait InitSys {
+    fn apply(&mut self, step: &InitStep<'_>) -> Result<(), String>;
+}
+
+/// Run `plan` in order, stopping at the first failure. A live `Exec` does not return; a fake
+/// one lets this return `Ok`.
+pub fn execute(plan: &[InitStep<'_>], sys: &mut impl InitSys) -> Result<(), String> {
+    plan.iter().try_for_each(|step| sys.apply(step))
 }
 
 /// Run the child and never return: `execve` on success, `_exit` after reporting a failure.
 pub fn run(
     spec: &StartSpec,
     programs: &[BpfProgram],
-    volume_fds: &[RawFd],
-    release_fd: RawFd,
-    err_fd: RawFd,
+    volume_fds: &[BorrowedFd<'_>],
+    release: OwnedFd,
+    err: OwnedFd,
 ) -> ! {
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        setup_and_exec(spec, programs, volume_fds, release_fd)
+        let mut live = LiveInit {
+            programs,
+            volume_fds,
+            release: Some(release),
+        };
+        execute(&plan(spec), &mut live)
     }));
     let msg = match outcome {
         Ok(Err(msg)) => msg,
-        Ok(Ok(never)) => match never {},
+        Ok(Ok(())) => "the sandbox init ended without exec".to_string(),
         Err(_) => "panic in the sandbox init before exec".to_string(),
     };
-    write_all(err_fd, msg.as_bytes());
+    write_all(err.as_fd(), msg.as_bytes());
     // SAFETY: _exit is always safe; it skips atexit handlers that belong to the launcher.
     unsafe { libc::_exit(126) }
 }
 
-pub fn write_all(fd: RawFd, mut buf: &[u8]) {
+/// Write all of `buf`, giving up quietly on an error (the reader reports a missing message).
+pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) {
     while !buf.is_empty() {
-        // SAFETY: `buf` is a valid readable slice.
-        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
-        if n <= 0 {
-            if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+        match nix::unistd::write(fd, buf) {
+            Ok(0) => return,
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::EINTR) => {}
+            Err(_) => return,
         }
-        buf = &buf[n as usize..];
     }
 }
 
-enum Never {}
+/// "<what>: <error>".
+fn failed(what: impl std::fmt::Display) -> impl FnOnce(Errno) -> String {
+    move |e| format!("{what}: {}", io::Error::from(e))
+}
 
-fn setup_and_exec(
-    spec: &StartSpec,
-    programs: &[BpfProgram],
-    volume_fds: &[RawFd],
-    release_fd: RawFd,
-) -> Result<Never, String> {
-    // Wait until the parent has written our uid/gid maps and cgroup membership.
-    let mut b = [0u8; 1];
-    let n = loop {
-        // SAFETY: reading one byte into a local buffer.
-        let n = unsafe { libc::read(release_fd, b.as_mut_ptr().cast(), 1) };
-        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
+/// The real system calls.
+pub struct LiveInit<'a> {
+    programs: &'a [BpfProgram],
+    /// The launcher's idmapped volume copies, by index.
+    volume_fds: &'a [BorrowedFd<'a>],
+    /// Read end of the release pipe, until [`InitStep::AwaitRelease`] has consumed it.
+    release: Option<OwnedFd>,
+}
+
+impl InitSys for LiveInit<'_> {
+    fn apply(&mut self, step: &InitStep<'_>) -> Result<(), String> {
+        match step {
+            InitStep::AwaitRelease => {
+                let release = self.release.take().ok_or("wait for release: no pipe")?;
+                let mut b = [0u8; 1];
+                let n = loop {
+                    match nix::unistd::read(&release, &mut b) {
+                        Err(Errno::EINTR) => continue,
+                        r => break r,
+                    }
+                };
+                if n != Ok(1) {
+                    return Err("wait for release: the launcher went away".into());
+                }
+                Ok(())
+            }
+            InitStep::NewSession => nix::unistd::setsid().map(drop).map_err(failed("setsid")),
+            InitStep::BecomeRoot => {
+                nix::unistd::setgroups(&[]).map_err(failed("setgroups"))?;
+                let g = Gid::from_raw(0);
+                nix::unistd::setresgid(g, g, g).map_err(failed("setresgid(0)"))?;
+                let u = Uid::from_raw(0);
+                nix::unistd::setresuid(u, u, u).map_err(failed("setresuid(0)"))
+            }
+            InitStep::NewCgroupNamespace => nix::sched::unshare(CloneFlags::CLONE_NEWCGROUP)
+                .map_err(failed("unshare(CLONE_NEWCGROUP)")),
+            InitStep::Umask(mask) => {
+                nix::sys::stat::umask(Mode::from_bits_truncate(*mask));
+                Ok(())
+            }
+            InitStep::Mounts(steps) => {
+                let mut mounts = RealMounts {
+                    volume_fds: self.volume_fds,
+                };
+                mountplan::apply(steps, &mut mounts).map_err(|e| e.to_string())
+            }
+            InitStep::Hostname(name) => {
+                nix::unistd::sethostname(name).map_err(failed("sethostname"))
+            }
+            InitStep::LoopbackUp => {
+                bulkhead_host::netif::loopback_up().map_err(|e| format!("{e}: {}", e.source))
+            }
+            InitStep::Stdio => stdio(),
+            InitStep::Chdir(dir) => {
+                nix::unistd::chdir(*dir).map_err(failed(format_args!("chdir {dir}")))
+            }
+            InitStep::CloseInheritedOnExec => {
+                // SAFETY: close_range has no pointer arguments, and CLOSE_RANGE_CLOEXEC only
+                // marks descriptors (nix has no wrapper for it).
+                let r = unsafe {
+                    libc::syscall(
+                        libc::SYS_close_range,
+                        3u32,
+                        u32::MAX,
+                        libc::CLOSE_RANGE_CLOEXEC,
+                    )
+                };
+                Errno::result(r).map(drop).map_err(failed("close_range"))
+            }
+            InitStep::ResetSignals => reset_signals(),
+            InitStep::NprocLimit(n) => {
+                nix::sys::resource::setrlimit(Resource::RLIMIT_NPROC, *n, *n)
+                    .map_err(failed("setrlimit(RLIMIT_NPROC)"))
+            }
+            InitStep::Landlock => confine::apply_landlock().map(drop),
+            InitStep::Seccomp => {
+                seccomp::install(self.programs).map_err(|e| format!("install seccomp filter: {e}"))
+            }
+            InitStep::LimitCapabilities => {
+                confine::limit_capabilities(confine::DOCKER_DEFAULT_CAPS)
+            }
+            InitStep::Exec { argv, env } => exec(argv, env),
         }
-        break n;
+    }
+}
+
+fn exec(argv: &[String], env: &[String]) -> Result<(), String> {
+    let cstrings = |list: &[String], what: &str| {
+        list.iter()
+            .map(|a| CString::new(a.as_str()).map_err(|_| format!("{what} contains NUL: {a:?}")))
+            .collect::<Result<Vec<_>, _>>()
     };
-    if n != 1 {
-        return Err("wait for release: the launcher went away".into());
-    }
-    // SAFETY: closing our copy of the release pipe.
-    unsafe { libc::close(release_fd) };
-
-    // A session of its own (CRIU needs the init to be a session leader inside the namespace).
-    // SAFETY: plain syscalls with no pointers.
-    check(unsafe { libc::setsid() }, "setsid")?;
-    // SAFETY: setgroups with an empty list.
-    check(unsafe { libc::setgroups(0, std::ptr::null()) }, "setgroups")?;
-    // SAFETY: plain syscalls.
-    check(unsafe { libc::setresgid(0, 0, 0) }, "setresgid(0)")?;
-    // SAFETY: plain syscalls.
-    check(unsafe { libc::setresuid(0, 0, 0) }, "setresuid(0)")?;
-    // The cgroup namespace is created now, after the parent moved us into the sandbox cgroup,
-    // so its root is that cgroup (a namespace made by clone would be rooted at the launcher's).
-    // SAFETY: plain syscall.
-    let r = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
-    check(r, "unshare(CLONE_NEWCGROUP)")?;
-    // Mount points and tmpfs roots get exactly the modes we ask for; the agent gets 022 below.
-    // SAFETY: umask cannot fail.
-    unsafe { libc::umask(0) };
-
-    let mut mounts = RealMounts { volume_fds };
-    mountplan::apply(&mountplan::plan(spec), &mut mounts).map_err(|e| e.to_string())?;
-
-    let host = spec.hostname.as_bytes();
-    // SAFETY: pointer and length describe `host`.
-    let r = unsafe { libc::sethostname(host.as_ptr().cast(), host.len()) };
-    check(r, "sethostname")?;
-    loopback_up()?;
-    stdio()?;
-    // SAFETY: a static C string.
-    let r = unsafe { libc::chdir(c"/".as_ptr()) };
-    check(r, "chdir /")?;
-    // Nothing of the launcher may leak into the sandbox: every inherited fd beyond stdio
-    // (including the error pipe, which must stay open until exec) closes on exec.
-    // SAFETY: plain syscall.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if r < 0 {
-        return Err(os_err("close_range"));
-    }
-    reset_signals()?;
-    if let Some(n) = spec.nproc_limit {
-        let lim = libc::rlimit {
-            rlim_cur: n,
-            rlim_max: n,
-        };
-        // SAFETY: `lim` is a valid rlimit for the duration of the call.
-        let r = unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) };
-        check(r, "setrlimit(RLIMIT_NPROC)")?;
-    }
-    // SAFETY: umask cannot fail.
-    unsafe { libc::umask(0o022) };
-
-    // Landlock and seccomp go on while the init still holds CAP_SYS_ADMIN in the sandbox's user
-    // namespace, which the kernel accepts in place of `no_new_privs`. Without that bit, set-uid
-    // programs work inside (`sudo`, as on E2B): they reach the sandbox's own root with the
-    // capability set below, never anything outside the user namespace, and the filters stay.
-    confine::apply_landlock()?;
-    seccomp::install(programs).map_err(|e| format!("install seccomp filter: {e}"))?;
-    confine::limit_capabilities(confine::DOCKER_DEFAULT_CAPS)?;
-
-    let argv: Vec<CString> = spec
-        .argv
-        .iter()
-        .map(|a| CString::new(a.as_str()).map_err(|_| format!("argv contains NUL: {a:?}")))
-        .collect::<Result<_, _>>()?;
-    let envp: Vec<CString> = spec
-        .env
-        .iter()
-        .map(|a| CString::new(a.as_str()).map_err(|_| format!("env contains NUL: {a:?}")))
-        .collect::<Result<_, _>>()?;
-    let Some(prog) = argv.first() else {
+    let args = cstrings(argv, "argv")?;
+    let envp = cstrings(env, "env")?;
+    let Some(prog) = args.first() else {
         return Err("empty argv".into());
     };
-    let mut argv_p: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    argv_p.push(std::ptr::null());
-    let mut envp_p: Vec<*const libc::c_char> = envp.iter().map(|a| a.as_ptr()).collect();
-    envp_p.push(std::ptr::null());
-    // SAFETY: NULL-terminated arrays of valid C strings that outlive the call.
-    unsafe { libc::execve(prog.as_ptr(), argv_p.as_ptr(), envp_p.as_ptr()) };
-    Err(os_err(&format!("execve {}", spec.argv[0])))
+    let e = match nix::unistd::execve(prog, &args, &envp) {
+        Err(e) => e,
+        Ok(never) => match never {},
+    };
+    Err(failed(format_args!("execve {}", argv[0]))(e))
 }
 
 /// stdin from /dev/null, stdout and stderr appended to the agent log in the socket directory.
@@ -198,16 +277,9 @@ fn stdio() -> Result<(), String> {
         .mode(0o600)
         .open(AGENT_LOG)
         .map_err(|e| format!("open {AGENT_LOG}: {e}"))?;
-    use std::os::fd::AsRawFd;
-    for (src, dst) in [
-        (null.as_raw_fd(), 0),
-        (log.as_raw_fd(), 1),
-        (log.as_raw_fd(), 2),
-    ] {
-        // SAFETY: both descriptors are valid; dup2 replaces the launcher's stdio.
-        check(unsafe { libc::dup2(src, dst) }, "dup2 stdio")?;
-    }
-    Ok(())
+    nix::unistd::dup2_stdin(&null).map_err(failed("dup2 stdio"))?;
+    nix::unistd::dup2_stdout(&log).map_err(failed("dup2 stdio"))?;
+    nix::unistd::dup2_stderr(&log).map_err(failed("dup2 stdio"))
 }
 
 /// `struct sigaction` as the kernel's `rt_sigaction` takes it on x86_64.
@@ -221,7 +293,8 @@ struct KernelSigaction {
 
 /// The launcher is a Rust program (SIGPIPE ignored) started by a server that may ignore or
 /// block signals: give the agent default dispositions and an empty mask. The raw syscall also
-/// reaches the two real-time signals glibc reserves for itself, which `signal()` refuses.
+/// reaches the two real-time signals glibc reserves for itself, which `signal()` (and `nix`,
+/// whose signals are libc's) refuses.
 fn reset_signals() -> Result<(), String> {
     let dfl = KernelSigaction {
         handler: 0,
@@ -243,88 +316,42 @@ fn reset_signals() -> Result<(), String> {
                 8usize,
             )
         };
-        if r < 0 {
-            return Err(os_err(&format!("reset signal {sig}")));
-        }
+        Errno::result(r).map_err(failed(format_args!("reset signal {sig}")))?;
     }
-    let empty: u64 = 0;
-    // SAFETY: an empty 8-byte kernel sigset, null old set.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_rt_sigprocmask,
-            libc::SIG_SETMASK,
-            &empty as *const u64,
-            std::ptr::null_mut::<u64>(),
-            8usize,
-        )
-    };
-    if r < 0 {
-        return Err(os_err("sigprocmask"));
-    }
-    Ok(())
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(failed("sigprocmask"))
 }
 
-fn loopback_up() -> Result<(), String> {
-    // SAFETY: plain socket call.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(os_err("socket for lo"));
-    }
-    // SAFETY: an all-zero ifreq is valid.
-    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: `ifr` is a valid ifreq for these ioctls.
-    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) };
-    let res = if r < 0 {
-        Err(os_err("SIOCGIFFLAGS lo"))
-    } else {
-        // SAFETY: the kernel filled the flags member of the union.
-        unsafe {
-            ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-        }
-        // SAFETY: as above.
-        if unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) } < 0 {
-            Err(os_err("SIOCSIFFLAGS lo up"))
-        } else {
-            Ok(())
-        }
-    };
-    // SAFETY: closing our own socket.
-    unsafe { libc::close(fd) };
-    res
+/// `openat(dir, path, O_PATH | O_DIRECTORY | O_NOFOLLOW)`.
+fn open_path_dir(dir: impl AsFd, path: &Path) -> io::Result<OwnedFd> {
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    Ok(nix::fcntl::openat(dir, path, flags, Mode::empty())?)
 }
 
 /// The real [`MountSys`].
 struct RealMounts<'a> {
     /// The launcher's idmapped volume copies, by index.
-    volume_fds: &'a [RawFd],
+    volume_fds: &'a [BorrowedFd<'a>],
 }
 
 impl MountSys for RealMounts<'_> {
     fn attach_volume(&mut self, index: usize, target: &Path) -> io::Result<()> {
-        let fd = *self.volume_fds.get(index).ok_or_else(|| {
+        let tree = *self.volume_fds.get(index).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "no such prepared volume")
         })?;
         // Walk from the (new) root one component at a time: create what is missing, refuse
         // a symlink or a non-directory anywhere (O_NOFOLLOW), so the volume lands exactly at
         // the asked path inside the sandbox's root.
-        let mut cur = open_path_dir(libc::AT_FDCWD, Path::new("/"))?;
+        let mut cur = open_path_dir(AT_FDCWD, Path::new("/"))?;
         for comp in target.components() {
             let std::path::Component::Normal(name) = comp else {
                 continue;
             };
-            let c = cpath(Path::new(name))?;
-            // SAFETY: `cur` is a live descriptor and `c` a valid C string.
-            let r = unsafe { libc::mkdirat(cur.as_raw_fd(), c.as_ptr(), 0o755) };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.raw_os_error() != Some(libc::EEXIST) {
-                    return Err(e);
-                }
+            match nix::sys::stat::mkdirat(&cur, name, Mode::from_bits_truncate(0o755)) {
+                Ok(()) | Err(Errno::EEXIST) => {}
+                Err(e) => return Err(e.into()),
             }
-            cur = open_path_dir(cur.as_raw_fd(), Path::new(name)).map_err(|e| {
+            cur = open_path_dir(&cur, Path::new(name)).map_err(|e| {
                 if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) {
                     io::Error::new(
                         e.kind(),
@@ -335,8 +362,6 @@ impl MountSys for RealMounts<'_> {
                 }
             })?;
         }
-        // SAFETY: the launcher keeps this descriptor open for the child's whole setup.
-        let tree = unsafe { BorrowedFd::borrow_raw(fd) };
         sys::move_mount_onto_fd(tree, cur.as_fd())
     }
 
@@ -385,29 +410,15 @@ impl MountSys for RealMounts<'_> {
         flags: u64,
         data: &str,
     ) -> io::Result<()> {
-        let src = CString::new(source)?;
-        let tgt = cpath(target)?;
-        let fst = fstype.map(CString::new).transpose()?;
-        let dat = CString::new(data)?;
-        // SAFETY: all pointers are valid C strings (or null) for the duration of the call.
-        let r = unsafe {
-            libc::mount(
-                src.as_ptr(),
-                tgt.as_ptr(),
-                fst.as_ref().map_or(std::ptr::null(), |f| f.as_ptr()),
-                flags as libc::c_ulong,
-                if data.is_empty() {
-                    std::ptr::null()
-                } else {
-                    dat.as_ptr().cast()
-                },
-            )
-        };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        let flags = MsFlags::from_bits_retain(flags as libc::c_ulong);
+        let data = (!data.is_empty()).then_some(data);
+        Ok(nix::mount::mount(
+            Some(source),
+            target,
+            fstype,
+            flags,
+            data,
+        )?)
     }
 
     fn set_readonly(&mut self, target: &Path, recursive: bool) -> io::Result<()> {
@@ -426,23 +437,127 @@ impl MountSys for RealMounts<'_> {
     }
 
     fn pivot_root(&mut self, new_root: &Path) -> io::Result<()> {
-        let root = cpath(new_root)?;
-        let dot = c".";
-        // SAFETY: valid C strings; the classic pivot_root(".", ".") + detach sequence.
-        unsafe {
-            if libc::chdir(root.as_ptr()) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::umount2(dot.as_ptr(), libc::MNT_DETACH) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if libc::chdir(c"/".as_ptr()) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
+        // The classic pivot_root(".", "."), then the old root, stacked on "." now, detached.
+        nix::unistd::chdir(new_root)?;
+        nix::unistd::pivot_root(".", ".")?;
+        nix::mount::umount2(".", MntFlags::MNT_DETACH)?;
+        nix::unistd::chdir("/")?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(nproc_limit: Option<u64>) -> StartSpec {
+        StartSpec {
+            uid_base: 1_000_000,
+            id_count: 65536,
+            lower: "/j/l/0-abc".into(),
+            upper: "/j/s/0/upper".into(),
+            work: "/j/s/0/work".into(),
+            merged: "/j/s/0/merged".into(),
+            sock_dir: "/j/s/0/sock".into(),
+            agent_binary: "/opt/agent".into(),
+            argv: vec![mountplan::AGENT_PATH.into(), "--listen".into()],
+            env: vec!["PATH=/bin".into()],
+            hostname: "sandbox".into(),
+            cgroup_procs: vec![],
+            shm_size_mb: 32,
+            volatile_upper: true,
+            nproc_limit,
+            ca_bundle: None,
+            volumes: Vec::new(),
+        }
+    }
+
+    fn name(step: &InitStep<'_>) -> String {
+        match step {
+            InitStep::Umask(m) => format!("umask {m:o}"),
+            InitStep::Mounts(steps) => format!("mounts ({} steps)", steps.len()),
+            InitStep::Hostname(h) => format!("hostname {h}"),
+            InitStep::Chdir(d) => format!("chdir {d}"),
+            InitStep::NprocLimit(n) => format!("nproc {n}"),
+            InitStep::Exec { argv, env } => format!("exec {} {}", argv.join(" "), env.join(" ")),
+            other => format!("{other:?}"),
+        }
+    }
+
+    /// Records what it is asked to do; fails at the first step whose name starts with
+    /// `fail_at`.
+    #[derive(Default)]
+    struct Recorder {
+        done: Vec<String>,
+        fail_at: Option<&'static str>,
+    }
+
+    impl InitSys for Recorder {
+        fn apply(&mut self, step: &InitStep<'_>) -> Result<(), String> {
+            let n = name(step);
+            if self.fail_at.is_some_and(|f| n.starts_with(f)) {
+                return Err(format!("{n}: refused"));
+            }
+            self.done.push(n);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_init_runs_its_steps_in_order() {
+        let s = spec(Some(512));
+        let mut r = Recorder::default();
+        execute(&plan(&s), &mut r).unwrap();
+        let mounts = format!("mounts ({} steps)", mountplan::plan(&s).len());
+        assert_eq!(
+            r.done,
+            [
+                "AwaitRelease",
+                "NewSession",
+                "BecomeRoot",
+                // After the release: the parent has moved us into the sandbox cgroup.
+                "NewCgroupNamespace",
+                "umask 0",
+                &mounts,
+                "hostname sandbox",
+                "LoopbackUp",
+                // After the pivot: the agent log and "/" are the sandbox's.
+                "Stdio",
+                "chdir /",
+                "CloseInheritedOnExec",
+                "ResetSignals",
+                "nproc 512",
+                "umask 22",
+                // Confinement last, while the init still holds CAP_SYS_ADMIN in its namespace.
+                "Landlock",
+                "Seccomp",
+                "LimitCapabilities",
+                "exec /run/bulkhead/agent --listen PATH=/bin",
+            ]
+        );
+    }
+
+    #[test]
+    fn without_a_process_limit_there_is_no_rlimit_step() {
+        let s = spec(None);
+        let steps = plan(&s);
+        assert!(!steps.iter().any(|s| matches!(s, InitStep::NprocLimit(_))));
+        assert!(matches!(steps.last(), Some(InitStep::Exec { .. })));
+    }
+
+    #[test]
+    fn a_failed_step_stops_the_init_and_is_named() {
+        let s = spec(None);
+        let mut r = Recorder {
+            fail_at: Some("hostname"),
+            ..Recorder::default()
+        };
+        let e = execute(&plan(&s), &mut r).unwrap_err();
+        assert_eq!(e, "hostname sandbox: refused");
+        assert!(
+            r.done.last().is_some_and(|d| d.starts_with("mounts")),
+            "{:?}",
+            r.done
+        );
     }
 }

@@ -21,7 +21,7 @@
 //! namespace provides the mapping).
 
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
 use seccompiler::BpfProgram;
@@ -129,7 +129,7 @@ fn start(spec: &StartSpec, compiled: Option<&[BpfProgram]>) -> Result<LaunchRepl
     // Idmapped copies of the volumes, made here with host privileges and inherited by the
     // child through the clone (each is close-on-exec, so the agent never holds one).
     let volumes = volume_mounts(spec)?;
-    let volume_fds: Vec<RawFd> = volumes.iter().map(|f| f.as_raw_fd()).collect();
+    let volume_fds: Vec<BorrowedFd<'_>> = volumes.iter().map(|f| f.as_fd()).collect();
     let (release_r, release_w) = pipe()?;
     let (err_r, err_w) = pipe()?;
     let flags = libc::CLONE_NEWUSER
@@ -142,13 +142,7 @@ fn start(spec: &StartSpec, compiled: Option<&[BpfProgram]>) -> Result<LaunchRepl
     if pid == 0 {
         drop(release_w);
         drop(err_r);
-        child::run(
-            spec,
-            programs,
-            &volume_fds,
-            release_r.as_raw_fd(),
-            err_w.as_raw_fd(),
-        );
+        child::run(spec, programs, &volume_fds, release_r, err_w);
     }
     drop(volumes);
     drop(release_r);

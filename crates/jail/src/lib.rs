@@ -18,13 +18,11 @@
 #[cfg(not(target_arch = "x86_64"))]
 compile_error!("bulkhead-jail supports x86_64 only");
 
-pub mod cgroup;
 pub mod changes;
 mod child;
 pub mod confine;
 pub mod criu;
 mod driver;
-pub mod freezer;
 pub mod launcher;
 pub mod loopdev;
 pub mod mountplan;
@@ -32,9 +30,12 @@ mod probe;
 pub mod seccomp;
 pub mod slots;
 pub mod spec;
-pub mod sys;
 pub mod uidshift;
 pub mod zygote;
+
+/// The host primitives the jail shares with the microvm driver (see `bulkhead-host`), under the
+/// paths the jail has always had them.
+pub use bulkhead_host::{cgroup, freezer, sys};
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -44,7 +44,7 @@ pub fn serve(answer: Handler) -> ! {
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
         // Handlers that finished since the last request. Reaped (not ignored) so their CPU time
-        // adds up in the zygote's, where `bulkhead bench` and any process accounting see it.
+        // adds up in the zygote's, where `bulkhead-bench` and any process accounting see it.
         reap(libc::WNOHANG);
         let (n, reply) = match recv_with_fd(0, &mut buf) {
             Ok(Received::Closed) => {

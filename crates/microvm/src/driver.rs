@@ -288,7 +288,7 @@ impl MicrovmDriver {
                     e,
                 )
             })?;
-        let pid_start_time = bulkhead_jail::sys::proc_start_time(pid)
+        let pid_start_time = bulkhead_host::sys::proc_start_time(pid)
             .map_err(|e| DriverError::io("read QEMU's start time", e))?;
         // Reap the jailer's intermediate (it exits at once); QEMU's liveness is judged from
         // /proc and pidfds.
@@ -520,6 +520,13 @@ impl Driver for MicrovmDriver {
             network: NetworkLink::VmNic,
             checkpoint: true,
             snapshot: true,
+            // QEMU's cgroup keeps its CPU weight; a warm start is a plain start.
+            warm_start: false,
+            // The sandbox's files are on an ext4 image inside the guest.
+            changes: false,
+            export_changes: false,
+            // Not yet: a VM checkpoint depends on QEMU, the guest kernel and the agent.
+            checkpoint_key: false,
         }
     }
 
@@ -579,7 +586,7 @@ impl Driver for MicrovmDriver {
     }
 
     /// Connects QEMU's NIC socket and bridges its Ethernet frames to IP packets
-    /// ([`bulkhead_egress::ethernet_link`]); closing the returned end disconnects the NIC.
+    /// ([`bulkhead_host::link::ethernet_link`]); closing the returned end disconnects the NIC.
     async fn open_network(&self, h: &DriverHandle) -> Result<OwnedFd, DriverError> {
         let rec = self.live_record(h).ok_or(DriverError::NotRunning)?;
         let vm = self.vm_for(rec.clone());
@@ -588,7 +595,7 @@ impl Driver for MicrovmDriver {
         let stream = tokio::net::UnixStream::connect(&path).await.map_err(|e| {
             DriverError::io(format!("connect to the VM's NIC at {}", path.display()), e)
         })?;
-        let (fd, bridge) = bulkhead_egress::ethernet_link(stream)
+        let (fd, bridge) = bulkhead_host::link::ethernet_link(stream)
             .map_err(|e| DriverError::io("bridge the VM's NIC to the egress stack", e))?;
         Self::set_link(&rec, true).await?;
         *link += 1;

@@ -24,7 +24,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use bulkhead_jail::cgroup::{self, CPU_PERIOD_US, CgroupBackend, CgroupLimits};
+use bulkhead_host::cgroup::{self, CPU_PERIOD_US, CgroupBackend, CgroupLimits};
 
 use crate::qemu::{Accel, VmSpec};
 

@@ -82,7 +82,7 @@ fn drive(args: &mut Vec<OsString>, id: &str, file: &Path, readonly: bool) {
 /// its nameserver). The same fixed addresses as the jail's TUN link: every VM is alone on its
 /// link, whose only peer is the egress stack.
 fn guest_net() -> String {
-    use bulkhead_egress::{GATEWAY_ADDR, MTU, PREFIX_LEN, SANDBOX_ADDR};
+    use bulkhead_host::link::{GATEWAY_ADDR, MTU, PREFIX_LEN, SANDBOX_ADDR};
     format!("{SANDBOX_ADDR}/{PREFIX_LEN},{GATEWAY_ADDR},{MTU}")
 }
 
@@ -95,7 +95,7 @@ fn nic(a: &mut Vec<OsString>, s: &VmSpec) {
         "stream,id={NIC},server=on,addr.type=unix,addr.path="
     ));
     netdev.push(dir.join(NET_SOCKET));
-    let mac = bulkhead_egress::GUEST_MAC
+    let mac = bulkhead_host::link::GUEST_MAC
         .map(|b| format!("{b:02x}"))
         .join(":");
     a.extend([

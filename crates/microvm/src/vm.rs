@@ -13,7 +13,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use bulkhead_jail::sys;
+use bulkhead_host::sys;
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 

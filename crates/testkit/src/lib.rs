@@ -22,6 +22,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+pub mod rootfs;
+
 /// Gates a test: `#[ignore = "requires ..."]` plus a first-statement [`require`] call. Put it
 /// above `#[test]` / `#[tokio::test]`; identifiers are [`Capability`] variants, string literals
 /// name needs the test checks itself (e.g. `"a reachable Debian mirror"`).

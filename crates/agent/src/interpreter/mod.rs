@@ -28,9 +28,9 @@
 //!   cell before the user's code and restored afterwards.
 
 mod account;
+mod cell;
 pub mod execute;
 pub mod http;
-mod cell;
 pub mod kernel;
 pub mod local;
 pub mod manifest;

@@ -1,4 +1,4 @@
-//! The web console at `/console` (README "Operating Bulkhead"; docs/threat-model.md "Web
+//! The web console at `/console` (docs/console.md; docs/threat-model.md "Web
 //! console"): a few static files built into the binary, whose script reads the same REST API
 //! the SDKs use.
 //!

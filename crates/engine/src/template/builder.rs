@@ -16,8 +16,8 @@ use crate::node::disk_usage::{Measure, tree_bytes};
 use crate::node::driver::{DriverHandle, SandboxSpec};
 use crate::sandbox::lifecycle::Operation;
 use crate::template::exec::Command;
-use crate::template::failure::StepError;
 use crate::template::spec::{BuildStep, RunState, StepKind};
+use crate::template::types::StepError;
 use crate::template::types::{BuildFailure, BuildRecord, BuildStart, BuiltTemplate};
 use crate::types::TemplateRuntime;
 

@@ -15,8 +15,8 @@ use bulkhead_images::oci::{RegistryCredentials, sandbox_blockers};
 use bulkhead_images::{ImageCache, Progress};
 
 use crate::engine::Engine;
-use crate::template::failure::StepError;
 use crate::template::spec::{BuildStep, RunState, StepKind};
+use crate::template::types::StepError;
 use crate::template::types::{BuildRecord, BuildStart};
 
 /// Where a build starts.

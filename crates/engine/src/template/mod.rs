@@ -7,7 +7,6 @@ pub(crate) mod admission;
 pub(crate) mod builder;
 pub mod builds;
 pub(crate) mod exec;
-pub mod failure;
 pub(crate) mod image;
 pub(crate) mod registry;
 pub mod spec;

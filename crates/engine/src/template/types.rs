@@ -27,7 +27,7 @@ pub enum TemplateBuildError {
     #[error("the upload is larger than the limit of {limit} bytes; copy fewer files per step")]
     TooLarge { limit: u64 },
     #[error("the template's start command did not become ready: {0}")]
-    StartFailed(crate::template::failure::StepError),
+    StartFailed(StepError),
     #[error("template builds are not configured on this server (no template directory)")]
     NotConfigured,
     /// Storing a build's files failed. The message names the step only; the host path goes to
@@ -40,6 +40,97 @@ pub enum TemplateBuildError {
         #[source]
         source: io::Error,
     },
+}
+
+/// Why a template build failed: the base, a step, its build sandbox, or the finished tree's
+/// start and ready check. The message is what the build's status and log carry (the SDK shows
+/// it to the user); the cause stays typed. Host paths never appear in it (they go to the log).
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("no base image or template given")]
+    NoBase,
+    #[error("template {0:?} not found on this server")]
+    NoSuchTemplate(String),
+    #[error("{0}")]
+    Pull(bulkhead_images::oci::OciError),
+    #[error("checking the image failed: {0}")]
+    CheckImage(tokio::task::JoinError),
+    #[error(
+        "image {image} cannot run as a sandbox: it has no {missing}. Start from an image with glibc \
+         and bash, such as a Debian- or Ubuntu-based one (from_debian_image(), \
+         from_ubuntu_image(), from_python_image(), from_node_image())"
+    )]
+    NotRunnable { image: String, missing: String },
+    #[error("starting the build sandbox failed: {0}")]
+    SandboxStart(crate::node::driver::DriverError),
+    #[error("the build sandbox's agent did not start: {0}")]
+    AgentStart(Box<dyn std::error::Error + Send + Sync>),
+    #[error("the build sandbox's network failed: {0}")]
+    Network(Box<dyn std::error::Error + Send + Sync>),
+    #[error("{0}")]
+    Reach(crate::node::driver::DriverError),
+    #[error("{0}")]
+    Upload(Box<TemplateBuildError>),
+    #[error("the files of step {step} ({file}) were not uploaded")]
+    NotUploaded { step: String, file: String },
+    #[error("copying the files into the build sandbox failed: {0}")]
+    CopyFiles(crate::template::exec::ExecError),
+    #[error("step {step} ({what}) failed: {source}")]
+    Exec {
+        step: String,
+        what: String,
+        source: crate::template::exec::ExecError,
+    },
+    /// `output`: the last lines the step printed, as `":\n…"` (empty when it printed nothing).
+    #[error("step {step} ({what}) failed with exit code {code}{output}")]
+    Exit {
+        step: String,
+        what: String,
+        code: i32,
+        output: String,
+    },
+    #[error("preparing the step's work directory failed: {0}")]
+    WorkDir(std::io::Error),
+    #[error("exporting the step's changes failed: {0}")]
+    Export(crate::node::driver::DriverError),
+    #[error("step {step} added {size} bytes, over the server's limit of {limit} bytes per step")]
+    TooBig { step: String, size: u64, limit: u64 },
+    #[error("the start command could not be started: {0}")]
+    StartCommand(crate::template::exec::ExecError),
+    #[error("the start command could not be started (exit code {0})")]
+    StartCommandExit(i32),
+    /// `output`: what the last check printed, as `": …"` (empty when nothing).
+    #[error("the ready check {cmd:?} did not pass within {limit:?}{output}")]
+    NotReady {
+        cmd: String,
+        limit: std::time::Duration,
+        output: String,
+    },
+    #[error("read /etc/passwd: {0}")]
+    ReadPasswd(std::io::Error),
+    #[error("the template has no /etc/passwd file")]
+    NoPasswd,
+    #[error(
+        "user {0:?} does not exist in the template: create it first, e.g. \
+         .run_cmd(\"useradd -m {0}\", user=\"root\")"
+    )]
+    NoSuchUser(String),
+    #[error("user {0:?} does not exist")]
+    NoHome(String),
+}
+
+impl StepError {
+    /// A build sandbox on a pulled image whose agent does not come up: most likely the image's
+    /// C library is older than the one the agent was built against.
+    pub(crate) fn message_for_image(&self) -> String {
+        match self {
+            StepError::AgentStart(_) => format!(
+                "{self} (the image's GNU C library may be older than the one Bulkhead's agent \
+                 needs; start from a current Debian or Ubuntu based image)"
+            ),
+            _ => self.to_string(),
+        }
+    }
 }
 
 /// `TemplateBuildError::Io` for step `what` on `path` (logged here, kept out of the message).

@@ -39,6 +39,10 @@ impl JailDriver {
         // A running sandbox's upper dir, or the checkpoint whose disk holds it.
         let source = match of {
             ChangeSource::Running(h) => {
+                // Only a sandbox this driver runs: a stopped one's slot may be someone else's.
+                if self.lookup(h).is_none_or(|sb| sb.exited().is_some()) {
+                    return Err(DriverError::NotRunning);
+                }
                 let data: HandleData =
                     serde_json::from_value(h.data.clone()).map_err(|_| DriverError::NotRunning)?;
                 Ok((self.upper_dir(h.slot), data.lower))

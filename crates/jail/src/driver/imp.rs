@@ -28,13 +28,21 @@ impl Driver for JailDriver {
     }
 
     fn capabilities(&self) -> Capabilities {
-        // Checkpoints freeze the cgroup first, so they need the freezer as well as CRIU.
-        let checkpoint = self.can_freeze() && self.inner.cfg.criu.is_some();
+        // Checkpoints freeze the cgroup first, so they need the freezer as well as CRIU; an
+        // export is a filesystem-only checkpoint, which needs the freezer alone.
+        let freeze = self.can_freeze();
+        let checkpoint = freeze && self.inner.cfg.criu.is_some();
         Capabilities {
-            freeze: self.can_freeze(),
+            freeze,
             checkpoint,
             snapshot: checkpoint,
             network: NetworkLink::TunInNetns,
+            // Warm starts run at the smallest CPU weight of the sandbox's cgroup until claimed.
+            warm_start: true,
+            changes: true,
+            export_changes: freeze,
+            // `criu --version` (once): the key names the CRIU build.
+            checkpoint_key: checkpoint && self.checkpoint_key().is_some(),
         }
     }
 
@@ -253,7 +261,7 @@ impl Driver for JailDriver {
                 return Err(DriverError::NotRunning);
             }
             let path = PathBuf::from(format!("/proc/self/fd/{}", ns.as_raw_fd()));
-            bulkhead_egress::open_tun_in_netns(&path).map_err(|e| {
+            bulkhead_host::link::open_tun_in_netns(&path).map_err(|e| {
                 DriverError::io("create the sandbox's network link", io::Error::other(e))
             })
         })

@@ -105,7 +105,10 @@ impl JailDriver {
         let procs = self
             .inner
             .cgroups
-            .create(cgroup_name, &CgroupLimits::from_spec(spec))
+            .create(
+                cgroup_name,
+                &CgroupLimits::new(spec.memory_mb, spec.pids_max, spec.cpu_count),
+            )
             .map_err(|e| DriverError::io(format!("create cgroup {cgroup_name}"), e))?;
         if background {
             self.inner
