@@ -6,5 +6,6 @@ mod bad_input;
 mod files;
 mod filesystem;
 mod harness;
+mod interpreter;
 mod pid1;
 mod process;

@@ -5,6 +5,7 @@
 
 mod harness;
 mod suite;
+mod suite_records;
 mod suite_secrets;
 mod suite_teams;
 

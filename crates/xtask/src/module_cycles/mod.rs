@@ -19,13 +19,12 @@
 //! The sources are parsed with `syn` (a file it cannot parse is an error, exit 2); paths are
 //! resolved by name, as the compiler would for the cases above, without type information.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
 use syn::ext::IdentExt;
 use syn::visit::{self, Visit};
-use syn::visit_mut::{self, VisitMut};
+use syn::visit_mut::VisitMut;
 
 /// Exit status: 0 no loops, 1 a loop, 2 a crate that cannot be read or parsed.
 pub fn main(crates_dir: &Path) -> u8 {
@@ -100,10 +99,6 @@ fn crate_roots(src: &Path) -> Vec<PathBuf> {
 }
 
 type ModId = usize;
-/// An absolute path inside the crate, as segments from the crate root.
-type Segs = Vec<String>;
-/// (from node, to node) -> where the first such reference is (file, line).
-type Edges = BTreeMap<(String, String), (PathBuf, usize)>;
 
 struct Module {
     path: Segs,
@@ -440,180 +435,14 @@ impl Crate {
     }
 }
 
-/// Strongly connected components of more than one node, each sorted, in sorted order
-/// (Tarjan).
-fn cycles(edges: &Edges) -> Vec<Vec<String>> {
-    let mut graph: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (a, b) in edges.keys() {
-        graph.entry(a).or_default().insert(b);
-        graph.entry(b).or_default();
-    }
-    struct Tarjan<'g> {
-        graph: &'g BTreeMap<&'g str, BTreeSet<&'g str>>,
-        index: HashMap<&'g str, usize>,
-        low: HashMap<&'g str, usize>,
-        stack: Vec<&'g str>,
-        on: HashSet<&'g str>,
-        out: Vec<Vec<String>>,
-    }
-    impl<'g> Tarjan<'g> {
-        fn visit(&mut self, v: &'g str) {
-            let i = self.index.len();
-            self.index.insert(v, i);
-            self.low.insert(v, i);
-            self.stack.push(v);
-            self.on.insert(v);
-            for &w in &self.graph[v] {
-                if !self.index.contains_key(w) {
-                    self.visit(w);
-                    let lw = self.low[w];
-                    let lv = self.low.get_mut(v).expect("visited");
-                    *lv = (*lv).min(lw);
-                } else if self.on.contains(w) {
-                    let iw = self.index[w];
-                    let lv = self.low.get_mut(v).expect("visited");
-                    *lv = (*lv).min(iw);
-                }
-            }
-            if self.low[v] == self.index[v] {
-                let mut comp = Vec::new();
-                while let Some(w) = self.stack.pop() {
-                    self.on.remove(w);
-                    comp.push(w.to_string());
-                    if w == v {
-                        break;
-                    }
-                }
-                if comp.len() > 1 {
-                    comp.sort();
-                    self.out.push(comp);
-                }
-            }
-        }
-    }
-    let mut t = Tarjan {
-        graph: &graph,
-        index: HashMap::new(),
-        low: HashMap::new(),
-        stack: Vec::new(),
-        on: HashSet::new(),
-        out: Vec::new(),
-    };
-    for &v in graph.keys() {
-        if !t.index.contains_key(v) {
-            t.visit(v);
-        }
-    }
-    let mut out = t.out;
-    out.sort();
-    out
-}
+mod scc;
+mod syntax;
 
-/// Is this exactly `#[cfg(test)]`?
-fn is_cfg_test(attrs: &[syn::Attribute]) -> bool {
-    attrs.iter().any(|a| {
-        a.path().is_ident("cfg")
-            && matches!(&a.meta, syn::Meta::List(l) if l.tokens.to_string() == "test")
-    })
-}
+use scc::{Edges, cycles};
+use syntax::*;
 
-fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
-    use syn::Item::*;
-    match item {
-        Const(i) => &i.attrs,
-        Enum(i) => &i.attrs,
-        ExternCrate(i) => &i.attrs,
-        Fn(i) => &i.attrs,
-        ForeignMod(i) => &i.attrs,
-        Impl(i) => &i.attrs,
-        Macro(i) => &i.attrs,
-        Mod(i) => &i.attrs,
-        Static(i) => &i.attrs,
-        Struct(i) => &i.attrs,
-        Trait(i) => &i.attrs,
-        TraitAlias(i) => &i.attrs,
-        Type(i) => &i.attrs,
-        Union(i) => &i.attrs,
-        Use(i) => &i.attrs,
-        _ => &[],
-    }
-}
-
-fn impl_item_attrs(item: &syn::ImplItem) -> &[syn::Attribute] {
-    match item {
-        syn::ImplItem::Const(i) => &i.attrs,
-        syn::ImplItem::Fn(i) => &i.attrs,
-        syn::ImplItem::Type(i) => &i.attrs,
-        syn::ImplItem::Macro(i) => &i.attrs,
-        _ => &[],
-    }
-}
-
-fn trait_item_attrs(item: &syn::TraitItem) -> &[syn::Attribute] {
-    match item {
-        syn::TraitItem::Const(i) => &i.attrs,
-        syn::TraitItem::Fn(i) => &i.attrs,
-        syn::TraitItem::Type(i) => &i.attrs,
-        syn::TraitItem::Macro(i) => &i.attrs,
-        _ => &[],
-    }
-}
-
-fn stmt_is_cfg_test(stmt: &syn::Stmt) -> bool {
-    match stmt {
-        syn::Stmt::Item(i) => is_cfg_test(item_attrs(i)),
-        syn::Stmt::Local(l) => is_cfg_test(&l.attrs),
-        syn::Stmt::Macro(m) => is_cfg_test(&m.attrs),
-        syn::Stmt::Expr(..) => false,
-    }
-}
-
-/// Removes everything under `#[cfg(test)]`: items, associated items, statements, fields,
-/// variants and match arms.
-struct DropCfgTest;
-
-impl VisitMut for DropCfgTest {
-    fn visit_file_mut(&mut self, f: &mut syn::File) {
-        f.items.retain(|i| !is_cfg_test(item_attrs(i)));
-        visit_mut::visit_file_mut(self, f);
-    }
-    fn visit_item_mod_mut(&mut self, m: &mut syn::ItemMod) {
-        if let Some((_, items)) = &mut m.content {
-            items.retain(|i| !is_cfg_test(item_attrs(i)));
-        }
-        visit_mut::visit_item_mod_mut(self, m);
-    }
-    fn visit_item_impl_mut(&mut self, i: &mut syn::ItemImpl) {
-        i.items.retain(|x| !is_cfg_test(impl_item_attrs(x)));
-        visit_mut::visit_item_impl_mut(self, i);
-    }
-    fn visit_item_trait_mut(&mut self, t: &mut syn::ItemTrait) {
-        t.items.retain(|x| !is_cfg_test(trait_item_attrs(x)));
-        visit_mut::visit_item_trait_mut(self, t);
-    }
-    fn visit_block_mut(&mut self, b: &mut syn::Block) {
-        b.stmts.retain(|s| !stmt_is_cfg_test(s));
-        visit_mut::visit_block_mut(self, b);
-    }
-    fn visit_fields_named_mut(&mut self, f: &mut syn::FieldsNamed) {
-        f.named = std::mem::take(&mut f.named)
-            .into_iter()
-            .filter(|x| !is_cfg_test(&x.attrs))
-            .collect();
-        visit_mut::visit_fields_named_mut(self, f);
-    }
-    fn visit_item_enum_mut(&mut self, e: &mut syn::ItemEnum) {
-        e.variants = std::mem::take(&mut e.variants)
-            .into_iter()
-            .filter(|x| !is_cfg_test(&x.attrs))
-            .collect();
-        visit_mut::visit_item_enum_mut(self, e);
-    }
-    fn visit_expr_match_mut(&mut self, m: &mut syn::ExprMatch) {
-        m.arms.retain(|a| !is_cfg_test(&a.attrs));
-        visit_mut::visit_expr_match_mut(self, m);
-    }
-}
+#[cfg(test)]
+mod tests;
 
 /// The `mod` declarations of one module's code (in function bodies too), not those inside
 /// them (their own modules load them).
@@ -647,41 +476,6 @@ fn in_inline_mod<'a, V: Visit<'a>>(
         v.visit_item(item);
     }
     scopes(v).pop();
-}
-
-/// One leaf of a `use` tree: (segments, alias); `*` is a segment.
-fn use_leaves(tree: &syn::UseTree, prefix: &mut Segs, out: &mut Vec<(Segs, Option<String>)>) {
-    match tree {
-        syn::UseTree::Path(p) => {
-            prefix.push(p.ident.unraw().to_string());
-            use_leaves(&p.tree, prefix, out);
-            prefix.pop();
-        }
-        syn::UseTree::Name(n) => {
-            let mut segs = prefix.clone();
-            segs.push(n.ident.unraw().to_string());
-            out.push((segs, None));
-        }
-        syn::UseTree::Rename(r) => {
-            let mut segs = prefix.clone();
-            segs.push(r.ident.unraw().to_string());
-            out.push((segs, Some(r.rename.unraw().to_string())));
-        }
-        syn::UseTree::Glob(_) => {
-            let mut segs = prefix.clone();
-            segs.push("*".into());
-            out.push((segs, None));
-        }
-        syn::UseTree::Group(g) => {
-            for t in &g.items {
-                use_leaves(t, prefix, out);
-            }
-        }
-    }
-}
-
-fn is_pub(vis: &syn::Visibility) -> bool {
-    !matches!(vis, syn::Visibility::Inherited)
 }
 
 /// Gathers, per module, its `use` leaves and the names of the items it defines.
@@ -903,198 +697,5 @@ impl<'a> Visit<'a> for RefFinder<'_> {
                 self.path(segs, line);
             }
         }
-    }
-}
-
-fn is_colon(t: &TokenTree, spacing: Option<Spacing>) -> bool {
-    matches!(t, TokenTree::Punct(p) if p.as_char() == ':' && spacing.is_none_or(|s| p.spacing() == s))
-}
-
-/// Paths of two or more segments in a token stream (a macro body or invocation): `a::b`,
-/// `$crate::a`, not `::a` and not the tail after generics (`a::<T>::b` yields `a` alone, which
-/// is no path).
-fn token_paths(tokens: TokenStream, out: &mut Vec<(Segs, usize)>) {
-    let t: Vec<TokenTree> = tokens.into_iter().collect();
-    let mut i = 0;
-    while i < t.len() {
-        if let TokenTree::Group(g) = &t[i] {
-            if g.delimiter() != Delimiter::None || !g.stream().is_empty() {
-                token_paths(g.stream(), out);
-            }
-            i += 1;
-            continue;
-        }
-        let after_colons = i >= 2 && is_colon(&t[i - 1], None) && is_colon(&t[i - 2], None);
-        let (first, line, mut j) = match (&t[i], t.get(i + 1)) {
-            (TokenTree::Punct(p), Some(TokenTree::Ident(id))) if p.as_char() == '$' => {
-                (format!("${id}"), p.span().start().line, i + 2)
-            }
-            (TokenTree::Ident(id), _) => (id.unraw().to_string(), id.span().start().line, i + 1),
-            _ => {
-                i += 1;
-                continue;
-            }
-        };
-        if after_colons {
-            i = j;
-            continue;
-        }
-        let mut segs = vec![first];
-        while j + 2 < t.len() && is_colon(&t[j], Some(Spacing::Joint)) && is_colon(&t[j + 1], None)
-        {
-            let TokenTree::Ident(next) = &t[j + 2] else {
-                break;
-            };
-            segs.push(next.unraw().to_string());
-            j += 3;
-        }
-        if segs.len() >= 2 {
-            out.push((segs, line));
-        }
-        i = j;
-    }
-}
-
-/// Item names a token stream defines: `fn|struct|enum|trait|type|const|static|union NAME` and
-/// `macro_rules! NAME`.
-fn token_defines(tokens: TokenStream, out: &mut dyn FnMut(String)) {
-    let t: Vec<TokenTree> = tokens.into_iter().collect();
-    for (i, tt) in t.iter().enumerate() {
-        match tt {
-            TokenTree::Group(g) => token_defines(g.stream(), out),
-            TokenTree::Ident(kw) => {
-                let kw = kw.to_string();
-                let keyword = matches!(
-                    kw.as_str(),
-                    "fn" | "struct" | "enum" | "trait" | "type" | "const" | "static" | "union"
-                );
-                let name = if keyword {
-                    t.get(i + 1)
-                } else if kw == "macro_rules"
-                    && matches!(t.get(i + 1), Some(TokenTree::Punct(p)) if p.as_char() == '!')
-                {
-                    t.get(i + 2)
-                } else {
-                    None
-                };
-                if let Some(TokenTree::Ident(name)) = name {
-                    out(name.unraw().to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A crate tree in a temporary directory: (relative path, source) pairs.
-    fn tree(files: &[(&str, &str)]) -> PathBuf {
-        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("xtask-cycles-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        for (path, src) in files {
-            let p = dir.join("crates/k").join(path);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, src).unwrap();
-        }
-        std::fs::write(dir.join("crates/k/Cargo.toml"), "").unwrap();
-        dir
-    }
-
-    fn edges_of(files: &[(&str, &str)]) -> Vec<(String, String)> {
-        let dir = tree(files);
-        let k = Crate::load(&dir.join("crates/k/src/lib.rs")).unwrap();
-        let e = k.edges().into_keys().collect();
-        std::fs::remove_dir_all(dir).unwrap();
-        e
-    }
-
-    fn pair(a: &str, b: &str) -> (String, String) {
-        (a.to_string(), b.to_string())
-    }
-
-    #[test]
-    fn a_loop_between_two_modules_fails_and_a_leaf_passes() {
-        let looped = tree(&[
-            ("src/lib.rs", "mod a;\nmod b;\n"),
-            ("src/a.rs", "use crate::b::B;\npub struct A;\n"),
-            (
-                "src/b.rs",
-                "pub struct B;\nfn f() -> crate::a::A { todo!() }\n",
-            ),
-        ]);
-        assert!(!run(&looped.join("crates")).unwrap());
-        std::fs::remove_dir_all(looped).unwrap();
-        let leaf = tree(&[
-            ("src/lib.rs", "mod a;\nmod b;\n"),
-            ("src/a.rs", "use crate::b::B;\npub struct A;\n"),
-            ("src/b.rs", "pub struct B;\n"),
-        ]);
-        assert!(run(&leaf.join("crates")).unwrap());
-        std::fs::remove_dir_all(leaf).unwrap();
-    }
-
-    #[test]
-    fn naming_a_module_is_no_edge_but_using_it_is() {
-        let e = edges_of(&[
-            ("src/lib.rs", "mod a;\nmod b;\n"),
-            ("src/a.rs", "use crate::b;\n"),
-            ("src/b.rs", "pub fn f() {}\n"),
-        ]);
-        assert!(e.is_empty(), "{e:?}");
-        let e = edges_of(&[
-            ("src/lib.rs", "mod a;\nmod b;\n"),
-            ("src/a.rs", "use crate::b;\nfn g() { b::f() }\n"),
-            ("src/b.rs", "pub fn f() {}\n"),
-        ]);
-        assert_eq!(e, vec![pair("a", "b")]);
-    }
-
-    #[test]
-    fn reexports_resolve_to_the_defining_module() {
-        let e = edges_of(&[
-            ("src/lib.rs", "mod a;\nmod b;\npub use b::B;\n"),
-            ("src/a.rs", "fn f(_: crate::B) {}\n"),
-            ("src/b.rs", "pub struct B;\n"),
-        ]);
-        assert_eq!(e, vec![pair("a", "b")]);
-        let e = edges_of(&[
-            ("src/lib.rs", "mod a;\nmod b;\npub use b::*;\n"),
-            ("src/a.rs", "fn f(_: crate::B) {}\n"),
-            ("src/b.rs", "pub struct B;\n"),
-        ]);
-        assert_eq!(e, vec![pair("a", "b")]);
-    }
-
-    #[test]
-    fn directory_modules_are_split_one_level_deeper() {
-        let e = edges_of(&[
-            ("src/lib.rs", "mod d;\n"),
-            ("src/d/mod.rs", "mod x;\nmod y;\n"),
-            ("src/d/x.rs", "use super::y::Y;\n"),
-            ("src/d/y.rs", "pub struct Y;\n"),
-        ]);
-        assert_eq!(e, vec![pair("d::x", "d::y")]);
-    }
-
-    #[test]
-    fn tests_comments_strings_and_macro_bodies() {
-        let e = edges_of(&[
-            ("src/lib.rs", "mod a;\nmod b;\n"),
-            (
-                "src/a.rs",
-                "// crate::b::f()\nconst S: &str = \"crate::b::f\";\n\
-                 #[cfg(test)]\nmod tests { use crate::b::f; }\n",
-            ),
-            (
-                "src/b.rs",
-                "pub fn f() { println!(\"{}\", crate::a::S); }\n",
-            ),
-        ]);
-        assert_eq!(e, vec![pair("b", "a")]);
     }
 }
