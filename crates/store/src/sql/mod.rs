@@ -9,6 +9,7 @@
 
 mod api_keys;
 mod egress;
+mod migrations;
 mod persistence;
 mod query;
 mod rows;
@@ -32,8 +33,6 @@ use self::url::{Backend, backend_name, encode_path, is_sqlite_memory, normalize_
 use crate::{Result, SecretCipher, StoreError};
 
 pub use self::secrets::{SecretsKeySource, SecretsUnlocked};
-
-static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// SQLite waits this long for a competing writer before failing with "database is locked".
 const SQLITE_BUSY_TIMEOUT_MS: u32 = 5_000;
@@ -109,7 +108,10 @@ impl Store {
             source,
         })?;
 
-        MIGRATOR.run(&pool).await.map_err(StoreError::Migrate)?;
+        migrations::migrator()
+            .run(&pool)
+            .await
+            .map_err(StoreError::Migrate)?;
         tracing::debug!(backend = backend_name(backend), url = %redact(&url), "store opened");
         Ok(Store {
             pool,
