@@ -95,7 +95,7 @@ pub fn probe() -> HostReport {
     );
     need(r.pidfd, "pidfds need Linux 5.4 or newer");
     if let Err(e) = cgroup {
-        r.problems.push(e);
+        r.problems.push(e.to_string());
     }
     r
 }

@@ -425,7 +425,8 @@ pub fn limits(memory_mb: u64, cpus: u32) -> CgroupLimits {
 
 impl Cgroups {
     pub fn detect(state_dir: &Path) -> Result<Cgroups, JailerError> {
-        let backend = cgroup::detect(CGROUP_PARENT).map_err(JailerError::Cgroup)?;
+        let backend =
+            cgroup::detect(CGROUP_PARENT).map_err(|e| JailerError::Cgroup(e.to_string()))?;
         use sha2::Digest;
         let digest = sha2::Sha256::digest(state_dir.as_os_str().as_bytes());
         let prefix = digest[..4].iter().map(|b| format!("{b:02x}")).collect();

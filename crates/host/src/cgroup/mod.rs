@@ -567,7 +567,7 @@ pub fn detect_from(
     mounts: &[CgroupMount],
     parent: &str,
     controllers_of: impl Fn(&Path) -> String,
-) -> Result<Box<dyn CgroupBackend>, String> {
+) -> Result<Box<dyn CgroupBackend>, DetectError> {
     let mut v1 = BTreeMap::new();
     for m in mounts.iter().filter(|m| !m.v2) {
         for c in V1_CONTROLLERS {
@@ -593,16 +593,25 @@ pub fn detect_from(
             }));
         }
     }
-    Err(format!(
-        "no usable cgroup hierarchy: need the memory, pids and cpu controllers in v1 hierarchies \
-         or in the unified (v2) hierarchy; found {} cgroup mount(s)",
-        mounts.len()
-    ))
+    Err(DetectError::NoHierarchy {
+        mounts: mounts.len(),
+    })
 }
 
-pub fn detect(parent: &str) -> Result<Box<dyn CgroupBackend>, String> {
-    let text = fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+/// Why no cgroup hierarchy can hold sandboxes.
+#[derive(Debug, thiserror::Error)]
+pub enum DetectError {
+    #[error("cannot read /proc/self/mountinfo: {0}")]
+    Mountinfo(std::io::Error),
+    #[error(
+        "no usable cgroup hierarchy: need the memory, pids and cpu controllers in v1 hierarchies \
+         or in the unified (v2) hierarchy; found {mounts} cgroup mount(s)"
+    )]
+    NoHierarchy { mounts: usize },
+}
+
+pub fn detect(parent: &str) -> Result<Box<dyn CgroupBackend>, DetectError> {
+    let text = fs::read_to_string("/proc/self/mountinfo").map_err(DetectError::Mountinfo)?;
     detect_from(&parse_mountinfo(&text), parent, |p| {
         fs::read_to_string(p.join("cgroup.controllers")).unwrap_or_default()
     })

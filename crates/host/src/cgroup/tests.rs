@@ -97,7 +97,9 @@ fn unified_layout_selects_v2_only_with_controllers() {
         be.dirs("1-x"),
         vec![PathBuf::from("/sys/fs/cgroup/bulkhead/1-x")]
     );
-    let err = detect_from(&mounts, "bulkhead", |_| "hugetlb".into()).unwrap_err();
+    let err = detect_from(&mounts, "bulkhead", |_| "hugetlb".into())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("no usable cgroup hierarchy"), "{err}");
 }
 

@@ -75,7 +75,8 @@ impl JailDriver {
                 sock.display()
             )));
         }
-        let cgroups = cgroup::detect(&cfg.cgroup_parent).map_err(JailError::Unsupported)?;
+        let cgroups = cgroup::detect(&cfg.cgroup_parent)
+            .map_err(|e| JailError::Unsupported(e.to_string()))?;
         // SAFETY: prctl with integer arguments.
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
             return Err(JailError::io(
