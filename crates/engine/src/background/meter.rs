@@ -125,38 +125,6 @@ impl Engine {
         }
     }
 
-    /// Records a sandbox's usage up to now (before it ends, is paused or resumed), so the
-    /// interval loop does not count that part at the wrong rate, or not at all.
-    pub(crate) async fn meter_one(&self, id: &str) {
-        let _one = self.tenants.meter_lock.lock().await;
-        let now = now_ms();
-        let seg = {
-            let live = self.live.lock();
-            live.get(id).and_then(|l| {
-                metering::segment(
-                    id,
-                    &l.meter,
-                    holds_checkpoint(l.state),
-                    l.meter.paused_bytes.unwrap_or(0),
-                    now,
-                    &self.cfg.metering.prices,
-                )
-            })
-        };
-        let Some((row, carry)) = seg else { return };
-        match self.store.record_usage(std::slice::from_ref(&row)).await {
-            Ok(_) => {
-                if let Some(l) = self.live.lock().get_mut(id) {
-                    l.meter.since_ms = row.end_ms;
-                    l.meter.carry = carry;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(sandbox = %id, error = %e, "recording the sandbox's last usage failed")
-            }
-        }
-    }
-
     /// After a restart: each re-adopted sandbox is metered on from its last record.
     pub(crate) async fn resume_metering(&self) -> Result<()> {
         let ids: Vec<String> = self.live.lock().keys().cloned().collect();
@@ -193,7 +161,7 @@ impl Engine {
                 }
                 ExhaustedAction::Kill => {
                     tracing::warn!(sandbox = %id, team, "team is out of credits: killing its sandbox");
-                    self.finish(&id, "credits exhausted").await;
+                    crate::sandbox::kill::finish(self, &id, "credits exhausted").await;
                 }
             }
         }
@@ -216,5 +184,37 @@ impl Engine {
         filter.team_id = Some(caller.team_id.clone());
         let _one = self.tenants.meter_lock.lock().await;
         Ok(metering::report(&self.store, &filter).await?)
+    }
+}
+
+/// Records a sandbox's usage up to now (before it ends, is paused or resumed), so the
+/// interval loop does not count that part at the wrong rate, or not at all.
+pub(crate) async fn meter_one(engine: &Engine, id: &str) {
+    let _one = engine.tenants.meter_lock.lock().await;
+    let now = now_ms();
+    let seg = {
+        let live = engine.live.lock();
+        live.get(id).and_then(|l| {
+            metering::segment(
+                id,
+                &l.meter,
+                holds_checkpoint(l.state),
+                l.meter.paused_bytes.unwrap_or(0),
+                now,
+                &engine.cfg.metering.prices,
+            )
+        })
+    };
+    let Some((row, carry)) = seg else { return };
+    match engine.store.record_usage(std::slice::from_ref(&row)).await {
+        Ok(_) => {
+            if let Some(l) = engine.live.lock().get_mut(id) {
+                l.meter.since_ms = row.end_ms;
+                l.meter.carry = carry;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %id, error = %e, "recording the sandbox's last usage failed")
+        }
     }
 }

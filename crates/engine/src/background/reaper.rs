@@ -55,11 +55,11 @@ impl Engine {
             }
         }
         for id in kill {
-            self.finish(&id, "timeout").await;
+            crate::sandbox::kill::finish(self, &id, "timeout").await;
         }
         for id in expired_paused {
             tracing::info!(sandbox = %id, "paused sandbox reached the paused retention");
-            self.finish(&id, "paused retention expired").await;
+            crate::sandbox::kill::finish(self, &id, "paused retention expired").await;
         }
         for (id, memory) in pause {
             // Entered here, so the next pass does not start a second pause of it.
@@ -68,7 +68,10 @@ impl Engine {
             }
             let engine = Arc::clone(self);
             tokio::spawn(async move {
-                if let Err(e) = engine.pause_entered(&id, memory, Operation::Pause).await {
+                if let Err(e) =
+                    crate::sandbox::pause::pause_entered(&engine, &id, memory, Operation::Pause)
+                        .await
+                {
                     // It keeps running; try again in a minute rather than on every pass.
                     tracing::error!(sandbox = %id, error = &e as &dyn std::error::Error, "auto-pause at the end of the TTL failed");
                     if let Some(l) = engine.live.lock().get_mut(&id) {

@@ -115,14 +115,15 @@ impl Engine {
                         min_protocol = MIN_AGENT_PROTOCOL_VERSION,
                         "re-adopted a sandbox whose agent is too old to drive"
                     );
-                    self.track(&row, Some(h), false, agent, extra);
+                    crate::sandbox::lookup::track(self, &row, Some(h), false, agent, extra);
                     continue;
                 }
                 tracing::info!(sandbox = %row.id, agent_protocol = agent.protocol_version, "re-adopted running sandbox");
                 // The links died with the previous server process (it held the TUN fds,
                 // so the devices are gone): give sandboxes with egress a new one.
-                let net_attached = self.reattach_after_restart(&row, &h).await;
-                self.track(&row, Some(h), net_attached, agent, extra);
+                let net_attached =
+                    crate::sandbox::network::reattach_after_restart(self, &row, &h).await;
+                crate::sandbox::lookup::track(self, &row, Some(h), net_attached, agent, extra);
                 continue;
             }
             // Not running: paused if its checkpoint is complete (a pause interrupted before
@@ -165,7 +166,14 @@ impl Engine {
                         at_ms,
                     });
                     tracing::info!(sandbox = %row.id, "paused sandbox kept");
-                    self.track(&row, None, false, AgentInfo::current(), extra);
+                    crate::sandbox::lookup::track(
+                        self,
+                        &row,
+                        None,
+                        false,
+                        AgentInfo::current(),
+                        extra,
+                    );
                 }
                 None => {
                     tracing::info!(sandbox = %row.id, state = %row.state, "sandbox did not survive the restart");

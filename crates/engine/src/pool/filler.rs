@@ -88,7 +88,7 @@ impl Engine {
             self.new_pool_member(t).await
         };
         match member {
-            Ok(h) if !self.is_pooled_tree(t) => {
+            Ok(h) if !crate::template::registry::is_pooled_tree(self, t) => {
                 // The template was rebuilt while this member started from its old tree.
                 let _ = self.node.stop(&h).await;
                 Step::Worked
@@ -135,18 +135,6 @@ impl Engine {
         crate::pool::policy::target_size(limits, level)
     }
 
-    /// Count one create of `template` toward its pool's demand (the filler is woken when the
-    /// create is done, so refills do not compete with it).
-    pub(crate) fn record_pool_demand(&self, template: &str) {
-        self.pools
-            .demand
-            .lock()
-            .expect("demand lock")
-            .entry(template.to_string())
-            .or_default()
-            .record(Instant::now());
-    }
-
     /// Stop background work and warm-pool members. Running sandboxes keep running so the next
     /// server start re-adopts them.
     pub async fn shutdown(&self) {
@@ -165,6 +153,19 @@ impl Engine {
     pub fn pool_len(&self, template: &str) -> usize {
         self.node.pool_stock().get(template).copied().unwrap_or(0)
     }
+}
+
+/// Count one create of `template` toward its pool's demand (the filler is woken when the
+/// create is done, so refills do not compete with it).
+pub(crate) fn record_pool_demand(engine: &Engine, template: &str) {
+    engine
+        .pools
+        .demand
+        .lock()
+        .expect("demand lock")
+        .entry(template.to_string())
+        .or_default()
+        .record(Instant::now());
 }
 
 /// What one filler step did.

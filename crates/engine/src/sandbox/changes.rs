@@ -68,7 +68,7 @@ impl Engine {
     /// What a sandbox id's changes are read from: a running sandbox live, a paused one from
     /// its pause checkpoint.
     async fn change_source(&self, caller: &Caller, id: &str) -> Result<ChangeSource> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let row = self.running_row(id, Operation::Get).await?;
         if let Ok(h) = self.handle(&row.id) {
             return Ok(ChangeSource::Running(h));
@@ -83,8 +83,7 @@ impl Engine {
     /// `?since=`; another team's is as unknown as a missing one.
     pub(crate) async fn snapshot_dir(&self, caller: &Caller, snapshot: &str) -> Result<PathBuf> {
         let missing = || ChangesError::SnapshotNotFound(snapshot.chars().take(80).collect());
-        let row = self
-            .team_snapshot(caller, snapshot)
+        let row = crate::sandbox::snapshots::team_snapshot(self, caller, snapshot)
             .await?
             .ok_or_else(missing)?;
         let dir = PathBuf::from(row.checkpoint_dir);

@@ -27,17 +27,17 @@ impl Engine {
         id: &str,
         req: ResumeRequest,
     ) -> Result<(SandboxInfo, bool)> {
-        self.authorize(caller, id).await?;
-        self.admit_resume(caller, id, &req).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
+        crate::tenancy::admit::admit_resume(self, caller, id, &req).await?;
         self.resume_or_extend(id, Operation::Connect, req).await
     }
 
     /// `POST /sandboxes/{id}/refreshes`: extend a running sandbox's TTL (never shorten it); a
     /// paused one is refused (it is resumed with connect).
     pub async fn refresh(&self, caller: &Caller, id: &str, secs: Option<u64>) -> Result<()> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         if let Some(s) = secs {
-            self.check_team_timeout(caller, s).await?;
+            crate::tenancy::admit::check_team_timeout(self, caller, s).await?;
         }
         let (id, _) = self.enter(id, Operation::SetTimeout)?;
         self.extend(id, secs).await.map(|_| ())

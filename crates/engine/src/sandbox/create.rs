@@ -141,17 +141,17 @@ impl Engine {
         let timeout =
             self.check_timeout(req.timeout.unwrap_or(self.cfg.default_timeout.as_secs()))?;
         // Held until the sandbox is tracked: it counts toward the team's running sandboxes.
-        let team_slot = self
-            .admit_team(
-                caller,
-                Ask {
-                    vcpus: template.cpu_count as i64,
-                    memory_mb: template.memory_mb as i64,
-                    timeout_secs: timeout.as_secs(),
-                },
-                true,
-            )
-            .await?;
+        let team_slot = crate::tenancy::admit::admit_team(
+            self,
+            caller,
+            Ask {
+                vcpus: template.cpu_count as i64,
+                memory_mb: template.memory_mb as i64,
+                timeout_secs: timeout.as_secs(),
+            },
+            true,
+        )
+        .await?;
         validate_env(&req.env_vars)?;
         validate_metadata(&req.metadata)?;
         let allow_internet = req
@@ -175,7 +175,7 @@ impl Engine {
         }
         // Held until the sandbox is recorded: its volumes cannot be deleted meanwhile.
         let (volumes, volume_ids, mounting) =
-            self.resolve_mounts(caller, &req.volume_mounts).await?;
+            crate::volume::verbs::resolve_mounts(self, caller, &req.volume_mounts).await?;
         for v in &volumes {
             crate::volume::types::check_against_template(&template.rootfs, &v.path)?;
         }
@@ -222,7 +222,10 @@ impl Engine {
     ) -> Result<(DriverHandle, AgentInfo)> {
         match source {
             // Pool members have no volumes: a sandbox that mounts some starts cold.
-            Source::Template(t) if !plan.volumes.is_empty() || !self.is_pooled_tree(t) => {
+            Source::Template(t)
+                if !plan.volumes.is_empty()
+                    || !crate::template::registry::is_pooled_tree(self, t) =>
+            {
                 let mut spec = t.spec();
                 spec.volumes = plan.volumes.clone();
                 self.start_cold_and_init(&spec, &plan.init).await
@@ -230,7 +233,7 @@ impl Engine {
             // Only creates that claim from the pool make it grow (not an older tag's, not one
             // with volumes, not one refused by validation).
             Source::Template(t) => {
-                self.record_pool_demand(&t.id);
+                crate::pool::filler::record_pool_demand(self, &t.id);
                 self.claim_and_init(t, &plan.init).await
             }
             Source::Checkpoint(c) => {
@@ -270,9 +273,14 @@ impl Engine {
         }
         let net_attached = network::egress_allowed(&plan.policy);
         if net_attached
-            && let Err(e) = self
-                .attach_link(id, handle, plan.policy.clone(), Operation::Create)
-                .await
+            && let Err(e) = crate::sandbox::network::attach_link(
+                self,
+                id,
+                handle,
+                plan.policy.clone(),
+                Operation::Create,
+            )
+            .await
         {
             let _ = self.node.stop(handle).await;
             return Err(e);
@@ -281,11 +289,15 @@ impl Engine {
             &plan.template.runtime,
             matches!(source, Source::Checkpoint(c) if c.memory),
         ) && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
-            && let Err(e) = self
-                .start_and_wait_ready(handle, rt, plan.token.as_deref())
-                .await
+            && let Err(e) = crate::template::builder::start_and_wait_ready(
+                self,
+                handle,
+                rt,
+                plan.token.as_deref(),
+            )
+            .await
         {
-            self.detach_link(id);
+            crate::sandbox::network::detach_link(self, id);
             let _ = self.node.stop(handle).await;
             return Err(crate::template::builds::TemplateBuildError::StartFailed(e).into());
         }
@@ -351,11 +363,10 @@ impl Engine {
             self.store
                 .upsert_persistence(&persistence_row(&id, &extra))
                 .await?;
-            self.record_mounts(&id, &plan.volumes, &plan.volume_ids)
-                .await
+            crate::volume::verbs::record_mounts(self, &id, &plan.volumes, &plan.volume_ids).await
         };
         if let Err(e) = stored.await {
-            self.detach_link(&id);
+            crate::sandbox::network::detach_link(self, &id);
             let _ = self.node.stop(&handle).await;
             let _ = self.store.delete_persistence(&id).await;
             let _ = self
@@ -364,7 +375,7 @@ impl Engine {
                 .await;
             return Err(e);
         }
-        self.track(&row, Some(handle), net_attached, agent, extra);
+        crate::sandbox::lookup::track(self, &row, Some(handle), net_attached, agent, extra);
         self.pools.wakeup.notify_one();
         tracing::info!(sandbox = %id, template = %template.id, "sandbox created");
         Ok(self.info_from_row(&row))
@@ -387,10 +398,7 @@ impl Engine {
             if let Err(e) = self.node.claimed(&handle).await {
                 tracing::warn!(error = %e, "pooled sandbox keeps its background CPU priority");
             }
-            match self
-                .init_agent(&handle, init, None, Operation::Create)
-                .await
-            {
+            match init_agent(self, &handle, init, None, Operation::Create).await {
                 Ok(agent) => {
                     telemetry::pool_claim(&t.id, true);
                     return Ok((handle, agent));
@@ -431,10 +439,7 @@ impl Engine {
         handle: DriverHandle,
         init: &InitRequest,
     ) -> Result<(DriverHandle, AgentInfo)> {
-        match self
-            .init_agent(&handle, init, None, Operation::Create)
-            .await
-        {
+        match init_agent(self, &handle, init, None, Operation::Create).await {
             Ok(agent) => Ok((handle, agent)),
             Err(e) => {
                 let _ = self.node.stop(&handle).await;
@@ -442,25 +447,26 @@ impl Engine {
             }
         }
     }
+}
 
-    /// Give the agent its identity; its answer says which protocol it speaks (an agent that
-    /// predates versioning answers 204 and counts as the legacy protocol). `auth` is the token
-    /// an agent restored from a checkpoint still requires (it was given one before).
-    pub(crate) async fn init_agent(
-        &self,
-        handle: &DriverHandle,
-        init: &InitRequest,
-        auth: Option<&str>,
-        op: Operation,
-    ) -> Result<AgentInfo> {
-        self.node
-            .init_agent(handle, init, auth)
-            .await
-            .map_err(|e| match e {
-                AgentCallError::Reach(e) => EngineError::driver(op)(e),
-                AgentCallError::Call(e) => EngineError::agent(op)(e),
-            })
-    }
+/// Give the agent its identity; its answer says which protocol it speaks (an agent that
+/// predates versioning answers 204 and counts as the legacy protocol). `auth` is the token
+/// an agent restored from a checkpoint still requires (it was given one before).
+pub(crate) async fn init_agent(
+    engine: &Engine,
+    handle: &DriverHandle,
+    init: &InitRequest,
+    auth: Option<&str>,
+    op: Operation,
+) -> Result<AgentInfo> {
+    engine
+        .node
+        .init_agent(handle, init, auth)
+        .await
+        .map_err(|e| match e {
+            AgentCallError::Reach(e) => EngineError::driver(op)(e),
+            AgentCallError::Call(e) => EngineError::agent(op)(e),
+        })
 }
 
 /// A create that passed admission and validation: what the later steps need, and the guards

@@ -35,7 +35,7 @@ impl Engine {
                 "count must be from 1 to {MAX_FORKS} (got {count})"
             )));
         }
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let secs = timeout.unwrap_or(DEFAULT_FORK_TIMEOUT_SECS);
         self.check_timeout(secs)?;
         let (id, step) = self.enter(id, Operation::Fork)?;
@@ -65,8 +65,7 @@ impl Engine {
             .get_sandbox(id)
             .await?
             .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
-        let template = self
-            .template(&row.template_id)
+        let template = crate::template::registry::template(self, &row.template_id)
             .ok_or_else(|| EngineError::TemplateNotFound(row.template_id.clone()))?;
         let lifecycle = self.live.extra(id).unwrap_or_default().lifecycle;
         let mut out = Vec::with_capacity(count as usize);

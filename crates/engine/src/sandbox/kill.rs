@@ -15,59 +15,59 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 impl Engine {
     /// Kill a sandbox; not found when it is not running (or already being killed).
     pub async fn kill(&self, caller: &Caller, id: &str) -> Result<()> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let id = ids::normalize_sandbox_id(id);
-        if self.finish(id, "killed").await {
+        if finish(self, id, "killed").await {
             Ok(())
         } else {
             Err(EngineError::SandboxNotFound(id.to_string()))
         }
     }
+}
 
-    /// Remove a sandbox from the live set, tear it down and record why it ended.
-    /// Returns false if it was not running.
-    pub(crate) async fn finish(&self, id: &str, reason: &str) -> bool {
-        // The sandbox stays in the live set as `killing` until it is torn down, so a second
-        // kill, the watcher and the reaper all see it is on its way out (and get a refusal).
-        let (handle, cancel) = {
-            let mut live = self.live.lock();
-            let Some(l) = live.get_mut(id) else {
-                return false;
-            };
-            let Ok(step) = lifecycle::transition(l.state, Operation::Kill) else {
-                return false;
-            };
-            l.state = step.during;
-            (l.handle.clone(), l.cancel.clone())
+/// Remove a sandbox from the live set, tear it down and record why it ended.
+/// Returns false if it was not running.
+pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
+    // The sandbox stays in the live set as `killing` until it is torn down, so a second
+    // kill, the watcher and the reaper all see it is on its way out (and get a refusal).
+    let (handle, cancel) = {
+        let mut live = engine.live.lock();
+        let Some(l) = live.get_mut(id) else {
+            return false;
         };
-        cancel.cancel();
-        // Its last partial interval, while it is still in the live set.
-        self.meter_one(id).await;
-        // Unconditionally (idempotent): a concurrent network update may have attached a link
-        // after this sandbox left the live set.
-        self.detach_link(id);
-        // A paused sandbox has no processes, only its checkpoint.
-        if let Some(handle) = handle
-            && let Err(e) = self.node.stop(&handle).await
-        {
-            tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
-        }
-        checkpoints::remove(&checkpoints::sandbox_root(&self.cfg.checkpoint_dir, id));
-        if let Err(e) = self.store.delete_persistence(id).await {
-            tracing::error!(sandbox = %id, error = %e, "deleting the sandbox's lifecycle record failed");
-        }
-        if let Err(e) = self
-            .store
-            .set_sandbox_state(id, SandboxState::Dead.into(), Some(reason))
-            .await
-        {
-            tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
-        }
-        let _ = self.store.set_sandbox_driver_handle(id, None).await;
-        self.live.lock().remove(id);
-        self.live.notify();
-        tracing::info!(sandbox = %id, reason, "sandbox ended");
-        crate::telemetry::stopped(reason);
-        true
+        let Ok(step) = lifecycle::transition(l.state, Operation::Kill) else {
+            return false;
+        };
+        l.state = step.during;
+        (l.handle.clone(), l.cancel.clone())
+    };
+    cancel.cancel();
+    // Its last partial interval, while it is still in the live set.
+    crate::background::meter::meter_one(engine, id).await;
+    // Unconditionally (idempotent): a concurrent network update may have attached a link
+    // after this sandbox left the live set.
+    crate::sandbox::network::detach_link(engine, id);
+    // A paused sandbox has no processes, only its checkpoint.
+    if let Some(handle) = handle
+        && let Err(e) = engine.node.stop(&handle).await
+    {
+        tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
     }
+    checkpoints::remove(&checkpoints::sandbox_root(&engine.cfg.checkpoint_dir, id));
+    if let Err(e) = engine.store.delete_persistence(id).await {
+        tracing::error!(sandbox = %id, error = %e, "deleting the sandbox's lifecycle record failed");
+    }
+    if let Err(e) = engine
+        .store
+        .set_sandbox_state(id, SandboxState::Dead.into(), Some(reason))
+        .await
+    {
+        tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
+    }
+    let _ = engine.store.set_sandbox_driver_handle(id, None).await;
+    engine.live.lock().remove(id);
+    engine.live.notify();
+    tracing::info!(sandbox = %id, reason, "sandbox ended");
+    crate::telemetry::stopped(reason);
+    true
 }

@@ -62,47 +62,6 @@ impl Engine {
             .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))
     }
 
-    /// Put a sandbox in the live set and, when it runs (`handle`), watch for its death.
-    pub(crate) fn track(
-        self: &Arc<Self>,
-        row: &SandboxRow,
-        handle: Option<DriverHandle>,
-        net_attached: bool,
-        agent: AgentInfo,
-        extra: LiveExtra,
-    ) {
-        let cancel = CancellationToken::new();
-        let live = Live {
-            state: row.state.into(),
-            handle: handle.clone(),
-            end_at_ms: row.end_at,
-            access_token: row.envd_access_token.clone(),
-            cancel: cancel.clone(),
-            cpu_count: row.cpu_count,
-            last_cpu: (0, row.started_at),
-            samples: Default::default(),
-            net_attached,
-            agent,
-            extra,
-            traffic: CancellationToken::new(),
-            // Metered from its start; a re-adopted sandbox from where its metering stopped
-            // (`recover` moves `since_ms` up to the last recorded interval).
-            meter: Meter {
-                team_id: row.team_id.clone(),
-                key_id: row.owner_key_id.clone(),
-                vcpus: row.cpu_count,
-                memory_mb: row.memory_mb,
-                since_ms: row.started_at,
-                carry: 0.0,
-                paused_bytes: None,
-            },
-        };
-        self.live.lock().insert(row.id.clone(), live);
-        if let Some(handle) = handle {
-            self.spawn_watcher(&row.id, handle, cancel);
-        }
-    }
-
     /// Watch a (new) process of sandbox `id` for its death, replacing any earlier watcher.
     pub(crate) fn rewatch(self: &Arc<Self>, id: &str, handle: DriverHandle) {
         let cancel = CancellationToken::new();
@@ -127,7 +86,7 @@ impl Engine {
                 _ = cancel.cancelled() => {}
                 _ = engine.node.wait(&handle) => {
                     if !cancel.is_cancelled() {
-                        engine.finish(&id, "exited").await;
+                        crate::sandbox::kill::finish(&engine, &id, "exited").await;
                     }
                 }
             }
@@ -165,7 +124,7 @@ impl Engine {
     }
 
     pub async fn get(&self, caller: &Caller, id: &str) -> Result<SandboxInfo> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let row = self.running_row(id, Operation::Get).await?;
         Ok(self.info_from_row(&row))
     }
@@ -234,5 +193,46 @@ impl Engine {
                 None => return Ok(all),
             }
         }
+    }
+}
+
+/// Put a sandbox in the live set and, when it runs (`handle`), watch for its death.
+pub(crate) fn track(
+    engine: &Arc<Engine>,
+    row: &SandboxRow,
+    handle: Option<DriverHandle>,
+    net_attached: bool,
+    agent: AgentInfo,
+    extra: LiveExtra,
+) {
+    let cancel = CancellationToken::new();
+    let live = Live {
+        state: row.state.into(),
+        handle: handle.clone(),
+        end_at_ms: row.end_at,
+        access_token: row.envd_access_token.clone(),
+        cancel: cancel.clone(),
+        cpu_count: row.cpu_count,
+        last_cpu: (0, row.started_at),
+        samples: Default::default(),
+        net_attached,
+        agent,
+        extra,
+        traffic: CancellationToken::new(),
+        // Metered from its start; a re-adopted sandbox from where its metering stopped
+        // (`recover` moves `since_ms` up to the last recorded interval).
+        meter: Meter {
+            team_id: row.team_id.clone(),
+            key_id: row.owner_key_id.clone(),
+            vcpus: row.cpu_count,
+            memory_mb: row.memory_mb,
+            since_ms: row.started_at,
+            carry: 0.0,
+            paused_bytes: None,
+        },
+    };
+    engine.live.lock().insert(row.id.clone(), live);
+    if let Some(handle) = handle {
+        engine.spawn_watcher(&row.id, handle, cancel);
     }
 }

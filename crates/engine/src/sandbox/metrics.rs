@@ -29,7 +29,7 @@ pub(crate) const MAX_SAMPLES: usize = 720;
 impl Engine {
     /// A fresh sample of the sandbox's usage, also appended to its series.
     pub async fn usage(&self, caller: &Caller, id: &str) -> Result<Usage> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         self.sample(id).await
     }
 
@@ -102,7 +102,7 @@ impl Engine {
                 "Invalid time range for metrics: start ({s}) is after end ({e})"
             )));
         }
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let row = self.running_row(id, Operation::Metrics).await?;
         let empty = self
             .live

@@ -40,24 +40,6 @@ impl Engine {
         Ok(policy)
     }
 
-    /// Give a sandbox its link and hand it to the egress proxy (as part of `op`).
-    pub(crate) async fn attach_link(
-        &self,
-        id: &str,
-        handle: &DriverHandle,
-        policy: bulkhead_egress::NetworkPolicy,
-        op: Operation,
-    ) -> Result<()> {
-        self.node
-            .attach_network(id, handle, policy)
-            .await
-            .map_err(EngineError::network(op))
-    }
-
-    pub(crate) fn detach_link(&self, id: &str) {
-        self.node.detach_network(id);
-    }
-
     /// `PUT /sandboxes/{id}/network`: replace the whole network config (omitted fields are
     /// cleared; `allow_internet_access` omitted = the server default). Applies to new
     /// connections at once: a sandbox that becomes allowed gets a link, one that no longer is
@@ -69,7 +51,7 @@ impl Engine {
         allow_internet_access: Option<bool>,
         net: SandboxNetwork,
     ) -> Result<()> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let row = self.running_row(id, Operation::UpdateNetwork).await?;
         let allow_internet = allow_internet_access.unwrap_or(self.cfg.network_default_allow);
         // The sandbox's team (the owner), which `authorize` has matched to the caller's.
@@ -93,10 +75,9 @@ impl Engine {
                 .set_network_policy(&row.id, policy)
                 .map_err(EngineError::network(Operation::UpdateNetwork))?,
             (false, true) => {
-                self.attach_link(&row.id, &handle, policy, Operation::UpdateNetwork)
-                    .await?
+                attach_link(self, &row.id, &handle, policy, Operation::UpdateNetwork).await?
             }
-            (true, false) => self.detach_link(&row.id),
+            (true, false) => detach_link(self, &row.id),
             (false, false) => {}
         }
         let still_live = match self.live.lock().get_mut(&row.id) {
@@ -108,7 +89,7 @@ impl Engine {
         };
         if !still_live {
             // Killed while the link was being made: do not leave it behind.
-            self.detach_link(&row.id);
+            detach_link(self, &row.id);
             return Err(EngineError::SandboxNotFound(row.id.clone()));
         }
         let stored = (net != SandboxNetwork::default())
@@ -127,7 +108,7 @@ impl Engine {
         id: &str,
         limit: usize,
     ) -> Result<Vec<EgressEvent>> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let id = ids::normalize_sandbox_id(id);
         if !ids::is_valid_sandbox_id(id) {
             return Err(EngineError::SandboxNotFound(id.to_string()));
@@ -142,28 +123,48 @@ impl Engine {
         }
         Ok(events.iter().map(EgressEvent::from).collect())
     }
+}
 
-    pub(crate) async fn reattach_after_restart(&self, row: &SandboxRow, h: &DriverHandle) -> bool {
-        let net: SandboxNetwork = row
-            .network
-            .as_deref()
-            .and_then(|n| serde_json::from_str(n).ok())
-            .unwrap_or_default();
-        let policy = net.policy(row.allow_internet, &row.team_id);
-        if !network::egress_allowed(&policy) {
-            return false;
-        }
-        match self
-            .attach_link(&row.id, h, policy, Operation::UpdateNetwork)
-            .await
-        {
-            Ok(()) => true,
-            Err(e) => {
-                // The sandbox keeps running without network (fail closed) rather than being
-                // killed; a PUT /network retries.
-                tracing::error!(sandbox = %row.id, error = &e as &dyn std::error::Error, "could not restore the network link after a restart");
-                false
-            }
+pub(crate) fn detach_link(engine: &Engine, id: &str) {
+    engine.node.detach_network(id);
+}
+
+/// Give a sandbox its link and hand it to the egress proxy (as part of `op`).
+pub(crate) async fn attach_link(
+    engine: &Engine,
+    id: &str,
+    handle: &DriverHandle,
+    policy: bulkhead_egress::NetworkPolicy,
+    op: Operation,
+) -> Result<()> {
+    engine
+        .node
+        .attach_network(id, handle, policy)
+        .await
+        .map_err(EngineError::network(op))
+}
+
+pub(crate) async fn reattach_after_restart(
+    engine: &Engine,
+    row: &SandboxRow,
+    h: &DriverHandle,
+) -> bool {
+    let net: SandboxNetwork = row
+        .network
+        .as_deref()
+        .and_then(|n| serde_json::from_str(n).ok())
+        .unwrap_or_default();
+    let policy = net.policy(row.allow_internet, &row.team_id);
+    if !network::egress_allowed(&policy) {
+        return false;
+    }
+    match attach_link(engine, &row.id, h, policy, Operation::UpdateNetwork).await {
+        Ok(()) => true,
+        Err(e) => {
+            // The sandbox keeps running without network (fail closed) rather than being
+            // killed; a PUT /network retries.
+            tracing::error!(sandbox = %row.id, error = &e as &dyn std::error::Error, "could not restore the network link after a restart");
+            false
         }
     }
 }

@@ -23,28 +23,9 @@ impl Engine {
     /// `POST /sandboxes/{id}/pause`. `memory: false` keeps only the filesystem (a resume boots
     /// afresh on it). A paused sandbox answers 409 (E2B: "already paused").
     pub async fn pause(self: &Arc<Self>, caller: &Caller, id: &str, memory: bool) -> Result<()> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let (id, _) = self.enter(id, Operation::Pause)?;
-        self.pause_entered(id, memory, Operation::Pause).await
-    }
-
-    /// The pause of a sandbox already moved to `pausing` (by [`Self::pause`] or the reaper's
-    /// auto-pause).
-    pub(crate) async fn pause_entered(
-        self: &Arc<Self>,
-        id: &str,
-        memory: bool,
-        op: Operation,
-    ) -> Result<()> {
-        // Running until now: metered at the running rate, the checkpoint from here on.
-        self.meter_one(id).await;
-        let result = self.checkpoint_and_stop(id, memory, op).await;
-        if result.is_err()
-            && self.live.lock().get(id).map(|l| l.state) == Some(SandboxState::Pausing)
-        {
-            self.live.settle(id, SandboxState::Running);
-        }
-        result
+        pause_entered(self, id, memory, Operation::Pause).await
     }
 
     async fn checkpoint_and_stop(
@@ -101,7 +82,7 @@ impl Engine {
         // The driver removed the link inside the sandbox (the device cannot be dumped); the
         // proxy lets go of its end only now, so the device never vanishes under the driver.
         if net_attached {
-            self.detach_link(id);
+            crate::sandbox::network::detach_link(self, id);
         }
         let info = match written {
             Ok(info) => checkpoints::mark_complete(&info)
@@ -175,7 +156,7 @@ impl Engine {
         let alive = self.node.reachable(handle).await;
         if !alive {
             tracing::error!(sandbox = %id, "the sandbox died while being checkpointed");
-            self.finish(id, "died while pausing").await;
+            crate::sandbox::kill::finish(self, id, "died while pausing").await;
             return;
         }
         let _ = self
@@ -189,7 +170,9 @@ impl Engine {
         self.rewatch(id, handle.clone());
         if net_attached {
             let attached = match self.store.get_sandbox(id).await {
-                Ok(Some(row)) => self.reattach_after_restart(&row, handle).await,
+                Ok(Some(row)) => {
+                    crate::sandbox::network::reattach_after_restart(self, &row, handle).await
+                }
                 _ => false,
             };
             if let Some(l) = self.live.lock().get_mut(id) {
@@ -197,4 +180,22 @@ impl Engine {
             }
         }
     }
+}
+
+/// The pause of a sandbox already moved to `pausing` (by [`Engine::pause`] or the reaper's
+/// auto-pause).
+pub(crate) async fn pause_entered(
+    engine: &Arc<Engine>,
+    id: &str,
+    memory: bool,
+    op: Operation,
+) -> Result<()> {
+    // Running until now: metered at the running rate, the checkpoint from here on.
+    crate::background::meter::meter_one(engine, id).await;
+    let result = engine.checkpoint_and_stop(id, memory, op).await;
+    if result.is_err() && engine.live.lock().get(id).map(|l| l.state) == Some(SandboxState::Pausing)
+    {
+        engine.live.settle(id, SandboxState::Running);
+    }
+    result
 }

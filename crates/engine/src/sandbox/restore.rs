@@ -42,9 +42,7 @@ impl Engine {
         } else {
             None
         };
-        match self
-            .init_agent(&handle, init, auth, Operation::Create)
-            .await
+        match crate::sandbox::create::init_agent(self, &handle, init, auth, Operation::Create).await
         {
             Ok(agent) => Ok((handle, agent)),
             Err(e) => {

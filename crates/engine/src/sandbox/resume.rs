@@ -32,8 +32,8 @@ impl Engine {
         id: &str,
         req: ResumeRequest,
     ) -> Result<SandboxInfo> {
-        self.authorize(caller, id).await?;
-        self.admit_resume(caller, id, &req).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
+        crate::tenancy::admit::admit_resume(self, caller, id, &req).await?;
         Ok(self.resume_or_extend(id, Operation::Resume, req).await?.0)
     }
 
@@ -83,7 +83,7 @@ impl Engine {
         req: ResumeRequest,
     ) -> Result<()> {
         // Paused until now: its checkpoint is metered up to here, the running sandbox after.
-        self.meter_one(id).await;
+        crate::background::meter::meter_one(self, id).await;
         let result = self.restore_paused(id, req).await;
         if result.is_err()
             && self.live.lock().get(id).map(|l| l.state) == Some(SandboxState::Resuming)
@@ -118,8 +118,7 @@ impl Engine {
             .get_sandbox(id)
             .await?
             .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
-        let template = self
-            .template(&row.template_id)
+        let template = crate::template::registry::template(self, &row.template_id)
             .ok_or_else(|| EngineError::TemplateNotFound(row.template_id.clone()))?;
         let secs = req.timeout.unwrap_or_else(|| {
             if extra.timeout_ms > 0 {
@@ -188,13 +187,13 @@ impl Engine {
         } else {
             (InitRequest::default(), token.as_deref())
         };
-        let agent = match self
-            .init_agent(&handle, &init, auth, Operation::Resume)
-            .await
-        {
-            Ok(a) => a,
-            Err(e) => return Err(undo(e).await),
-        };
+        let agent =
+            match crate::sandbox::create::init_agent(self, &handle, &init, auth, Operation::Resume)
+                .await
+            {
+                Ok(a) => a,
+                Err(e) => return Err(undo(e).await),
+            };
 
         let end_at = now_ms() + timeout.as_millis() as i64;
         if let Err(e) = self.record_resumed(id, &handle, end_at).await {
@@ -220,7 +219,7 @@ impl Engine {
             return Err(EngineError::SandboxNotFound(id.to_string()));
         }
         self.rewatch(id, handle.clone());
-        let attached = self.reattach_after_restart(&row, &handle).await;
+        let attached = crate::sandbox::network::reattach_after_restart(self, &row, &handle).await;
         if let Some(l) = self.live.lock().get_mut(id) {
             l.net_attached = attached;
         }

@@ -66,7 +66,7 @@ impl Engine {
         name: Option<&str>,
         memory: bool,
     ) -> Result<SnapshotInfo> {
-        self.authorize(caller, id).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
         let name = name.map(bare_name).filter(|n| !n.is_empty());
         if let Some(n) = name {
             self.check_snapshot_name(caller, n)?;
@@ -125,7 +125,9 @@ impl Engine {
     /// built-in, or one its team is building): one name, one thing for the team's creates.
     pub(crate) fn check_snapshot_name(&self, caller: &Caller, name: &str) -> Result<()> {
         validate_name(name)?;
-        if self.template_for(caller, name).is_some() || self.team_build_id(caller, name).is_some() {
+        if self.template_for(caller, name).is_some()
+            || crate::template::builds::team_build_id(self, caller, name).is_some()
+        {
             return Err(EngineError::Conflict(format!(
                 "A template named '{name}' (a snapshot cannot take a template's name: choose \
                  another snapshot name)"
@@ -176,9 +178,11 @@ impl Engine {
         let written = self.node.checkpoint(&handle, dir, opts).await;
         if had_link {
             // The proxy lets go of the old link only after the driver removed it.
-            self.detach_link(id);
+            crate::sandbox::network::detach_link(self, id);
             let attached = match self.store.get_sandbox(id).await {
-                Ok(Some(row)) => self.reattach_after_restart(&row, &handle).await,
+                Ok(Some(row)) => {
+                    crate::sandbox::network::reattach_after_restart(self, &row, &handle).await
+                }
                 _ => false,
             };
             if let Some(l) = self.live.lock().get_mut(id) {
@@ -234,24 +238,9 @@ impl Engine {
         })
     }
 
-    /// The caller's team's snapshot `reference` (id or name, with or without its tag); another
-    /// team's is as unknown as a missing one.
-    pub(crate) async fn team_snapshot(
-        &self,
-        caller: &Caller,
-        reference: &str,
-    ) -> Result<Option<SnapshotRow>> {
-        Ok(self
-            .store
-            .get_snapshot(bare_name(reference))
-            .await?
-            .filter(|r| r.team_id == caller.team_id))
-    }
-
     /// `DELETE /templates/{id}` of a snapshot (by id or name, with or without its tag).
     pub async fn delete_snapshot(&self, caller: &Caller, reference: &str) -> Result<()> {
-        let row = self
-            .team_snapshot(caller, reference)
+        let row = team_snapshot(self, caller, reference)
             .await?
             .ok_or_else(|| EngineError::SnapshotNotFound(reference.to_string()))?;
         self.store.delete_snapshot(&row.id).await?;
@@ -268,11 +257,10 @@ impl Engine {
         caller: &Caller,
         reference: &str,
     ) -> Result<Option<CheckpointSource>> {
-        let Some(row) = self.team_snapshot(caller, reference).await? else {
+        let Some(row) = team_snapshot(self, caller, reference).await? else {
             return Ok(None);
         };
-        let template = self
-            .template(&row.template_id)
+        let template = crate::template::registry::template(self, &row.template_id)
             .ok_or_else(|| EngineError::TemplateNotFound(row.template_id.clone()))?;
         let dir = PathBuf::from(&row.checkpoint_dir);
         let memory = checkpoints::completed(&dir)
@@ -290,4 +278,18 @@ impl Engine {
             access_token: row.envd_access_token,
         }))
     }
+}
+
+/// The caller's team's snapshot `reference` (id or name, with or without its tag); another
+/// team's is as unknown as a missing one.
+pub(crate) async fn team_snapshot(
+    engine: &Engine,
+    caller: &Caller,
+    reference: &str,
+) -> Result<Option<SnapshotRow>> {
+    Ok(engine
+        .store
+        .get_snapshot(bare_name(reference))
+        .await?
+        .filter(|r| r.team_id == caller.team_id))
 }

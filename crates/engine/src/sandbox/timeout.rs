@@ -14,8 +14,8 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 impl Engine {
     /// `POST /sandboxes/{id}/timeout`: end_at = now + timeout (may shorten).
     pub async fn set_timeout(&self, caller: &Caller, id: &str, secs: u64) -> Result<()> {
-        self.authorize(caller, id).await?;
-        self.check_team_timeout(caller, secs).await?;
+        crate::tenancy::admit::authorize(self, caller, id).await?;
+        crate::tenancy::admit::check_team_timeout(self, caller, secs).await?;
         let row = self.running_row(id, Operation::SetTimeout).await?;
         let timeout = self.check_timeout(secs)?;
         let end_at = now_ms() + timeout.as_millis() as i64;

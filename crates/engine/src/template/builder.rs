@@ -222,7 +222,7 @@ impl Engine {
             ..Default::default()
         };
         let ready = async {
-            self.init_agent(&handle, &init, None, Operation::Create)
+            crate::sandbox::create::init_agent(self, &handle, &init, None, Operation::Create)
                 .await
                 .map_err(|e| StepError::AgentStart(Box::new(e)))?;
             if network && self.node.info().egress {
@@ -231,7 +231,7 @@ impl Engine {
                     deny_out: vec!["0.0.0.0/0".into()],
                     ..Default::default()
                 };
-                self.attach_link(&id, &handle, policy, Operation::Create)
+                crate::sandbox::network::attach_link(self, &id, &handle, policy, Operation::Create)
                     .await
                     .map_err(|e| StepError::Network(Box::new(e)))?;
             }
@@ -239,7 +239,7 @@ impl Engine {
         }
         .await;
         if let Err(e) = ready {
-            self.detach_link(&id);
+            crate::sandbox::network::detach_link(self, &id);
             let _ = self.node.stop(&handle).await;
             return Err(e);
         }
@@ -259,7 +259,7 @@ impl Engine {
             .build_sandbox(record, tree, step.kind == StepKind::Run, n)
             .await?;
         let outcome = self.step_in(record, n, &handle, step, state, tree).await;
-        self.detach_link(&id);
+        crate::sandbox::network::detach_link(self, &id);
         if let Err(e) = outcome {
             let _ = self.node.stop(&handle).await;
             return Err(e);
@@ -390,76 +390,76 @@ impl Engine {
             .build_sandbox(record, tree, false, "finalize")
             .await
             .map_err(fin)?;
-        let r = self.start_and_wait_ready(&handle, rt, None).await;
-        self.detach_link(&id);
+        let r = start_and_wait_ready(self, &handle, rt, None).await;
+        crate::sandbox::network::detach_link(self, &id);
         let _ = self.node.stop(&handle).await;
         r.map_err(fin)?;
         record.log("info", Some("finalize"), "[finalize] ready check passed");
         Ok(())
     }
+}
 
-    /// Runs the template's start command in the background (as its user, in its workdir, with
-    /// its env vars) and waits until its ready command exits 0.
-    pub(crate) async fn start_and_wait_ready(
-        &self,
-        handle: &DriverHandle,
-        rt: &TemplateRuntime,
-        access_token: Option<&str>,
-    ) -> Result<(), StepError> {
-        let limit = self.cfg.build_limits.ready_timeout;
-        if let Some(start) = &rt.start_cmd {
-            let script = format!(
-                "setsid -f /bin/bash -l -c {} >/dev/null 2>&1 </dev/null",
-                crate::template::spec::shell_quote(start)
-            );
-            let stream = self.agents.open(handle).await.map_err(StepError::Reach)?;
-            let cmd = Command {
-                script: &script,
-                user: &rt.user,
-                cwd: rt.workdir.as_deref(),
-                envs: &rt.envs,
-                timeout: Duration::from_secs(30),
-                access_token,
-            };
-            let code = crate::template::exec::run(stream, &cmd, &mut |_| {})
-                .await
-                .map_err(StepError::StartCommand)?;
-            if code != 0 {
-                return Err(StepError::StartCommandExit(code));
-            }
-        }
-        let Some(ready) = &rt.ready_cmd else {
-            return Ok(());
+/// Runs the template's start command in the background (as its user, in its workdir, with
+/// its env vars) and waits until its ready command exits 0.
+pub(crate) async fn start_and_wait_ready(
+    engine: &Engine,
+    handle: &DriverHandle,
+    rt: &TemplateRuntime,
+    access_token: Option<&str>,
+) -> Result<(), StepError> {
+    let limit = engine.cfg.build_limits.ready_timeout;
+    if let Some(start) = &rt.start_cmd {
+        let script = format!(
+            "setsid -f /bin/bash -l -c {} >/dev/null 2>&1 </dev/null",
+            crate::template::spec::shell_quote(start)
+        );
+        let stream = engine.agents.open(handle).await.map_err(StepError::Reach)?;
+        let cmd = Command {
+            script: &script,
+            user: &rt.user,
+            cwd: rt.workdir.as_deref(),
+            envs: &rt.envs,
+            timeout: Duration::from_secs(30),
+            access_token,
         };
-        let deadline = Instant::now() + limit;
-        loop {
-            let stream = self.agents.open(handle).await.map_err(StepError::Reach)?;
-            let cmd = Command {
-                script: ready,
-                user: &rt.user,
-                cwd: rt.workdir.as_deref(),
-                envs: &rt.envs,
-                timeout: Duration::from_secs(30),
-                access_token,
-            };
-            let mut out = Vec::new();
-            let code = crate::template::exec::run(stream, &cmd, &mut |l| out.push(l)).await;
-            if matches!(code, Ok(0)) {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(StepError::NotReady {
-                    cmd: ready.clone(),
-                    limit,
-                    output: if out.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", out.join("\n"))
-                    },
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+        let code = crate::template::exec::run(stream, &cmd, &mut |_| {})
+            .await
+            .map_err(StepError::StartCommand)?;
+        if code != 0 {
+            return Err(StepError::StartCommandExit(code));
         }
+    }
+    let Some(ready) = &rt.ready_cmd else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + limit;
+    loop {
+        let stream = engine.agents.open(handle).await.map_err(StepError::Reach)?;
+        let cmd = Command {
+            script: ready,
+            user: &rt.user,
+            cwd: rt.workdir.as_deref(),
+            envs: &rt.envs,
+            timeout: Duration::from_secs(30),
+            access_token,
+        };
+        let mut out = Vec::new();
+        let code = crate::template::exec::run(stream, &cmd, &mut |l| out.push(l)).await;
+        if matches!(code, Ok(0)) {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(StepError::NotReady {
+                cmd: ready.clone(),
+                limit,
+                output: if out.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", out.join("\n"))
+                },
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

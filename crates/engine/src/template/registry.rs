@@ -57,20 +57,6 @@ impl Engine {
         Ok(())
     }
 
-    /// The template under this key, whoever's it is: an id, `id:tag`, or a built-in's alias.
-    /// For a template the engine already holds the id of (a sandbox's, a snapshot's);
-    /// a caller's name goes through [`Engine::template_for`].
-    pub(crate) fn template(&self, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
-        // `name:default` is the bare name; other tags are entries of their own (see
-        // `template_builds`).
-        let name = id_or_alias.strip_suffix(":default").unwrap_or(id_or_alias);
-        self.templates
-            .read()
-            .expect("templates lock")
-            .get(name)
-            .cloned()
-    }
-
     /// What `name` (a name, `name:tag`, an id or `id:tag`) starts for `caller`: the caller's
     /// team's template of that name or id, else a built-in one. Another team's templates are
     /// unknown here, as missing ones are. (Snapshots come after both: `create`.)
@@ -83,18 +69,21 @@ impl Engine {
     pub(crate) fn template_in_team(&self, team_id: &str, name: &str) -> Option<Arc<TemplateInfo>> {
         let (base, tag) = crate::template::builds::split_name(name);
         if let Some(id) = self.team_template_id(team_id, base) {
-            return self.template(&if tag == crate::template::types::DEFAULT_TAG {
-                id
-            } else {
-                format!("{id}:{tag}")
-            });
+            return template(
+                self,
+                &if tag == crate::template::types::DEFAULT_TAG {
+                    id
+                } else {
+                    format!("{id}:{tag}")
+                },
+            );
         }
         self.public_template(name)
     }
 
     /// A built-in template by id or alias (None for a key that names a team's template).
     pub fn public_template(&self, key: &str) -> Option<Arc<TemplateInfo>> {
-        self.template(key).filter(|t| {
+        template(self, key).filter(|t| {
             !self
                 .builds
                 .custom
@@ -117,16 +106,6 @@ impl Engine {
             .collect()
     }
 
-    /// Is `t` what its id starts (so its warm pool holds sandboxes of this tree)? A tag of a
-    /// built template naming an older build is not.
-    pub(crate) fn is_pooled_tree(&self, t: &TemplateInfo) -> bool {
-        self.templates
-            .read()
-            .expect("templates lock")
-            .get(&t.id)
-            .is_some_and(|c| c.content_hash == t.content_hash && c.rootfs == t.rootfs)
-    }
-
     /// Stops the warm pool members of template `id` (its tree changed).
     pub(crate) async fn drain_pool(&self, id: &str) {
         for h in self.node.pool_drain(Some(id)) {
@@ -145,4 +124,30 @@ impl Engine {
         v.sort_by(|a, b| a.id.cmp(&b.id));
         v
     }
+}
+
+/// The template under this key, whoever's it is: an id, `id:tag`, or a built-in's alias.
+/// For a template the engine already holds the id of (a sandbox's, a snapshot's);
+/// a caller's name goes through [`Engine::template_for`].
+pub(crate) fn template(engine: &Engine, id_or_alias: &str) -> Option<Arc<TemplateInfo>> {
+    // `name:default` is the bare name; other tags are entries of their own (see
+    // `template_builds`).
+    let name = id_or_alias.strip_suffix(":default").unwrap_or(id_or_alias);
+    engine
+        .templates
+        .read()
+        .expect("templates lock")
+        .get(name)
+        .cloned()
+}
+
+/// Is `t` what its id starts (so its warm pool holds sandboxes of this tree)? A tag of a
+/// built template naming an older build is not.
+pub(crate) fn is_pooled_tree(engine: &Engine, t: &TemplateInfo) -> bool {
+    engine
+        .templates
+        .read()
+        .expect("templates lock")
+        .get(&t.id)
+        .is_some_and(|c| c.content_hash == t.content_hash && c.rootfs == t.rootfs)
 }

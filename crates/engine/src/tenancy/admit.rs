@@ -15,21 +15,6 @@ use crate::types::Caller;
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 impl Engine {
-    /// Refuses, as not found, a sandbox of another team: to other tenants it does not exist.
-    /// A sandbox this server does not know passes, for the verb to answer its own 404.
-    pub(crate) async fn authorize(&self, caller: &Caller, id: &str) -> Result<()> {
-        let id = ids::normalize_sandbox_id(id);
-        let live = self.live.lock().get(id).map(|l| l.meter.team_id.clone());
-        let team = match live {
-            Some(t) => Some(t),
-            None => self.store.get_sandbox(id).await?.map(|r| r.team_id),
-        };
-        match team {
-            Some(t) if t != caller.team_id => Err(EngineError::SandboxNotFound(id.to_string())),
-            _ => Ok(()),
-        }
-    }
-
     /// The team's sandboxes running now (paused ones hold no CPU or memory).
     pub(crate) fn team_running(&self, team: &str) -> i64 {
         self.live
@@ -38,23 +23,6 @@ impl Engine {
             .filter(|l| l.meter.team_id == team)
             .filter(|l| !matches!(l.state, SandboxState::Paused | SandboxState::Resuming))
             .count() as i64
-    }
-
-    /// Admits a new running sandbox of the caller's team (a create, a fork, a resume): its
-    /// credits, its quotas, then (for creates) its create rate, in that order so a refused
-    /// request never spends a token. The slot counts it as running until it is tracked.
-    pub(crate) async fn admit_team(
-        &self,
-        caller: &Caller,
-        ask: Ask,
-        rate_limited: bool,
-    ) -> Result<CreateSlot> {
-        let r = self.admit_team_inner(caller, ask, rate_limited).await;
-        if let Err(EngineError::Quota(q)) = &r {
-            telemetry::refused(q.limit);
-            tracing::info!(team = %caller.team_id, limit = q.limit.label(), "team limit refused a request");
-        }
-        r
     }
 
     async fn admit_team_inner(
@@ -90,48 +58,80 @@ impl Engine {
         }
         Ok(slot)
     }
+}
 
-    /// A resume (or connect) of a paused sandbox starts it running again: admitted like a
-    /// create (credits, quotas), but not rate limited. A running one only has its TTL checked.
-    pub(crate) async fn admit_resume(
-        &self,
-        caller: &Caller,
-        id: &str,
-        req: &crate::types::ResumeRequest,
-    ) -> Result<()> {
-        let id = ids::normalize_sandbox_id(id);
-        let paused = self
-            .live
-            .lock()
-            .get(id)
-            .filter(|l| l.state == SandboxState::Paused)
-            .map(|l| (l.meter.vcpus, l.meter.memory_mb));
-        let secs = req.timeout.unwrap_or(self.cfg.default_timeout.as_secs());
-        match paused {
-            Some((vcpus, memory_mb)) => {
-                let ask = Ask {
-                    vcpus,
-                    memory_mb,
-                    timeout_secs: secs,
-                };
-                self.admit_team(caller, ask, false).await.map(drop)
-            }
-            None => match req.timeout {
-                Some(s) => self.check_team_timeout(caller, s).await,
-                None => Ok(()),
-            },
+/// A TTL change (set timeout, refresh, connect) checked against the team's longest.
+pub(crate) async fn check_team_timeout(engine: &Engine, caller: &Caller, secs: u64) -> Result<()> {
+    if let Some(row) = engine.store.get_team(&caller.team_id).await? {
+        let r = quota::check_timeout(&row.name, &row.quotas, secs);
+        if let Err(q) = &r {
+            telemetry::refused(q.limit);
         }
+        r?;
     }
+    Ok(())
+}
 
-    /// A TTL change (set timeout, refresh, connect) checked against the team's longest.
-    pub(crate) async fn check_team_timeout(&self, caller: &Caller, secs: u64) -> Result<()> {
-        if let Some(row) = self.store.get_team(&caller.team_id).await? {
-            let r = quota::check_timeout(&row.name, &row.quotas, secs);
-            if let Err(q) = &r {
-                telemetry::refused(q.limit);
-            }
-            r?;
+/// Refuses, as not found, a sandbox of another team: to other tenants it does not exist.
+/// A sandbox this server does not know passes, for the verb to answer its own 404.
+pub(crate) async fn authorize(engine: &Engine, caller: &Caller, id: &str) -> Result<()> {
+    let id = ids::normalize_sandbox_id(id);
+    let live = engine.live.lock().get(id).map(|l| l.meter.team_id.clone());
+    let team = match live {
+        Some(t) => Some(t),
+        None => engine.store.get_sandbox(id).await?.map(|r| r.team_id),
+    };
+    match team {
+        Some(t) if t != caller.team_id => Err(EngineError::SandboxNotFound(id.to_string())),
+        _ => Ok(()),
+    }
+}
+
+/// Admits a new running sandbox of the caller's team (a create, a fork, a resume): its
+/// credits, its quotas, then (for creates) its create rate, in that order so a refused
+/// request never spends a token. The slot counts it as running until it is tracked.
+pub(crate) async fn admit_team(
+    engine: &Engine,
+    caller: &Caller,
+    ask: Ask,
+    rate_limited: bool,
+) -> Result<CreateSlot> {
+    let r = engine.admit_team_inner(caller, ask, rate_limited).await;
+    if let Err(EngineError::Quota(q)) = &r {
+        telemetry::refused(q.limit);
+        tracing::info!(team = %caller.team_id, limit = q.limit.label(), "team limit refused a request");
+    }
+    r
+}
+
+/// A resume (or connect) of a paused sandbox starts it running again: admitted like a
+/// create (credits, quotas), but not rate limited. A running one only has its TTL checked.
+pub(crate) async fn admit_resume(
+    engine: &Engine,
+    caller: &Caller,
+    id: &str,
+    req: &crate::types::ResumeRequest,
+) -> Result<()> {
+    let id = ids::normalize_sandbox_id(id);
+    let paused = engine
+        .live
+        .lock()
+        .get(id)
+        .filter(|l| l.state == SandboxState::Paused)
+        .map(|l| (l.meter.vcpus, l.meter.memory_mb));
+    let secs = req.timeout.unwrap_or(engine.cfg.default_timeout.as_secs());
+    match paused {
+        Some((vcpus, memory_mb)) => {
+            let ask = Ask {
+                vcpus,
+                memory_mb,
+                timeout_secs: secs,
+            };
+            admit_team(engine, caller, ask, false).await.map(drop)
         }
-        Ok(())
+        None => match req.timeout {
+            Some(s) => check_team_timeout(engine, caller, s).await,
+            None => Ok(()),
+        },
     }
 }

@@ -144,75 +144,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Resolve a create request's `volumeMounts` into what the driver mounts, and hold the
-    /// volumes against deletion until the guard is dropped (after the sandbox is recorded).
-    pub(crate) async fn resolve_mounts(
-        self: &Arc<Self>,
-        caller: &Caller,
-        mounts: &[MountRequest],
-    ) -> Result<(Vec<VolumeMount>, Vec<String>, MountGuard)> {
-        let mut guard = MountGuard {
-            engine: self.clone(),
-            ids: Vec::new(),
-        };
-        if mounts.is_empty() {
-            return Ok((Vec::new(), Vec::new(), guard));
-        }
-        let mounts = validate_mounts(mounts)?;
-        let storage = self.storage()?.clone();
-        let mut out = Vec::new();
-        let mut volume_ids = Vec::new();
-        let mut seen = BTreeSet::new();
-        for m in &mounts {
-            let row = self
-                .store
-                .get_volume_by_name(team(caller), &m.name)
-                .await?
-                .ok_or_else(|| VolumeError::NotFound(m.name.clone()))?;
-            if seen.insert(row.id.clone()) {
-                *self
-                    .volumes
-                    .mounting
-                    .lock()
-                    .expect("volumes lock")
-                    .entry(row.id.clone())
-                    .or_insert(0) += 1;
-                guard.ids.push(row.id.clone());
-            }
-            let (s, vid) = (storage.clone(), row.id.clone());
-            let host_dir = tokio::task::spawn_blocking(move || s.root(&vid))
-                .await
-                .expect("volume mount task")
-                .map_err(VolumeError::Storage)?;
-            out.push(VolumeMount {
-                name: row.name.clone(),
-                host_dir,
-                path: m.path.clone(),
-            });
-            volume_ids.push(row.id);
-        }
-        Ok((out, volume_ids, guard))
-    }
-
-    /// Record which volumes a new sandbox mounts.
-    pub(crate) async fn record_mounts(
-        &self,
-        sandbox_id: &str,
-        mounts: &[VolumeMount],
-        volume_ids: &[String],
-    ) -> Result<()> {
-        let rows: Vec<SandboxVolumeRow> = mounts
-            .iter()
-            .zip(volume_ids)
-            .map(|(m, v)| SandboxVolumeRow {
-                sandbox_id: sandbox_id.into(),
-                volume_id: v.clone(),
-                path: m.path.clone(),
-            })
-            .collect();
-        Ok(self.store.insert_sandbox_volumes(&rows).await?)
-    }
-
     /// The volumes a sandbox mounts, by name and path (E2B `SandboxDetail.volumeMounts`).
     pub async fn volume_mounts_of(&self, sandbox_id: &str) -> Result<Vec<MountRequest>> {
         let mut out = Vec::new();
@@ -252,4 +183,73 @@ impl Engine {
         }
         Ok(out)
     }
+}
+
+/// Resolve a create request's `volumeMounts` into what the driver mounts, and hold the
+/// volumes against deletion until the guard is dropped (after the sandbox is recorded).
+pub(crate) async fn resolve_mounts(
+    engine: &Arc<Engine>,
+    caller: &Caller,
+    mounts: &[MountRequest],
+) -> Result<(Vec<VolumeMount>, Vec<String>, MountGuard)> {
+    let mut guard = MountGuard {
+        engine: engine.clone(),
+        ids: Vec::new(),
+    };
+    if mounts.is_empty() {
+        return Ok((Vec::new(), Vec::new(), guard));
+    }
+    let mounts = validate_mounts(mounts)?;
+    let storage = engine.storage()?.clone();
+    let mut out = Vec::new();
+    let mut volume_ids = Vec::new();
+    let mut seen = BTreeSet::new();
+    for m in &mounts {
+        let row = engine
+            .store
+            .get_volume_by_name(team(caller), &m.name)
+            .await?
+            .ok_or_else(|| VolumeError::NotFound(m.name.clone()))?;
+        if seen.insert(row.id.clone()) {
+            *engine
+                .volumes
+                .mounting
+                .lock()
+                .expect("volumes lock")
+                .entry(row.id.clone())
+                .or_insert(0) += 1;
+            guard.ids.push(row.id.clone());
+        }
+        let (s, vid) = (storage.clone(), row.id.clone());
+        let host_dir = tokio::task::spawn_blocking(move || s.root(&vid))
+            .await
+            .expect("volume mount task")
+            .map_err(VolumeError::Storage)?;
+        out.push(VolumeMount {
+            name: row.name.clone(),
+            host_dir,
+            path: m.path.clone(),
+        });
+        volume_ids.push(row.id);
+    }
+    Ok((out, volume_ids, guard))
+}
+
+/// Record which volumes a new sandbox mounts.
+pub(crate) async fn record_mounts(
+    engine: &Engine,
+    sandbox_id: &str,
+    mounts: &[VolumeMount],
+    volume_ids: &[String],
+) -> Result<()> {
+    let rows: Vec<SandboxVolumeRow> = mounts
+        .iter()
+        .zip(volume_ids)
+        .map(|(m, v)| SandboxVolumeRow {
+            sandbox_id: sandbox_id.into(),
+            volume_id: v.clone(),
+            path: m.path.clone(),
+        })
+        .collect();
+    Ok(engine.store.insert_sandbox_volumes(&rows).await?)
 }
