@@ -83,7 +83,7 @@ impl Engine {
     /// `?since=`; another team's is as unknown as a missing one.
     pub(crate) async fn snapshot_dir(&self, caller: &Caller, snapshot: &str) -> Result<PathBuf> {
         let missing = || ChangesError::SnapshotNotFound(snapshot.chars().take(80).collect());
-        let row = crate::sandbox::snapshots::team_snapshot(self, caller, snapshot)
+        let row = crate::template::names::team_snapshot(self, caller, snapshot)
             .await?
             .ok_or_else(missing)?;
         let dir = PathBuf::from(row.checkpoint_dir);

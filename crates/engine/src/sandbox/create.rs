@@ -289,7 +289,7 @@ impl Engine {
             &plan.template.runtime,
             matches!(source, Source::Checkpoint(c) if c.memory),
         ) && (rt.start_cmd.is_some() || rt.ready_cmd.is_some())
-            && let Err(e) = crate::template::builder::start_and_wait_ready(
+            && let Err(e) = crate::template::start::start_and_wait_ready(
                 self,
                 handle,
                 rt,

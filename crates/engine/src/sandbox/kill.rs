@@ -43,7 +43,7 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
     };
     cancel.cancel();
     // Its last partial interval, while it is still in the live set.
-    crate::background::meter::meter_one(engine, id).await;
+    crate::sandbox::metered::meter_one(engine, id).await;
     // Unconditionally (idempotent): a concurrent network update may have attached a link
     // after this sandbox left the live set.
     crate::sandbox::network::detach_link(engine, id);

@@ -12,6 +12,7 @@ pub(crate) mod kill;
 pub mod lifecycle;
 pub(crate) mod live;
 pub(crate) mod lookup;
+pub(crate) mod metered;
 pub(crate) mod metrics;
 pub(crate) mod network;
 pub(crate) mod pause;

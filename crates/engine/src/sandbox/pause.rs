@@ -191,7 +191,7 @@ pub(crate) async fn pause_entered(
     op: Operation,
 ) -> Result<()> {
     // Running until now: metered at the running rate, the checkpoint from here on.
-    crate::background::meter::meter_one(engine, id).await;
+    crate::sandbox::metered::meter_one(engine, id).await;
     let result = engine.checkpoint_and_stop(id, memory, op).await;
     if result.is_err() && engine.live.lock().get(id).map(|l| l.state) == Some(SandboxState::Pausing)
     {

@@ -83,7 +83,7 @@ impl Engine {
         req: ResumeRequest,
     ) -> Result<()> {
         // Paused until now: its checkpoint is metered up to here, the running sandbox after.
-        crate::background::meter::meter_one(self, id).await;
+        crate::sandbox::metered::meter_one(self, id).await;
         let result = self.restore_paused(id, req).await;
         if result.is_err()
             && self.live.lock().get(id).map(|l| l.state) == Some(SandboxState::Resuming)

@@ -24,12 +24,6 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 /// E2B's only tag until tags exist here.
 const TAG: &str = "default";
 
-/// `team/name:tag` → `name` (the part this server keys snapshots by).
-pub(crate) fn bare_name(reference: &str) -> &str {
-    let name = reference.rsplit('/').next().unwrap_or(reference);
-    name.split(':').next().unwrap_or(name)
-}
-
 fn validate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 128
@@ -67,7 +61,9 @@ impl Engine {
         memory: bool,
     ) -> Result<SnapshotInfo> {
         crate::tenancy::admit::authorize(self, caller, id).await?;
-        let name = name.map(bare_name).filter(|n| !n.is_empty());
+        let name = name
+            .map(crate::template::names::bare_name)
+            .filter(|n| !n.is_empty());
         if let Some(n) = name {
             self.check_snapshot_name(caller, n)?;
         }
@@ -126,7 +122,7 @@ impl Engine {
     pub(crate) fn check_snapshot_name(&self, caller: &Caller, name: &str) -> Result<()> {
         validate_name(name)?;
         if self.template_for(caller, name).is_some()
-            || crate::template::builds::team_build_id(self, caller, name).is_some()
+            || crate::template::names::team_build_id(self, caller, name).is_some()
         {
             return Err(EngineError::Conflict(format!(
                 "A template named '{name}' (a snapshot cannot take a template's name: choose \
@@ -222,7 +218,7 @@ impl Engine {
                 .map(|s| ids::normalize_sandbox_id(s).to_string()),
             name: name
                 .filter(|n| !n.is_empty())
-                .map(|n| bare_name(n).to_string()),
+                .map(|n| crate::template::names::bare_name(n).to_string()),
             team_id: Some(caller.team_id.clone()),
         };
         let limit = limit.unwrap_or(100).clamp(1, 100);
@@ -240,7 +236,7 @@ impl Engine {
 
     /// `DELETE /templates/{id}` of a snapshot (by id or name, with or without its tag).
     pub async fn delete_snapshot(&self, caller: &Caller, reference: &str) -> Result<()> {
-        let row = team_snapshot(self, caller, reference)
+        let row = crate::template::names::team_snapshot(self, caller, reference)
             .await?
             .ok_or_else(|| EngineError::SnapshotNotFound(reference.to_string()))?;
         self.store.delete_snapshot(&row.id).await?;
@@ -257,7 +253,8 @@ impl Engine {
         caller: &Caller,
         reference: &str,
     ) -> Result<Option<CheckpointSource>> {
-        let Some(row) = team_snapshot(self, caller, reference).await? else {
+        let Some(row) = crate::template::names::team_snapshot(self, caller, reference).await?
+        else {
             return Ok(None);
         };
         let template = crate::template::registry::template(self, &row.template_id)
@@ -278,18 +275,4 @@ impl Engine {
             access_token: row.envd_access_token,
         }))
     }
-}
-
-/// The caller's team's snapshot `reference` (id or name, with or without its tag); another
-/// team's is as unknown as a missing one.
-pub(crate) async fn team_snapshot(
-    engine: &Engine,
-    caller: &Caller,
-    reference: &str,
-) -> Result<Option<SnapshotRow>> {
-    Ok(engine
-        .store
-        .get_snapshot(bare_name(reference))
-        .await?
-        .filter(|r| r.team_id == caller.team_id))
 }

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bulkhead_envd::rest::InitRequest;
 use bulkhead_images::LayerStore;
@@ -390,76 +390,12 @@ impl Engine {
             .build_sandbox(record, tree, false, "finalize")
             .await
             .map_err(fin)?;
-        let r = start_and_wait_ready(self, &handle, rt, None).await;
+        let r = crate::template::start::start_and_wait_ready(self, &handle, rt, None).await;
         crate::sandbox::network::detach_link(self, &id);
         let _ = self.node.stop(&handle).await;
         r.map_err(fin)?;
         record.log("info", Some("finalize"), "[finalize] ready check passed");
         Ok(())
-    }
-}
-
-/// Runs the template's start command in the background (as its user, in its workdir, with
-/// its env vars) and waits until its ready command exits 0.
-pub(crate) async fn start_and_wait_ready(
-    engine: &Engine,
-    handle: &DriverHandle,
-    rt: &TemplateRuntime,
-    access_token: Option<&str>,
-) -> Result<(), StepError> {
-    let limit = engine.cfg.build_limits.ready_timeout;
-    if let Some(start) = &rt.start_cmd {
-        let script = format!(
-            "setsid -f /bin/bash -l -c {} >/dev/null 2>&1 </dev/null",
-            crate::template::spec::shell_quote(start)
-        );
-        let stream = engine.agents.open(handle).await.map_err(StepError::Reach)?;
-        let cmd = Command {
-            script: &script,
-            user: &rt.user,
-            cwd: rt.workdir.as_deref(),
-            envs: &rt.envs,
-            timeout: Duration::from_secs(30),
-            access_token,
-        };
-        let code = crate::template::exec::run(stream, &cmd, &mut |_| {})
-            .await
-            .map_err(StepError::StartCommand)?;
-        if code != 0 {
-            return Err(StepError::StartCommandExit(code));
-        }
-    }
-    let Some(ready) = &rt.ready_cmd else {
-        return Ok(());
-    };
-    let deadline = Instant::now() + limit;
-    loop {
-        let stream = engine.agents.open(handle).await.map_err(StepError::Reach)?;
-        let cmd = Command {
-            script: ready,
-            user: &rt.user,
-            cwd: rt.workdir.as_deref(),
-            envs: &rt.envs,
-            timeout: Duration::from_secs(30),
-            access_token,
-        };
-        let mut out = Vec::new();
-        let code = crate::template::exec::run(stream, &cmd, &mut |l| out.push(l)).await;
-        if matches!(code, Ok(0)) {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(StepError::NotReady {
-                cmd: ready.clone(),
-                limit,
-                output: if out.is_empty() {
-                    String::new()
-                } else {
-                    format!(": {}", out.join("\n"))
-                },
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -8,6 +8,8 @@ pub(crate) mod builder;
 pub mod builds;
 pub(crate) mod exec;
 pub(crate) mod image;
+pub(crate) mod names;
 pub(crate) mod registry;
 pub mod spec;
+pub(crate) mod start;
 pub(crate) mod types;

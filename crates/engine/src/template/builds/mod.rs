@@ -162,7 +162,7 @@ impl Engine {
         // (two first builds must not make two templates of one name).
         let template_id = self
             .team_template_id(&caller.team_id, name)
-            .or_else(|| team_build_id(self, caller, name))
+            .or_else(|| crate::template::names::team_build_id(self, caller, name))
             .unwrap_or_else(ids::template_id);
         let cpu_count = req.cpu_count.unwrap_or(2).clamp(1, 64);
         let memory_mb = req.memory_mb.unwrap_or(1024).clamp(128, 65536);
@@ -201,7 +201,7 @@ impl Engine {
 
     /// Refuses a template name that is one of the caller's team's snapshots (409).
     async fn check_not_snapshot(&self, caller: &Caller, name: &str) -> Result<()> {
-        let snapshot = crate::sandbox::snapshots::team_snapshot(self, caller, name)
+        let snapshot = crate::template::names::team_snapshot(self, caller, name)
             .await?
             .filter(|s| s.name.as_deref() == Some(name));
         if snapshot.is_some() {
@@ -705,26 +705,6 @@ impl Engine {
         self.store.delete_template(&t.id).await?;
         Ok(())
     }
-}
-
-/// The template id of a build of the caller's team's template `name` that is requested
-/// or running (its name is taken even before the first build finishes).
-pub(crate) fn team_build_id(engine: &Engine, caller: &Caller, name: &str) -> Option<String> {
-    engine
-        .builds
-        .builds
-        .lock()
-        .expect("builds")
-        .values()
-        .find(|b| {
-            b.team_id == caller.team_id
-                && b.name == name
-                && matches!(
-                    b.state.lock().expect("build state").status,
-                    BuildStatus::Waiting | BuildStatus::Building
-                )
-        })
-        .map(|b| b.template_id.clone())
 }
 
 /// Why an upload is not a build-context archive.
