@@ -19,8 +19,6 @@ use bulkhead_envd::rest::{
 };
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 
 use crate::error::ToolError;
 
@@ -62,27 +60,20 @@ impl Sandbox<'_> {
     ) -> Result<Answer> {
         let work = async {
             let stream = self.engine.agent_stream(self.id).await?;
-            let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|e| self.agent_error(what, e.to_string()))?;
-            let conn_task = tokio::spawn(async move {
-                let _ = conn.await;
-            });
             let mut req = req
-                .header(http::header::HOST, "agent")
                 .header(HEADER_SANDBOX_ID, self.id)
                 .header(HEADER_SANDBOX_PORT, port);
             if let Some(token) = self.access_token {
                 req = req.header(HEADER_ACCESS_TOKEN, token);
             }
-            let mut req = req
+            let req = req
                 .body(Full::new(body))
                 .map_err(|e| self.agent_error(what, e.to_string()))?;
-            bulkhead_engine::agent_client::add_request_id(req.headers_mut());
-            let resp = sender
-                .send_request(req)
+            // The engine's client: `Host`, the request id, and the connection driven until the
+            // answer's body is read.
+            let resp = bulkhead_engine::agent_client::send(stream, req)
                 .await
-                .map_err(|e| self.agent_error(what, e.to_string()))?;
+                .map_err(|e| self.agent_error(what, bulkhead_common::error_chain(&e)))?;
             let status = resp.status();
             let body = resp
                 .into_body()
@@ -90,7 +81,6 @@ impl Sandbox<'_> {
                 .await
                 .map_err(|e| self.agent_error(what, e.to_string()))?
                 .to_bytes();
-            conn_task.abort();
             Ok(Answer { status, body })
         };
         tokio::time::timeout(limit, work)
