@@ -88,7 +88,7 @@ impl Engine {
                     if let Some(dir) = &checkpoint {
                         checkpoints::remove(dir);
                     }
-                    if self.node.info().capabilities.freeze
+                    if self.node.capabilities().freeze
                         && let Err(e) = self.node.thaw(&h).await
                     {
                         tracing::warn!(sandbox = %row.id, error = &e as &dyn std::error::Error, "could not thaw a sandbox found after an interrupted pause");

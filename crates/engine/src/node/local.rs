@@ -12,13 +12,13 @@ use bulkhead_envd::rest::InitRequest;
 use crate::error::NetworkError;
 use crate::node::agent_client;
 use crate::node::driver::{
-    AgentStream, ChangeSource, CheckpointInfo, CheckpointOptions, Driver, DriverError,
-    DriverHandle, FileChange, ResourceUsage, RestoreOptions, SandboxSpec,
+    AgentStream, Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, Driver,
+    DriverError, DriverHandle, FileChange, ResourceUsage, RestoreOptions, SandboxSpec,
 };
 use crate::node::link::Links;
 use crate::node::network::{EgressControl, StoreAuditSink};
 use crate::node::pools::Pools;
-use crate::node::{AgentCallError, AgentPath, Node, NodeInfo};
+use crate::node::{AgentCallError, AgentPath, Node};
 
 pub struct LocalNode {
     driver: Arc<dyn Driver>,
@@ -44,13 +44,20 @@ impl LocalNode {
 
 #[async_trait]
 impl Node for LocalNode {
-    fn info(&self) -> NodeInfo {
-        NodeInfo {
-            driver: self.driver.name().to_string(),
-            capabilities: self.driver.capabilities(),
-            egress: self.links.has_egress(),
-            checkpoint_key: self.driver.checkpoint_key(),
-        }
+    fn driver_name(&self) -> String {
+        self.driver.name().to_string()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.driver.capabilities()
+    }
+
+    fn has_egress(&self) -> bool {
+        self.links.has_egress()
+    }
+
+    fn checkpoint_key(&self) -> Option<String> {
+        self.driver.checkpoint_key()
     }
 
     fn owns(&self, handle: &DriverHandle) -> bool {

@@ -22,7 +22,6 @@ use std::path::Path;
 use async_trait::async_trait;
 use bulkhead_envd::protocol::AgentInfo;
 use bulkhead_envd::rest::InitRequest;
-use serde::{Deserialize, Serialize};
 
 use crate::error::NetworkError;
 use agent_client::AgentClientError;
@@ -31,18 +30,6 @@ use driver::{
     DriverHandle, FileChange, ResourceUsage, RestoreOptions, SandboxSpec,
 };
 pub use local::LocalNode;
-
-/// What a node is and can do, as the control plane sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Its driver's name (`jail`, `microvm`, `fake`).
-    pub driver: String,
-    pub capabilities: Capabilities,
-    /// It runs an egress proxy: sandboxes on it may be given network access.
-    pub egress: bool,
-    /// What a memory checkpoint written on it depends on (see `Driver::checkpoint_key`).
-    pub checkpoint_key: Option<String>,
-}
 
 /// How a call to a sandbox's agent failed: the node could not reach it, or it answered badly.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +44,14 @@ pub enum AgentCallError {
 /// (plain data the store keeps) or its id; nothing crosses that holds a lock or a descriptor.
 #[async_trait]
 pub trait Node: Send + Sync + 'static {
-    fn info(&self) -> NodeInfo;
+    /// Its driver's name (`jail`, `microvm`, `fake`).
+    fn driver_name(&self) -> String;
+    fn capabilities(&self) -> Capabilities;
+    /// It runs an egress proxy (sandboxes on it may have network access).
+    fn has_egress(&self) -> bool;
+    /// What a memory checkpoint written on it depends on (computed once; see
+    /// `Driver::checkpoint_key`).
+    fn checkpoint_key(&self) -> Option<String>;
     /// Did this node make `handle` (may it adopt, reach or stop it)?
     fn owns(&self, handle: &DriverHandle) -> bool;
 

@@ -240,14 +240,10 @@ impl Engine {
 
     /// The name of `t`'s warm checkpoint directory: a hash of everything the image depends on.
     fn gold_key(&self, t: &TemplateInfo) -> Result<String, PoolSourceError> {
-        if !self.node.info().capabilities.checkpoint {
+        if !self.node.capabilities().checkpoint {
             return Err(PoolSourceError::NotCapable);
         }
-        let driver_key = self
-            .node
-            .info()
-            .checkpoint_key
-            .ok_or(PoolSourceError::NoKey)?;
+        let driver_key = self.node.checkpoint_key().ok_or(PoolSourceError::NoKey)?;
         let mut h = Sha256::new();
         for part in [
             t.id.as_str(),
@@ -285,7 +281,7 @@ impl Engine {
                 "template": t.id,
                 "content_hash": t.content_hash,
                 "rootfs": t.rootfs,
-                "driver_key": self.node.info().checkpoint_key,
+                "driver_key": self.node.checkpoint_key(),
             });
             std::fs::write(
                 dir.join(SOURCE_FILE),

@@ -30,7 +30,7 @@ impl Engine {
         policy
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("Invalid network config: {e}")))?;
-        if network::egress_allowed(&policy) && !self.node.info().egress {
+        if network::egress_allowed(&policy) && !self.node.has_egress() {
             return Err(EngineError::BadRequest(
                 "This server has no egress proxy, so sandboxes cannot have network access: \
                  leave allow_internet_access and network.allowOut unset"

@@ -34,9 +34,9 @@ impl Engine {
         memory: bool,
         op: Operation,
     ) -> Result<()> {
-        if !self.node.info().capabilities.checkpoint {
+        if !self.node.capabilities().checkpoint {
             return Err(EngineError::NotCapable {
-                driver: self.node.info().driver,
+                driver: self.node.driver_name(),
                 op,
             });
         }

@@ -20,9 +20,9 @@ impl Engine {
         c: &CheckpointSource,
         init: &InitRequest,
     ) -> Result<(DriverHandle, AgentInfo)> {
-        if !self.node.info().capabilities.checkpoint {
+        if !self.node.capabilities().checkpoint {
             return Err(EngineError::NotCapable {
-                driver: self.node.info().driver,
+                driver: self.node.driver_name(),
                 op: Operation::Create,
             });
         }

@@ -156,9 +156,9 @@ impl Engine {
             return Ok(info);
         }
         let handle = handle.ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
-        if !self.node.info().capabilities.snapshot {
+        if !self.node.capabilities().snapshot {
             return Err(EngineError::NotCapable {
-                driver: self.node.info().driver,
+                driver: self.node.driver_name(),
                 op,
             });
         }

@@ -225,7 +225,7 @@ impl Engine {
             crate::sandbox::create::init_agent(self, &handle, &init, None, Operation::Create)
                 .await
                 .map_err(|e| StepError::AgentStart(Box::new(e)))?;
-            if network && self.node.info().egress {
+            if network && self.node.has_egress() {
                 let policy = bulkhead_egress::NetworkPolicy {
                     allow_out: self.cfg.build_limits.allow_out.clone(),
                     deny_out: vec!["0.0.0.0/0".into()],
