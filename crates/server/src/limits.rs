@@ -191,17 +191,29 @@ impl Gate {
     }
 
     /// Decides for a connection from `ip`. IPv4-mapped IPv6 addresses count as their IPv4
-    /// address, so a dual-stack listener cannot be used to double the per-address cap.
+    /// address, so a dual-stack listener cannot be used to double the per-address cap. With
+    /// every slot taken, the oldest reserve connection still being checked gives its slot to
+    /// this one: a connection that has shown nothing yet holds no claim over a newer one, and
+    /// a flood that fills the reserve cannot shut out a client that would qualify.
     pub fn admit(&self, ip: IpAddr) -> Admission {
         let ip = ip.to_canonical();
+        match self.try_admit(ip) {
+            Err(Refusal::Full) if self.evict_oldest() => {
+                self.try_admit(ip).unwrap_or_else(Admission::Refused)
+            }
+            r => r.unwrap_or_else(Admission::Refused),
+        }
+    }
+
+    fn try_admit(&self, ip: IpAddr) -> Result<Admission, Refusal> {
         let l = &self.limits;
         let mut c = lock(&self.counts);
         let from_ip = c.per_ip.get(&ip).copied().unwrap_or(0);
         if l.max_per_ip > 0 && from_ip >= l.max_per_ip {
-            return Admission::Refused(Refusal::PerAddress);
+            return Err(Refusal::PerAddress);
         }
         if c.total >= l.max {
-            return Admission::Refused(Refusal::Full);
+            return Err(Refusal::Full);
         }
         let in_reserve = c.total >= l.max - l.reserved;
         c.total += 1;
@@ -211,10 +223,25 @@ impl Gate {
             counts: self.counts.clone(),
             ip,
         };
-        if in_reserve {
+        Ok(if in_reserve {
             Admission::Reserve(slot)
         } else {
             Admission::Open(slot)
+        })
+    }
+
+    /// Takes the slot of the oldest reserve connection being checked and tells it to give
+    /// up. False when none is being checked.
+    fn evict_oldest(&self) -> bool {
+        // Popped under the probes lock, dropped after it: a slot's drop takes the counts lock,
+        // and `try_admit` holds that one alone.
+        let oldest = lock(&self.probes).waiting.pop_front();
+        match oldest {
+            Some(entry) => {
+                entry.evict();
+                true
+            }
+            None => false,
         }
     }
 
@@ -223,20 +250,32 @@ impl Gate {
         lock(&self.counts).total
     }
 
-    /// Registers a reserve connection being checked. When `max_probing` are already being
-    /// checked the oldest is told to give up (its receiver fires), so a flood of silent
+    /// Registers a reserve connection being checked; the probe holds its slot until
+    /// [`Probe::finish`]. When `max_probing` are already being checked the oldest is told to
+    /// give up (its receiver fires) and its slot is freed at once, so a flood of silent
     /// connections keeps cycling through the probe instead of holding it.
-    pub fn start_probe(&self) -> Probe {
+    pub fn start_probe(&self, slot: Slot) -> Probe {
         let (tx, rx) = oneshot::channel();
-        let mut p = lock(&self.probes);
-        while p.waiting.len() >= self.limits.max_probing {
-            if let Some((_, evict)) = p.waiting.pop_front() {
-                let _ = evict.send(());
+        let mut evicted = Vec::new();
+        let id = {
+            let mut p = lock(&self.probes);
+            while p.waiting.len() >= self.limits.max_probing {
+                match p.waiting.pop_front() {
+                    Some(entry) => evicted.push(entry),
+                    None => break,
+                }
             }
-        }
-        p.next += 1;
-        let id = p.next;
-        p.waiting.push_back((id, tx));
+            p.next += 1;
+            let id = p.next;
+            p.waiting.push_back(Waiting {
+                id,
+                evict: tx,
+                slot,
+            });
+            id
+        };
+        // After the probes lock: freeing a slot takes the counts lock.
+        evicted.into_iter().for_each(Waiting::evict);
         Probe {
             probes: self.probes.clone(),
             id,
@@ -248,24 +287,52 @@ impl Gate {
 #[derive(Debug, Default)]
 struct Probes {
     next: u64,
-    waiting: VecDeque<(u64, oneshot::Sender<()>)>,
+    waiting: VecDeque<Waiting>,
 }
 
-/// A reserve connection being checked; dropping it ends the check.
+/// A reserve connection in the eviction queue, with the slot it holds.
+#[derive(Debug)]
+struct Waiting {
+    id: u64,
+    evict: oneshot::Sender<()>,
+    slot: Slot,
+}
+
+impl Waiting {
+    /// Frees the slot now and tells the connection to close.
+    fn evict(self) {
+        drop(self.slot);
+        let _ = self.evict.send(());
+    }
+}
+
+/// A reserve connection being checked; dropping it ends the check and frees its slot.
 #[derive(Debug)]
 pub struct Probe {
     probes: Arc<Mutex<Probes>>,
     id: u64,
-    /// Fires when a newer probe took this one's place.
+    /// Fires when a newer connection took this one's place (its slot is gone by then).
     pub evicted: oneshot::Receiver<()>,
+}
+
+impl Probe {
+    /// Ends the check: the slot back, or None when the connection was evicted meanwhile
+    /// (then it must close: its slot is someone else's).
+    pub fn finish(self) -> Option<Slot> {
+        self.take()
+    }
+
+    fn take(&self) -> Option<Slot> {
+        let mut p = lock(&self.probes);
+        let i = p.waiting.iter().position(|w| w.id == self.id)?;
+        p.waiting.remove(i).map(|w| w.slot)
+    }
 }
 
 impl Drop for Probe {
     fn drop(&mut self) {
-        let mut p = lock(&self.probes);
-        if let Some(i) = p.waiting.iter().position(|(id, _)| *id == self.id) {
-            p.waiting.remove(i);
-        }
+        // Outside the probes lock (see `start_probe`).
+        drop(self.take());
     }
 }
 
@@ -384,22 +451,81 @@ mod tests {
         assert!(matches!(gate.admit(ip(7)), Admission::Open(_)));
     }
 
+    fn reserve(gate: &Gate, n: u8) -> Slot {
+        match gate.admit(ip(n)) {
+            Admission::Reserve(s) => s,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
-    fn a_new_probe_evicts_the_oldest_beyond_the_limit() {
+    fn a_new_probe_evicts_the_oldest_beyond_the_limit_and_frees_its_slot() {
         // 16 reserved: 4 probes at once.
         let gate = Gate::new(limits(64, 0, 16));
-        let mut probes: Vec<_> = (0..4).map(|_| gate.start_probe()).collect();
+        let _open: Vec<_> = (0..48).map(|n| gate.admit(ip(n + 1))).collect();
+        let mut probes: Vec<_> = (0..4)
+            .map(|n| gate.start_probe(reserve(&gate, n + 100)))
+            .collect();
         for p in &mut probes {
             assert!(p.evicted.try_recv().is_err());
         }
-        let _newer = gate.start_probe();
+        assert_eq!(gate.open(), 52);
+        let _newer = gate.start_probe(reserve(&gate, 110));
         assert!(probes[0].evicted.try_recv().is_ok(), "the oldest gives way");
         assert!(probes[1].evicted.try_recv().is_err());
-        // A finished probe frees its place without evicting anyone.
-        probes.remove(1);
-        let _another = gate.start_probe();
-        for p in &mut probes[1..] {
+        // Its slot went with the eviction, before its connection closed.
+        assert_eq!(gate.open(), 52);
+        assert!(
+            probes.remove(0).finish().is_none(),
+            "an evicted probe has no slot"
+        );
+        // A finished probe frees its place in the queue without evicting anyone, and keeps
+        // its slot for the connection it passes.
+        let passed = probes.remove(0).finish().expect("not evicted");
+        let _another = gate.start_probe(reserve(&gate, 111));
+        for p in &mut probes {
             assert!(p.evicted.try_recv().is_err());
         }
+        assert_eq!(gate.open(), 53);
+        drop(passed);
+        assert_eq!(gate.open(), 52);
+        // A probe dropped unfinished (its task ended) frees its slot.
+        drop(probes);
+        assert_eq!(gate.open(), 50);
+    }
+
+    #[test]
+    fn a_full_gate_gives_the_oldest_probes_slot_to_a_newcomer() {
+        let gate = Gate::new(limits(64, 0, 16));
+        let _open: Vec<_> = (0..48).map(|n| gate.admit(ip(n + 1))).collect();
+        // 12 reserve connections that qualified, 4 still showing nothing.
+        let passed: Vec<_> = (0..12)
+            .map(|n| {
+                gate.start_probe(reserve(&gate, n + 100))
+                    .finish()
+                    .expect("not evicted")
+            })
+            .collect();
+        let mut silent: Vec<_> = (0..4)
+            .map(|n| gate.start_probe(reserve(&gate, n + 120)))
+            .collect();
+        assert_eq!(gate.open(), 64);
+        // Full: the newcomer takes the oldest silent connection's slot instead of a refusal.
+        let newcomer = reserve(&gate, 200);
+        assert!(silent[0].evicted.try_recv().is_ok());
+        assert!(silent[1].evicted.try_recv().is_err());
+        assert_eq!(gate.open(), 64);
+        let newcomer = gate.start_probe(newcomer).finish().expect("not evicted");
+        // Every slot held by a connection that qualified (or below the reserve): refused.
+        drop(silent);
+        let _more: Vec<_> = (0..3)
+            .map(|n| gate.start_probe(reserve(&gate, n + 140)).finish())
+            .collect();
+        assert_eq!(gate.open(), 64);
+        assert!(matches!(
+            gate.admit(ip(201)),
+            Admission::Refused(Refusal::Full)
+        ));
+        drop((passed, newcomer));
     }
 }

@@ -87,7 +87,7 @@ pub async fn serve(
                 ));
             }
             Admission::Reserve(slot) => {
-                let probe = gate.start_probe();
+                let probe = gate.start_probe(slot);
                 let (router, builder, vouch, limits, stop) = (
                     router.clone(),
                     builder.clone(),
@@ -103,10 +103,11 @@ pub async fn serve(
                     };
                     // A complete head no longer waits on the client: it leaves the eviction
                     // queue before its key is looked up (a store read that a flood of new
-                    // connections must not be able to cut short).
-                    drop(probe);
-                    let verdict = match head {
-                        Some((claims, len)) => {
+                    // connections must not be able to cut short). No slot back: evicted
+                    // meanwhile, its place is another connection's.
+                    let slot = probe.finish();
+                    let verdict = match (head, &slot) {
+                        (Some((claims, len)), Some(_)) => {
                             match tokio::time::timeout(
                                 limits.probe_timeout,
                                 probe::qualifies(&claims, &*vouch),
@@ -118,14 +119,14 @@ pub async fn serve(
                                 Err(_) => Verdict::Silent,
                             }
                         }
-                        None => Verdict::Silent,
+                        _ => Verdict::Silent,
                     };
-                    match verdict {
-                        Verdict::Passed => {
+                    match (verdict, slot) {
+                        (Verdict::Passed, Some(slot)) => {
                             connection(stream, peer, slot, router, builder, limits, stop, drain)
                                 .await
                         }
-                        Verdict::Refused(head) => {
+                        (Verdict::Refused(head), _) => {
                             // Take the peeked head off the socket first: closing with unread
                             // data sends a reset, which can discard the answer at the client.
                             // One small write into an empty send buffer; if it does not fit,
@@ -134,7 +135,7 @@ pub async fn serve(
                             let _ = stream.try_write(probe::REFUSED_RESPONSE);
                             drop(stream);
                         }
-                        Verdict::Silent => reset(stream),
+                        _ => reset(stream),
                     }
                 });
             }
