@@ -28,7 +28,11 @@ pub enum ImageError {
         "Cannot reach the Debian mirror {mirror} ({reason}): check the network or proxy, or \
          configure a reachable mirror (URIs: in /etc/apt/sources.list.d/debian.sources)"
     )]
-    MirrorUnreachable { mirror: String, reason: String },
+    MirrorUnreachable {
+        mirror: String,
+        /// Not a `#[source]`: the message already carries it, in the middle.
+        reason: crate::mirror::ProbeError,
+    },
     #[error("{tool} failed ({status}) building suite {suite}; last output:\n{tail}")]
     Bootstrap {
         tool: String,

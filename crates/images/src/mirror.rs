@@ -9,6 +9,44 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use crate::error::{ImageError, Result};
 use crate::progress::Progress;
 
+/// Why a mirror did not answer the probe; the text is the `reason` of
+/// [`ImageError::MirrorUnreachable`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("no answer within 15 s")]
+    Timeout,
+    #[error("{0:?} is not a URL")]
+    NotAUrl(String),
+    #[error("{} does not exist", .0.display())]
+    NoSuite(std::path::PathBuf),
+    #[error("unsupported URL scheme {0:?}")]
+    Scheme(String),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot send a request to {addr}: {source}")]
+    Send {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no HTTP answer from {addr}: {source}")]
+    NoAnswer {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not an HTTP answer from {addr}: {line:?}")]
+    NotHttp { addr: String, line: String },
+    #[error("suite {suite} not found (HTTP 404 for {path})")]
+    SuiteNotFound { suite: String, path: String },
+    #[error("HTTP {status} for {path}")]
+    Status { status: u16, path: String },
+}
+
 /// Used when the host's APT sources have no entry for the suite (e.g. a non-Debian host).
 pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 
@@ -87,10 +125,10 @@ pub(crate) fn parse_sources_list(text: &str, suite: &str) -> Option<String> {
 
 /// Checks that `<mirror>/dists/<suite>/InRelease` answers, so an unreachable mirror fails in
 /// seconds with a clear message instead of after the tool's retries. Honours `http_proxy`.
-pub(crate) async fn probe_mirror(mirror: &str, suite: &str) -> std::result::Result<(), String> {
+pub(crate) async fn probe_mirror(mirror: &str, suite: &str) -> std::result::Result<(), ProbeError> {
     match tokio::time::timeout(Duration::from_secs(15), probe_inner(mirror, suite)).await {
         Ok(r) => r,
-        Err(_) => Err("no answer within 15 s".to_owned()),
+        Err(_) => Err(ProbeError::Timeout),
     }
 }
 
@@ -105,16 +143,16 @@ pub(crate) async fn check(mirror: &str, suite: &str, progress: &dyn Progress) ->
         })
 }
 
-async fn probe_inner(mirror: &str, suite: &str) -> std::result::Result<(), String> {
+async fn probe_inner(mirror: &str, suite: &str) -> std::result::Result<(), ProbeError> {
     let (scheme, rest) = mirror
         .split_once("://")
-        .ok_or_else(|| format!("{mirror:?} is not a URL"))?;
+        .ok_or_else(|| ProbeError::NotAUrl(mirror.to_owned()))?;
     if scheme == "file" {
         let p = Path::new(rest).join("dists").join(suite);
         return if p.is_dir() {
             Ok(())
         } else {
-            Err(format!("{} does not exist", p.display()))
+            Err(ProbeError::NoSuite(p))
         };
     }
     let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
@@ -122,7 +160,7 @@ async fn probe_inner(mirror: &str, suite: &str) -> std::result::Result<(), Strin
     let default_port = match scheme {
         "http" => 80,
         "https" => 443,
-        other => return Err(format!("unsupported URL scheme {other:?}")),
+        other => return Err(ProbeError::Scheme(other.to_owned())),
     };
     let host = host_of(authority);
     let target_addr = with_port(authority, default_port);
@@ -147,7 +185,10 @@ async fn probe_inner(mirror: &str, suite: &str) -> std::result::Result<(), Strin
         }
         tokio::net::TcpStream::connect(&target_addr)
             .await
-            .map_err(|e| format!("cannot connect to {target_addr}: {e}"))?;
+            .map_err(|source| ProbeError::Connect {
+                addr: target_addr.clone(),
+                source,
+            })?;
         return Ok(());
     }
 
@@ -161,7 +202,10 @@ async fn probe_inner(mirror: &str, suite: &str) -> std::result::Result<(), Strin
     };
     let mut stream = tokio::net::TcpStream::connect(&connect_to)
         .await
-        .map_err(|e| format!("cannot connect to {connect_to}: {e}"))?;
+        .map_err(|source| ProbeError::Connect {
+            addr: connect_to.clone(),
+            source,
+        })?;
     let request = format!(
         "HEAD {request_target} HTTP/1.1\r\nHost: {authority}\r\nUser-Agent: bulkhead-images\r\n\
          Connection: close\r\n\r\n"
@@ -169,22 +213,37 @@ async fn probe_inner(mirror: &str, suite: &str) -> std::result::Result<(), Strin
     stream
         .write_all(request.as_bytes())
         .await
-        .map_err(|e| format!("cannot send a request to {connect_to}: {e}"))?;
+        .map_err(|source| ProbeError::Send {
+            addr: connect_to.clone(),
+            source,
+        })?;
     let mut reader = BufReader::new(stream);
     let mut status_line = String::new();
     reader
         .read_line(&mut status_line)
         .await
-        .map_err(|e| format!("no HTTP answer from {connect_to}: {e}"))?;
+        .map_err(|source| ProbeError::NoAnswer {
+            addr: connect_to.clone(),
+            source,
+        })?;
     let code: u16 = status_line
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("not an HTTP answer from {connect_to}: {status_line:?}"))?;
+        .ok_or_else(|| ProbeError::NotHttp {
+            addr: connect_to.clone(),
+            line: status_line.clone(),
+        })?;
     match code {
         200..=399 => Ok(()),
-        404 => Err(format!("suite {suite} not found (HTTP 404 for {url_path})")),
-        other => Err(format!("HTTP {other} for {url_path}")),
+        404 => Err(ProbeError::SuiteNotFound {
+            suite: suite.to_owned(),
+            path: url_path,
+        }),
+        status => Err(ProbeError::Status {
+            status,
+            path: url_path,
+        }),
     }
 }
 
@@ -295,10 +354,19 @@ deb http://other/debian bookworm-updates main
         let err = probe_mirror("http://127.0.0.1:9/debian", "bookworm")
             .await
             .unwrap_err();
-        assert!(err.contains("cannot connect"), "{err}");
+        assert!(matches!(err, ProbeError::Connect { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("cannot connect to 127.0.0.1:9: "),
+            "{err}"
+        );
         let err = probe_mirror("ftp://x/debian", "bookworm")
             .await
             .unwrap_err();
-        assert!(err.contains("unsupported"), "{err}");
+        assert_eq!(err.to_string(), r#"unsupported URL scheme "ftp""#);
+        let err = probe_mirror("deb.debian.org", "bookworm")
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), r#""deb.debian.org" is not a URL"#);
     }
 }

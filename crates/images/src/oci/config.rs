@@ -16,6 +16,17 @@ use super::policy::{
     ConnectPolicy, HostPattern, PUBLIC_REGISTRIES, normalize_host, split_authority,
 };
 
+/// Why a `--registry-mirror` value is not `REGISTRY=URL`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MirrorSpecError {
+    #[error("{0:?}: expected REGISTRY=URL, e.g. docker.io=https://mirror.example")]
+    Shape(String),
+    #[error("{0:?}: the URL must start with http:// or https://")]
+    Scheme(String),
+    #[error("{0:?}: give the endpoint as scheme://host[:port] without a path")]
+    Path(String),
+}
+
 /// Docker Hub's canonical name, as image references normalise it.
 pub const DOCKER_HUB: &str = "docker.io";
 
@@ -168,19 +179,17 @@ impl RegistryConfig {
     }
 
     /// Parses `REGISTRY=URL` (a `--registry-mirror` value) into [`mirrors`](Self::mirrors).
-    pub fn add_mirror(&mut self, spec: &str) -> Result<(), String> {
-        let (registry, url) = spec.split_once('=').ok_or_else(|| {
-            format!("{spec:?}: expected REGISTRY=URL, e.g. docker.io=https://mirror.example")
-        })?;
+    pub fn add_mirror(&mut self, spec: &str) -> Result<(), MirrorSpecError> {
+        let (registry, url) = spec
+            .split_once('=')
+            .ok_or_else(|| MirrorSpecError::Shape(spec.to_owned()))?;
         let url = url.trim().trim_end_matches('/');
         let rest = url
             .strip_prefix("http://")
             .or_else(|| url.strip_prefix("https://"))
-            .ok_or_else(|| format!("{spec:?}: the URL must start with http:// or https://"))?;
+            .ok_or_else(|| MirrorSpecError::Scheme(spec.to_owned()))?;
         if rest.is_empty() || rest.contains('/') {
-            return Err(format!(
-                "{spec:?}: give the endpoint as scheme://host[:port] without a path"
-            ));
+            return Err(MirrorSpecError::Path(spec.to_owned()));
         }
         self.mirrors
             .insert(registry.trim().to_owned(), url.to_owned());
@@ -268,10 +277,10 @@ impl RegistryConfig {
     }
 }
 
-fn patterns(specs: &[String], flag: &str) -> Result<Vec<HostPattern>, OciError> {
+fn patterns(specs: &[String], flag: &'static str) -> Result<Vec<HostPattern>, OciError> {
     specs
         .iter()
-        .map(|s| HostPattern::parse(s).map_err(|e| OciError::Config(format!("{flag} {e}"))))
+        .map(|s| HostPattern::parse(s).map_err(|source| OciError::Pattern { flag, source }))
         .collect()
 }
 
@@ -435,14 +444,25 @@ mod tests {
             allowed: vec!["a/b".into()],
             ..Default::default()
         };
-        assert!(matches!(bad.validate(), Err(OciError::Config(_))));
+        let e = bad.validate().unwrap_err();
+        assert!(matches!(e, OciError::Pattern { .. }), "{e}");
+        assert_eq!(
+            e.to_string(),
+            r#"Invalid registry settings: --registry-allow "a/b": expected HOST or HOST:PORT (e.g. ghcr.io)"#
+        );
         assert!(matches!(
             c.resolve("UPPER/Case:tag", None),
             Err(OciError::BadReference { .. })
         ));
         let mut c = RegistryConfig::default();
-        assert!(c.add_mirror("docker.io").is_err());
-        assert!(c.add_mirror("docker.io=ftp://x").is_err());
+        assert_eq!(
+            c.add_mirror("docker.io").unwrap_err().to_string(),
+            r#""docker.io": expected REGISTRY=URL, e.g. docker.io=https://mirror.example"#
+        );
+        assert_eq!(
+            c.add_mirror("docker.io=ftp://x").unwrap_err().to_string(),
+            r#""docker.io=ftp://x": the URL must start with http:// or https://"#
+        );
         assert!(c.add_mirror("docker.io=https://x/path").is_err());
     }
 

@@ -29,6 +29,13 @@ pub enum OciError {
     },
     #[error("Invalid registry settings: {0}")]
     Config(String),
+    /// A `--registry-allow` / `--registry-insecure` entry (named by `flag`) does not parse.
+    #[error("Invalid registry settings: {flag} {source}")]
+    Pattern {
+        flag: &'static str,
+        #[source]
+        source: super::policy::HostPatternError,
+    },
     #[error(
         "The registry {endpoint} refused the credentials for {reference} ({reason}): check the \
          username and password (or the operator's --registry-auth-file entry for it)"

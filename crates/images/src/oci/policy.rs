@@ -41,6 +41,13 @@ pub enum Refusal {
     Dns { target: String, reason: String },
 }
 
+/// Why a `--registry-allow` / `--registry-insecure` entry is not a [`HostPattern`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostPatternError {
+    #[error("{0:?}: expected HOST or HOST:PORT (e.g. ghcr.io)")]
+    Shape(String),
+}
+
 /// A `HOST[:PORT]` pattern of `--registry-allow` / `--registry-insecure`: `*` (any host),
 /// `*.example.com` (any subdomain), or a host; without a port it matches every port.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +57,7 @@ pub struct HostPattern {
 }
 
 impl HostPattern {
-    pub fn parse(spec: &str) -> Result<HostPattern, String> {
+    pub fn parse(spec: &str) -> Result<HostPattern, HostPatternError> {
         let spec = spec.trim();
         if spec == "*" {
             return Ok(HostPattern {
@@ -58,12 +65,10 @@ impl HostPattern {
                 port: None,
             });
         }
-        let (host, port) = split_authority(spec)
-            .ok_or_else(|| format!("{spec:?}: expected HOST or HOST:PORT (e.g. ghcr.io)"))?;
+        let shape = || HostPatternError::Shape(spec.to_owned());
+        let (host, port) = split_authority(spec).ok_or_else(shape)?;
         if host.contains('/') || host.contains('@') || host.is_empty() {
-            return Err(format!(
-                "{spec:?}: expected HOST or HOST:PORT (e.g. ghcr.io)"
-            ));
+            return Err(shape());
         }
         let host = match host.strip_prefix("*.") {
             Some(rest) => format!("*.{}", normalize_host(rest)),
@@ -424,6 +429,10 @@ mod tests {
         for bad in ["", "a/b", "u@h", "h:port"] {
             assert!(HostPattern::parse(bad).is_err(), "{bad:?}");
         }
+        assert_eq!(
+            HostPattern::parse(" a/b ").unwrap_err().to_string(),
+            r#""a/b": expected HOST or HOST:PORT (e.g. ghcr.io)"#
+        );
     }
 
     #[tokio::test]
