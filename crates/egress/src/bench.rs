@@ -213,12 +213,31 @@ fn client_run(
     }
 }
 
+/// Why the benchmark could not run or finish.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// Not root, or no `/dev/net/tun` (the reason is [`unavailable_reason`]'s).
+    #[error("egress benchmark needs root and /dev/net/tun: {0}")]
+    Unavailable(String),
+    #[error("lab setup: {0}")]
+    Lab(#[source] std::io::Error),
+    /// A blocking task panicked or was cancelled.
+    #[error("{0}")]
+    Task(#[source] tokio::task::JoinError),
+    #[error("DNS inside the sandbox: {0}")]
+    Dns(#[source] std::io::Error),
+    #[error("bench.test did not resolve inside the sandbox")]
+    NotResolved,
+    #[error("through the proxy: {0}")]
+    Proxy(#[source] std::io::Error),
+    #[error("direct: {0}")]
+    Direct(#[source] std::io::Error),
+}
+
 /// Runs the benchmark. Needs root (see [`unavailable_reason`]) and a multi-threaded runtime.
-pub async fn run(opts: BenchOptions) -> Result<BenchReport, String> {
+pub async fn run(opts: BenchOptions) -> Result<BenchReport, BenchError> {
     if let Some(why) = unavailable_reason() {
-        return Err(format!(
-            "egress benchmark needs root and /dev/net/tun: {why}"
-        ));
+        return Err(BenchError::Unavailable(why));
     }
     let policy = NetworkPolicy {
         allow_out: vec!["bench.test".into()],
@@ -226,27 +245,27 @@ pub async fn run(opts: BenchOptions) -> Result<BenchReport, String> {
     };
     let lab = Lab::start(policy, Default::default())
         .await
-        .map_err(|e| format!("lab setup: {e}"))?;
+        .map_err(BenchError::Lab)?;
     let ns = lab.sandbox.path();
     let fake = {
         let ns = ns.clone();
         tokio::task::spawn_blocking(move || resolve_in_sandbox(&ns, "bench.test"))
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("DNS inside the sandbox: {e}"))?
-            .ok_or("bench.test did not resolve inside the sandbox")?
+            .map_err(BenchError::Task)?
+            .map_err(BenchError::Dns)?
+            .ok_or(BenchError::NotResolved)?
     };
     let direct = SocketAddr::from((lab.upstream.addr, 80));
     let proxied = SocketAddr::from((fake, 80));
     let (o1, o2) = (opts.clone(), opts);
     let (req_p, conn_p) = tokio::task::spawn_blocking(move || client_run(Some(ns), proxied, o1))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("through the proxy: {e}"))?;
+        .map_err(BenchError::Task)?
+        .map_err(BenchError::Proxy)?;
     let (req_d, conn_d) = tokio::task::spawn_blocking(move || client_run(None, direct, o2))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("direct: {e}"))?;
+        .map_err(BenchError::Task)?
+        .map_err(BenchError::Direct)?;
     drop(lab);
     Ok(BenchReport {
         request_direct: Stats::from_samples(req_d),
