@@ -130,16 +130,18 @@ impl Engine {
             // its completion marker, or a resume that consumed it, left nothing to resume).
             let complete = match (SandboxState::from(row.state), &checkpoint) {
                 (SandboxState::Running, _) | (_, None) => None,
-                (_, Some(dir)) => checkpoints::completed(dir)
-                    .or_else(|| {
-                        // The driver finished the pause but the server died before it wrote
-                        // its marker: the driver's own record says the checkpoint is whole.
-                        let info = self.node.checkpoint_info(dir)?;
-                        checkpoints::mark_complete(&info).ok()?;
-                        tracing::info!(sandbox = %row.id, "checkpoint completed by the driver before the restart");
-                        Some(info)
-                    })
-                    .map(|info| (dir.clone(), info)),
+                (_, Some(dir)) => match checkpoints::completed(dir) {
+                    Some(info) => Some((dir.clone(), info)),
+                    // The driver finished the pause but the server died before it wrote its
+                    // marker: the driver's own record says the checkpoint is whole.
+                    None => match self.node.checkpoint_info(dir).await {
+                        Some(info) if checkpoints::mark_complete(&info).is_ok() => {
+                            tracing::info!(sandbox = %row.id, "checkpoint completed by the driver before the restart");
+                            Some((dir.clone(), info))
+                        }
+                        _ => None,
+                    },
+                },
             };
             match complete {
                 Some((dir, info)) => {

@@ -141,7 +141,7 @@ impl Node for LocalNode {
         self.driver.checkpoint(handle, dir, opts).await
     }
 
-    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
+    async fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
         self.driver.checkpoint_info(dir)
     }
 
@@ -177,7 +177,7 @@ impl Node for LocalNode {
             .await
     }
 
-    fn set_network_policy(
+    async fn set_network_policy(
         &self,
         sandbox_id: &str,
         policy: bulkhead_egress::NetworkPolicy,
@@ -185,7 +185,7 @@ impl Node for LocalNode {
         self.links.set_policy(sandbox_id, policy)
     }
 
-    fn detach_network(&self, sandbox_id: &str) {
+    async fn detach_network(&self, sandbox_id: &str) {
         self.links.detach(sandbox_id)
     }
 
@@ -193,19 +193,19 @@ impl Node for LocalNode {
         self.links.flush_audit().await
     }
 
-    fn pool_take(&self, template: &str) -> Option<DriverHandle> {
+    async fn pool_take(&self, template: &str) -> Option<DriverHandle> {
         self.pools.take(template)
     }
 
-    fn pool_put(&self, template: &str, handle: DriverHandle) {
+    async fn pool_put(&self, template: &str, handle: DriverHandle) {
         self.pools.put(template, handle)
     }
 
-    fn pool_take_surplus(&self, template: &str, n: usize) -> Vec<DriverHandle> {
+    async fn pool_take_surplus(&self, template: &str, n: usize) -> Vec<DriverHandle> {
         self.pools.take_surplus(template, n)
     }
 
-    fn pool_drain(&self, template: Option<&str>) -> Vec<DriverHandle> {
+    async fn pool_drain(&self, template: Option<&str>) -> Vec<DriverHandle> {
         self.pools.drain(template)
     }
 
@@ -213,7 +213,7 @@ impl Node for LocalNode {
         self.pools.stock()
     }
 
-    fn pool_members(&self) -> Vec<DriverHandle> {
+    async fn pool_members(&self) -> Vec<DriverHandle> {
         self.pools.members()
     }
 }

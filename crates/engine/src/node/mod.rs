@@ -90,7 +90,7 @@ pub trait Node: Send + Sync + 'static {
         dir: &Path,
         opts: CheckpointOptions,
     ) -> Result<CheckpointInfo, DriverError>;
-    fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo>;
+    async fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo>;
     async fn restore(
         &self,
         spec: &SandboxSpec,
@@ -113,28 +113,28 @@ pub trait Node: Send + Sync + 'static {
         policy: bulkhead_egress::NetworkPolicy,
     ) -> Result<(), NetworkError>;
     /// Replace an attached sandbox's policy (new connections at once).
-    fn set_network_policy(
+    async fn set_network_policy(
         &self,
         sandbox_id: &str,
         policy: bulkhead_egress::NetworkPolicy,
     ) -> Result<(), NetworkError>;
     /// Remove a sandbox's link; idempotent.
-    fn detach_network(&self, sandbox_id: &str);
+    async fn detach_network(&self, sandbox_id: &str);
     /// Write out the egress decisions recorded so far (before the audit trail is read).
     async fn flush_audit(&self);
 
     // Warm pools (started, anonymous sandboxes per template).
     /// The oldest member of `template`'s pool, taken out of it.
-    fn pool_take(&self, template: &str) -> Option<DriverHandle>;
-    fn pool_put(&self, template: &str, handle: DriverHandle);
+    async fn pool_take(&self, template: &str) -> Option<DriverHandle>;
+    async fn pool_put(&self, template: &str, handle: DriverHandle);
     /// Up to `n` of `template`'s members, newest first, taken out (to stop a surplus).
-    fn pool_take_surplus(&self, template: &str, n: usize) -> Vec<DriverHandle>;
+    async fn pool_take_surplus(&self, template: &str, n: usize) -> Vec<DriverHandle>;
     /// Every member of every pool, taken out (at shutdown, or when a template goes).
-    fn pool_drain(&self, template: Option<&str>) -> Vec<DriverHandle>;
+    async fn pool_drain(&self, template: Option<&str>) -> Vec<DriverHandle>;
     /// Members per template.
     fn pool_stock(&self) -> BTreeMap<String, usize>;
     /// Every pool member, left in place (recovery keeps them).
-    fn pool_members(&self) -> Vec<DriverHandle>;
+    async fn pool_members(&self) -> Vec<DriverHandle>;
 }
 
 /// The data path: byte streams to a sandbox's agent (envd traffic, build commands). Kept apart

@@ -62,7 +62,7 @@ impl Engine {
         ) {
             st.shrunk_at.insert(t.id.clone(), now);
             // The newest member goes: the oldest are claimed first and keep rotating.
-            for h in self.node.pool_take_surplus(&t.id, 1) {
+            for h in self.node.pool_take_surplus(&t.id, 1).await {
                 let _ = self.node.stop(&h).await;
             }
             return Step::Idle;
@@ -99,7 +99,7 @@ impl Engine {
                 Step::Done
             }
             Ok(h) => {
-                self.node.pool_put(&t.id, h);
+                self.node.pool_put(&t.id, h).await;
                 Step::Worked
             }
             Err(e) => {
@@ -145,7 +145,7 @@ impl Engine {
             // start timeout).
             let _ = f.await;
         }
-        for h in self.node.pool_drain(None) {
+        for h in self.node.pool_drain(None).await {
             let _ = self.node.stop(&h).await;
         }
     }

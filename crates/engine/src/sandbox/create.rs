@@ -297,7 +297,7 @@ impl Engine {
             )
             .await
         {
-            crate::sandbox::network::detach_link(self, id);
+            crate::sandbox::network::detach_link(self, id).await;
             let _ = self.node.stop(handle).await;
             return Err(crate::template::builds::TemplateBuildError::StartFailed(e).into());
         }
@@ -366,7 +366,7 @@ impl Engine {
             crate::volume::verbs::record_mounts(self, &id, &plan.volumes, &plan.volume_ids).await
         };
         if let Err(e) = stored.await {
-            crate::sandbox::network::detach_link(self, &id);
+            crate::sandbox::network::detach_link(self, &id).await;
             let _ = self.node.stop(&handle).await;
             let _ = self.store.delete_persistence(&id).await;
             let _ = self
@@ -391,7 +391,7 @@ impl Engine {
     ) -> Result<(DriverHandle, AgentInfo)> {
         // A pooled sandbox may have died while waiting; try the pool a few times, then cold.
         for _ in 0..3 {
-            let Some(handle) = self.node.pool_take(&t.id) else {
+            let Some(handle) = self.node.pool_take(&t.id).await else {
                 break;
             };
             // It was started at background CPU priority (see `Driver::start_warm`).

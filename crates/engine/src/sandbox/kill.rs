@@ -46,7 +46,7 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
     crate::sandbox::metered::meter_one(engine, id).await;
     // Unconditionally (idempotent): a concurrent network update may have attached a link
     // after this sandbox left the live set.
-    crate::sandbox::network::detach_link(engine, id);
+    crate::sandbox::network::detach_link(engine, id).await;
     // A paused sandbox has no processes, only its checkpoint.
     if let Some(handle) = handle
         && let Err(e) = engine.node.stop(&handle).await

@@ -73,11 +73,12 @@ impl Engine {
             (true, true) => self
                 .node
                 .set_network_policy(&row.id, policy)
+                .await
                 .map_err(EngineError::network(Operation::UpdateNetwork))?,
             (false, true) => {
                 attach_link(self, &row.id, &handle, policy, Operation::UpdateNetwork).await?
             }
-            (true, false) => detach_link(self, &row.id),
+            (true, false) => detach_link(self, &row.id).await,
             (false, false) => {}
         }
         let still_live = match self.live.lock().get_mut(&row.id) {
@@ -89,7 +90,7 @@ impl Engine {
         };
         if !still_live {
             // Killed while the link was being made: do not leave it behind.
-            detach_link(self, &row.id);
+            detach_link(self, &row.id).await;
             return Err(EngineError::SandboxNotFound(row.id.clone()));
         }
         let stored = (net != SandboxNetwork::default())
@@ -125,8 +126,8 @@ impl Engine {
     }
 }
 
-pub(crate) fn detach_link(engine: &Engine, id: &str) {
-    engine.node.detach_network(id);
+pub(crate) async fn detach_link(engine: &Engine, id: &str) {
+    engine.node.detach_network(id).await;
 }
 
 /// Give a sandbox its link and hand it to the egress proxy (as part of `op`).

@@ -82,7 +82,7 @@ impl Engine {
         // The driver removed the link inside the sandbox (the device cannot be dumped); the
         // proxy lets go of its end only now, so the device never vanishes under the driver.
         if net_attached {
-            crate::sandbox::network::detach_link(self, id);
+            crate::sandbox::network::detach_link(self, id).await;
         }
         let info = match written {
             Ok(info) => checkpoints::mark_complete(&info)

@@ -174,7 +174,7 @@ impl Engine {
         let written = self.node.checkpoint(&handle, dir, opts).await;
         if had_link {
             // The proxy lets go of the old link only after the driver removed it.
-            crate::sandbox::network::detach_link(self, id);
+            crate::sandbox::network::detach_link(self, id).await;
             let attached = match self.store.get_sandbox(id).await {
                 Ok(Some(row)) => {
                     crate::sandbox::network::reattach_after_restart(self, &row, &handle).await

@@ -239,7 +239,7 @@ impl Engine {
         }
         .await;
         if let Err(e) = ready {
-            crate::sandbox::network::detach_link(self, &id);
+            crate::sandbox::network::detach_link(self, &id).await;
             let _ = self.node.stop(&handle).await;
             return Err(e);
         }
@@ -259,7 +259,7 @@ impl Engine {
             .build_sandbox(record, tree, step.kind == StepKind::Run, n)
             .await?;
         let outcome = self.step_in(record, n, &handle, step, state, tree).await;
-        crate::sandbox::network::detach_link(self, &id);
+        crate::sandbox::network::detach_link(self, &id).await;
         if let Err(e) = outcome {
             let _ = self.node.stop(&handle).await;
             return Err(e);
@@ -391,7 +391,7 @@ impl Engine {
             .await
             .map_err(fin)?;
         let r = crate::template::start::start_and_wait_ready(self, &handle, rt, None).await;
-        crate::sandbox::network::detach_link(self, &id);
+        crate::sandbox::network::detach_link(self, &id).await;
         let _ = self.node.stop(&handle).await;
         r.map_err(fin)?;
         record.log("info", Some("finalize"), "[finalize] ready check passed");

@@ -108,7 +108,7 @@ impl Engine {
 
     /// Stops the warm pool members of template `id` (its tree changed).
     pub(crate) async fn drain_pool(&self, id: &str) {
-        for h in self.node.pool_drain(Some(id)) {
+        for h in self.node.pool_drain(Some(id)).await {
             let _ = self.node.stop(&h).await;
         }
     }
