@@ -1,5 +1,6 @@
-//! Durable state: API keys, sandboxes, templates, secrets, volumes. sqlx over SQLite (default, a file in the data
-//! dir) or PostgreSQL (by URL), one set of portable migrations for both.
+//! Durable state: API keys, sandboxes, templates, secrets, volumes, and a cluster's nodes and
+//! leases. sqlx over SQLite (default, a file in the data dir) or PostgreSQL (by URL), one set of
+//! portable migrations for both.
 
 use std::collections::BTreeMap;
 
@@ -49,6 +50,32 @@ pub enum StoreError {
     /// Loading, creating or using the secrets key failed.
     #[error(transparent)]
     SecretCrypto(#[from] secret_crypto::SecretCryptoError),
+    /// A node's heartbeat carried an epoch that is not its current registration's, or the
+    /// node is dead: nothing was written, and the node must register again (new epoch).
+    #[error("Node {node} (epoch {epoch}) must register again: {reason}")]
+    StaleEpoch {
+        node: String,
+        epoch: u64,
+        reason: StaleReason,
+    },
+    /// A fenced write carried a lease epoch that is no longer the lease's (another holder took
+    /// it since): nothing was written.
+    #[error(
+        "The {lease} lease is at epoch {}, not {epoch}: its holder lost it and must stop acting on it",
+        current.map_or_else(|| "none (never taken)".to_owned(), |c| c.to_string())
+    )]
+    Fenced {
+        lease: String,
+        epoch: LeaseEpoch,
+        current: Option<LeaseEpoch>,
+    },
+    /// A renewal of a lease that expired or changed hands: the caller no longer holds it.
+    #[error("{holder} no longer holds the {lease} lease (epoch {epoch}): acquire it again")]
+    LeaseLost {
+        lease: String,
+        holder: String,
+        epoch: LeaseEpoch,
+    },
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -263,10 +290,15 @@ pub struct SandboxVolumeRow {
     pub path: String,
 }
 
+mod cluster;
 mod persistence;
 pub mod secret_crypto;
 mod sql;
 mod tenancy;
+pub use cluster::{
+    LeaseEpoch, LeaseRow, NODE_HEALTH_LEASE, NodeRow, NodeStatus, NodeTransition, ReportedStatus,
+    StaleReason,
+};
 pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};
 pub use secret_crypto::{SecretCipher, SecretsKey};
 pub use sql::{SecretsKeySource, SecretsUnlocked, Store};

@@ -38,6 +38,10 @@ const FILES: &[(&str, &str)] = &[
         "20261127000100_secret_teams.sql",
         include_str!("../../migrations/20261127000100_secret_teams.sql"),
     ),
+    (
+        "20261201000000_nodes_and_leases.sql",
+        include_str!("../../migrations/20261201000000_nodes_and_leases.sql"),
+    ),
 ];
 
 /// `<version>_<description>.sql` → a migration, as sqlx names one.

@@ -4,12 +4,16 @@
 //! Portability rules the queries below follow: `$N` placeholders (sqlx's SQLite driver maps `$N`
 //! to the N-th bound argument, so a number may repeat), only `TEXT`/`BIGINT` columns decoded as
 //! `String`/`i64`, row-value comparisons for keyset pagination, `ON CONFLICT … DO UPDATE` for
-//! upserts. Nothing database-specific (JSON operators, `RETURNING` differences) is used; metadata
+//! upserts (with a `WHERE` for conditional ones), and `RETURNING` only as both read it: the
+//! columns of the rows an `INSERT`/`UPDATE` wrote (SQLite ≥ 3.35), none when it wrote none.
+//! Nothing database-specific (JSON operators, `RETURNING` differences) is used; metadata
 //! filters run in Rust over the SQL-filtered rows.
 
 mod api_keys;
 mod egress;
+mod leases;
 mod migrations;
+mod nodes;
 mod persistence;
 mod query;
 mod rows;

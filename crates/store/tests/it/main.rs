@@ -5,6 +5,7 @@
 
 mod harness;
 mod suite;
+mod suite_nodes;
 mod suite_records;
 mod suite_secrets;
 mod suite_teams;
@@ -57,6 +58,12 @@ store_tests!(
     volumes_crud,
     teams_credits_and_quotas,
     usage_records_and_sums,
+    nodes_register_and_heartbeat,
+    nodes_sweep_thresholds,
+    nodes_sweep_is_fenced,
+    leases_acquire_renew_expire,
+    leases_race_has_one_winner,
+    nodes_race_register,
 );
 
 mod sqlite_only {

@@ -5,6 +5,10 @@ use bulkhead_store::{
 };
 
 use crate::harness::Harness;
+pub use crate::suite_nodes::{
+    leases_acquire_renew_expire, leases_race_has_one_winner, nodes_race_register,
+    nodes_register_and_heartbeat, nodes_sweep_is_fenced, nodes_sweep_thresholds,
+};
 pub use crate::suite_records::{
     egress_events, persistence_roundtrip, sandbox_for_tests, sandbox_network_updates,
     snapshots_crud_and_pagination, volumes_crud,
