@@ -57,6 +57,16 @@ pub enum WatchError {
     NotFound(String),
 }
 
+/// Why a running watch stopped delivering events (inotify overflowed, a watch could not be
+/// added for a new directory): what the `sink` of [`watch`] and [`WatcherRegistry::drain`]
+/// report instead of an event.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchEventError {
+    /// inotify (through `notify`) reported an error.
+    #[error("{0}")]
+    Notify(#[source] notify::Error),
+}
+
 /// What to watch.
 #[derive(Debug, Clone)]
 pub struct WatchSpec {
@@ -194,7 +204,7 @@ impl Converter {
 /// Watching stops when the returned watcher is dropped.
 pub fn watch<F>(spec: WatchSpec, sink: F) -> Result<RecommendedWatcher, WatchError>
 where
-    F: FnMut(Result<FilesystemEvent, String>) + Send + 'static,
+    F: FnMut(Result<FilesystemEvent, WatchEventError>) + Send + 'static,
 {
     let root = spec.root.clone();
     let mode = if spec.recursive {
@@ -245,7 +255,7 @@ where
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             match events {
                 Ok(events) => events.into_iter().for_each(|ev| sink(Ok(ev))),
-                Err(e) => sink(Err(e.to_string())),
+                Err(e) => sink(Err(WatchEventError::Notify(e))),
             }
         }
         for d in new_dirs {
@@ -275,7 +285,7 @@ struct PollingWatcher {
 #[derive(Default)]
 struct Buffer {
     events: VecDeque<FilesystemEvent>,
-    error: Option<String>,
+    error: Option<WatchEventError>,
 }
 
 /// Polling watchers by id.
@@ -332,7 +342,10 @@ impl WatcherRegistry {
     }
 
     /// Drains the buffered events of a watcher; a watcher error is returned once.
-    pub fn drain(&self, id: &str) -> Result<Result<Vec<FilesystemEvent>, String>, WatchError> {
+    pub fn drain(
+        &self,
+        id: &str,
+    ) -> Result<Result<Vec<FilesystemEvent>, WatchEventError>, WatchError> {
         let watchers = self.lock();
         let watcher = watchers
             .get(id)
@@ -416,6 +429,13 @@ mod tests {
         registry.remove(&id).unwrap();
         assert!(matches!(registry.drain(&id), Err(WatchError::NotFound(_))));
         assert!(matches!(registry.remove(&id), Err(WatchError::NotFound(_))));
+    }
+
+    #[test]
+    fn a_watch_error_reads_as_notify_wrote_it() {
+        let e = notify::Error::generic("queue overflow").add_path(PathBuf::from("/d"));
+        let text = e.to_string();
+        assert_eq!(WatchEventError::Notify(e).to_string(), text);
     }
 
     #[test]
