@@ -18,10 +18,42 @@ use bulkhead_driver::{DriverError, SandboxSpec, StartError};
 use bulkhead_envd::protocol::{CLONED_PATH, ClonedRequest, WARM_PATH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::MicrovmError;
 use crate::driver::{Launch, MicrovmDriver, Vm};
 use crate::migrate;
 use crate::snapshot::{self, KeyInputs};
 use crate::vm::{self, VmRecord};
+
+/// Why a start cannot be a clone of the template's snapshot (the caller boots cold and logs
+/// this).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CloneError {
+    /// The template's or the boot disk's image could not be made.
+    #[error(transparent)]
+    Image(MicrovmError),
+    #[error("hash the guest kernel: {0}")]
+    KernelHash(#[source] std::io::Error),
+    #[error("{0}")]
+    QemuVersion(#[source] std::io::Error),
+    /// An earlier attempt at this snapshot failed (`why`, kept for the driver's life).
+    #[error("taking snapshot {key} failed earlier ({why}); restart the server to try again")]
+    FailedEarlier { key: String, why: String },
+    #[error("taking snapshot {key} failed: {}", bulkhead_common::error_chain(.source))]
+    Take {
+        key: String,
+        #[source]
+        source: DriverError,
+    },
+    #[error(
+        "restoring snapshot {key} failed ({}); it was deleted and the next start takes it again",
+        bulkhead_common::error_chain(.source)
+    )]
+    Restore {
+        key: String,
+        #[source]
+        source: DriverError,
+    },
+}
 
 impl MicrovmDriver {
     /// A clone of the template's snapshot (taken first when missing), or a cold boot when no
@@ -62,25 +94,25 @@ impl MicrovmDriver {
     }
 
     /// What the snapshot of `spec`'s template depends on.
-    async fn key_inputs(&self, spec: &SandboxSpec) -> Result<KeyInputs, String> {
+    async fn key_inputs(&self, spec: &SandboxSpec) -> Result<KeyInputs, CloneError> {
         let root = self
             .images
             .template_image(&spec.rootfs)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(CloneError::Image)?;
         let boot = self
             .images
             .boot_image(&self.cfg.agent_binary, self.cfg.sandbox_ca_pem.as_deref())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(CloneError::Image)?;
         let state = &self.snap_state;
         let kernel = snapshot::kernel_hash(&state.kernel, &self.cfg.kernel)
-            .map_err(|e| format!("hash the guest kernel: {e}"))?;
+            .map_err(CloneError::KernelHash)?;
         let cached = state.qemu.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let qemu = match cached {
             Some(v) => v,
             None => {
-                let v = snapshot::qemu_version(&self.cfg.qemu).map_err(|e| e.to_string())?;
+                let v = snapshot::qemu_version(&self.cfg.qemu).map_err(CloneError::QemuVersion)?;
                 *state.qemu.lock().unwrap_or_else(|p| p.into_inner()) = Some(v.clone());
                 v
             }
@@ -106,14 +138,12 @@ impl MicrovmDriver {
     }
 
     /// Err: why this start cannot be a clone (the caller boots cold).
-    async fn start_clone(&self, spec: &SandboxSpec) -> Result<VmRecord, String> {
+    async fn start_clone(&self, spec: &SandboxSpec) -> Result<VmRecord, CloneError> {
         let inputs = self.key_inputs(spec).await?;
         let key = inputs.key();
         let failed = self.failed(&key);
         if let Some(why) = failed {
-            return Err(format!(
-                "taking snapshot {key} failed earlier ({why}); restart the server to try again"
-            ));
+            return Err(CloneError::FailedEarlier { key, why });
         }
         if self.snapshots.valid(&key).is_none() {
             let _one = self.snap_state.building.lock().await;
@@ -126,8 +156,8 @@ impl MicrovmDriver {
                         .failed
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .insert(key.clone(), why.clone());
-                    return Err(format!("taking snapshot {key} failed: {why}"));
+                        .insert(key.clone(), why);
+                    return Err(CloneError::Take { key, source: e });
                 }
                 tracing::info!(template = %spec.template_id, snapshot = %key, ms = t0.elapsed().as_millis() as u64, "microvm: template snapshot saved");
             }
@@ -149,12 +179,9 @@ impl MicrovmDriver {
             }
             Ok(rec)
         };
-        restored.await.map_err(|e: DriverError| {
+        restored.await.map_err(|source: DriverError| {
             self.snapshots.invalidate(&key);
-            format!(
-                "restoring snapshot {key} failed ({}); it was deleted and the next start takes it again",
-                bulkhead_common::error_chain(&e)
-            )
+            CloneError::Restore { key, source }
         })
     }
 
