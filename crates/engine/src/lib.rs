@@ -9,18 +9,18 @@
 //!
 //! Layout: folders say what they hold — `sandbox/` (the verbs and the state machine), `pool/`,
 //! `template/`, `volume/`, `tenancy/`, `background/` and `node/` (driver, checkpoints, network,
-//! agent streams), and `placement` (which node of a cluster takes a sandbox). Leaf modules at
+//! agent streams), and `cluster` (node reports, health, placement). Leaf modules at
 //! the top hold shared types (`config`, `types`, `clock`, `validate`, `error`, `ids`,
 //! `telemetry`); [`engine`](crate::Engine) holds the `Engine` value.
 
 mod background;
 mod clock;
+pub mod cluster;
 mod config;
 mod engine;
 mod error;
 pub mod ids;
 mod node;
-pub mod placement;
 mod pool;
 mod sandbox;
 pub mod telemetry;

@@ -2,6 +2,7 @@
 //! driver, or the jail where a test needs root) through its public API.
 
 mod bursts;
+mod cluster;
 mod engine;
 mod image_gc;
 mod network;

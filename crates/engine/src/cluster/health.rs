@@ -1,0 +1,118 @@
+//! The sweep that notices dead nodes. One replica at a time does it: each round, every replica
+//! tries to take or renew the `node-health` lease, and only its holder sweeps, with the lease's
+//! epoch as the fencing token (a holder that lost the lease without knowing is refused by the
+//! store). Thresholds follow the issue: a heartbeat older than 3 s makes a node suspect (no
+//! new placements), 5 s dead (its epoch bumped, so its old incarnation is refused).
+
+use std::time::Duration;
+
+use bulkhead_store::{LeaseEpoch, NODE_HEALTH_LEASE, NodeTransition, Store, StoreError};
+
+/// The sweep's timing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthConfig {
+    pub suspect_after: Duration,
+    pub dead_after: Duration,
+    /// How long the lease lasts without renewal (a holder that died is replaced after it).
+    pub lease_ttl: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            suspect_after: Duration::from_secs(3),
+            dead_after: Duration::from_secs(5),
+            lease_ttl: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One replica's part in the sweep.
+#[derive(Debug)]
+pub struct HealthSweeper {
+    store: Store,
+    /// Names this process: a replica id plus its start, so a restarted replica is a new holder.
+    holder: String,
+    cfg: HealthConfig,
+    held: Option<LeaseEpoch>,
+}
+
+/// What one round did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sweep {
+    /// Another replica holds the lease.
+    NotHolder,
+    /// Swept under this epoch; status changes made.
+    Swept {
+        epoch: u64,
+        changes: Vec<NodeTransition>,
+    },
+}
+
+impl HealthSweeper {
+    pub fn new(store: Store, holder: impl Into<String>, cfg: HealthConfig) -> Self {
+        HealthSweeper {
+            store,
+            holder: holder.into(),
+            cfg,
+            held: None,
+        }
+    }
+
+    /// One round at `now_ms`: hold the lease (renew it, or take it if free), then sweep.
+    pub async fn round(&mut self, now_ms: i64) -> Result<Sweep, StoreError> {
+        let ttl = self.cfg.lease_ttl;
+        let mut held = None;
+        if let Some(epoch) = self.held {
+            match self
+                .store
+                .renew_lease(NODE_HEALTH_LEASE, &self.holder, epoch, ttl, now_ms)
+                .await
+            {
+                Ok(()) => held = Some(epoch),
+                Err(StoreError::LeaseLost { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if held.is_none() {
+            held = self
+                .store
+                .acquire_lease(NODE_HEALTH_LEASE, &self.holder, ttl, now_ms)
+                .await?;
+        }
+        self.held = held;
+        let Some(epoch) = held else {
+            return Ok(Sweep::NotHolder);
+        };
+        match self
+            .store
+            .sweep_nodes(now_ms, self.cfg.suspect_after, self.cfg.dead_after, epoch)
+            .await
+        {
+            Ok(changes) => {
+                for c in &changes {
+                    tracing::warn!(node = %c.id, from = %c.from, to = %c.to, epoch = c.epoch, "node status changed by the health sweep");
+                }
+                Ok(Sweep::Swept {
+                    epoch: epoch.0,
+                    changes,
+                })
+            }
+            Err(StoreError::Fenced { .. }) => {
+                self.held = None;
+                Ok(Sweep::NotHolder)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives the lease up (at shutdown), so another replica takes over at once.
+    pub async fn release(&mut self, now_ms: i64) -> Result<(), StoreError> {
+        if let Some(epoch) = self.held.take() {
+            self.store
+                .release_lease(NODE_HEALTH_LEASE, &self.holder, epoch, now_ms)
+                .await?;
+        }
+        Ok(())
+    }
+}
