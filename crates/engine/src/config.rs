@@ -131,15 +131,22 @@ pub enum CheckpointPools {
     Only(Vec<String>),
 }
 
+/// Why a `--pool-checkpoint` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointPoolsError {
+    #[error("give `auto`, `off` or a comma-separated list of templates")]
+    Empty,
+}
+
 impl std::str::FromStr for CheckpointPools {
-    type Err = String;
+    type Err = CheckpointPoolsError;
 
     /// `auto`, `off`, or a comma-separated list of template ids or aliases.
-    fn from_str(s: &str) -> Result<Self, String> {
+    fn from_str(s: &str) -> Result<Self, CheckpointPoolsError> {
         match s.trim() {
             "auto" => Ok(Self::Auto),
             "off" | "none" => Ok(Self::Off),
-            "" => Err("give `auto`, `off` or a comma-separated list of templates".into()),
+            "" => Err(CheckpointPoolsError::Empty),
             list => Ok(Self::Only(
                 list.split(',')
                     .map(str::trim)

@@ -78,15 +78,16 @@ impl BuildStep {
     }
 
     /// Checks the arguments the way the SDKs build them; the message names the step.
-    pub fn validate(&self, index: usize) -> Result<(), String> {
-        let n = index + 1;
+    pub fn validate(&self, index: usize) -> Result<(), StepSpecError> {
+        let step = index + 1;
         let need = |min: usize| {
             if self.args.len() < min {
-                Err(format!(
-                    "step {n} ({}) needs at least {min} argument(s), got {}",
-                    self.kind.as_str(),
-                    self.args.len()
-                ))
+                Err(StepSpecError::TooFewArgs {
+                    step,
+                    kind: self.kind.as_str(),
+                    min,
+                    got: self.args.len(),
+                })
             } else {
                 Ok(())
             }
@@ -96,26 +97,47 @@ impl BuildStep {
                 need(2)?;
                 let hash = self.files_hash.as_deref().unwrap_or("");
                 if !valid_files_hash(hash) {
-                    return Err(format!(
-                        "step {n} (COPY) has no valid filesHash: upload its files first"
-                    ));
+                    return Err(StepSpecError::NoFilesHash { step });
                 }
                 if let Some(mode) = self.args.get(3).filter(|m| !m.is_empty())
                     && u32::from_str_radix(mode, 8).map_or(true, |m| m > 0o7777)
                 {
-                    return Err(format!("step {n} (COPY): mode {mode:?} is not octal"));
+                    return Err(StepSpecError::BadMode {
+                        step,
+                        mode: mode.clone(),
+                    });
                 }
                 Ok(())
             }
             StepKind::Run | StepKind::Workdir | StepKind::User => need(1),
             StepKind::Env => {
                 if !self.args.len().is_multiple_of(2) {
-                    return Err(format!("step {n} (ENV) needs key/value pairs"));
+                    return Err(StepSpecError::OddEnv { step });
                 }
                 Ok(())
             }
         }
     }
+}
+
+/// Why a build step's arguments were refused, one variant per rule of
+/// [`BuildStep::validate`]. `step` counts from 1, as the message shows it; the text is the
+/// 400 answer's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StepSpecError {
+    #[error("step {step} ({kind}) needs at least {min} argument(s), got {got}")]
+    TooFewArgs {
+        step: usize,
+        kind: &'static str,
+        min: usize,
+        got: usize,
+    },
+    #[error("step {step} (COPY) has no valid filesHash: upload its files first")]
+    NoFilesHash { step: usize },
+    #[error("step {step} (COPY): mode {mode:?} is not octal")]
+    BadMode { step: usize, mode: String },
+    #[error("step {step} (ENV) needs key/value pairs")]
+    OddEnv { step: usize },
 }
 
 /// The SDKs' files hash: a sha256 hex digest.
@@ -419,7 +441,40 @@ mod tests {
             files_hash: Some("zz".into()),
             force: false,
         };
-        assert!(bad.validate(2).unwrap_err().contains("step 3"));
+        assert_eq!(bad.validate(2), Err(StepSpecError::NoFilesHash { step: 3 }));
+        assert_eq!(
+            bad.validate(2).unwrap_err().to_string(),
+            "step 3 (COPY) has no valid filesHash: upload its files first"
+        );
+        let short = BuildStep {
+            kind: StepKind::Run,
+            args: vec![],
+            files_hash: None,
+            force: false,
+        };
+        assert_eq!(
+            short.validate(0).unwrap_err().to_string(),
+            "step 1 (RUN) needs at least 1 argument(s), got 0"
+        );
+        let mode = BuildStep {
+            args: vec!["a".into(), "/b".into(), "".into(), "0999".into()],
+            files_hash: Some("a".repeat(64)),
+            ..bad.clone()
+        };
+        assert_eq!(
+            mode.validate(0).unwrap_err().to_string(),
+            r#"step 1 (COPY): mode "0999" is not octal"#
+        );
+        let env = BuildStep {
+            kind: StepKind::Env,
+            args: vec!["A".into()],
+            files_hash: None,
+            force: false,
+        };
+        assert_eq!(
+            env.validate(4).unwrap_err().to_string(),
+            "step 5 (ENV) needs key/value pairs"
+        );
         assert!(StepKind::parse("FROM").is_none());
         assert_eq!(shell_quote("it's"), r"'it'\''s'");
         assert_eq!(shell_path("~user/a b"), "~user/'a b'");

@@ -28,13 +28,20 @@ pub enum ExhaustedAction {
     Kill,
 }
 
+/// Why a `--credits-exhausted` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExhaustedActionError {
+    #[error("{0:?}: expected `pause` or `kill`")]
+    Unknown(String),
+}
+
 impl std::str::FromStr for ExhaustedAction {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = ExhaustedActionError;
+    fn from_str(s: &str) -> Result<Self, ExhaustedActionError> {
         match s {
             "pause" => Ok(Self::Pause),
             "kill" => Ok(Self::Kill),
-            _ => Err(format!("{s:?}: expected `pause` or `kill`")),
+            _ => Err(ExhaustedActionError::Unknown(s.to_owned())),
         }
     }
 }
@@ -279,6 +286,15 @@ pub async fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exhausted_action_parses_and_says_what_it_expects() {
+        assert_eq!("kill".parse(), Ok(ExhaustedAction::Kill));
+        assert_eq!(
+            "stop".parse::<ExhaustedAction>().unwrap_err().to_string(),
+            r#""stop": expected `pause` or `kill`"#
+        );
+    }
 
     fn meter(since_ms: i64) -> Meter {
         Meter {

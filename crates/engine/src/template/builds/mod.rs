@@ -378,7 +378,8 @@ impl Engine {
             .into());
         }
         for (i, s) in spec.steps.iter().enumerate() {
-            s.validate(i).map_err(TemplateBuildError::Invalid)?;
+            s.validate(i)
+                .map_err(|e| TemplateBuildError::Invalid(e.to_string()))?;
         }
         // The team's quotas (read again: they may have changed since the request) and its
         // concurrent builds; 429 when the team already runs its limit.
