@@ -6,6 +6,7 @@
 
 pub mod health;
 pub mod heartbeat;
+mod local;
 pub mod placement;
 pub mod report;
 

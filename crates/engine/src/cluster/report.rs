@@ -22,12 +22,12 @@ pub struct NodeReport {
     /// Promised to running sandboxes.
     pub cpu_allocated: f64,
     pub memory_allocated_mib: u64,
-    /// Starts in progress (counted until they report as running).
-    pub cpu_in_flight: f64,
-    pub memory_in_flight_mib: u64,
     /// Measured CPU use, in vCPUs.
     pub cpu_used: f64,
+    /// Sandboxes running.
     pub sandboxes: u64,
+    /// Creates in progress on it (its own admission counts them).
+    pub starts_in_flight: u64,
     /// Warm pool members per template.
     pub warm: BTreeMap<String, u32>,
     /// Templates whose built tree is in its cache.
@@ -59,8 +59,9 @@ impl NodeReport {
             memory_mib: self.memory_mib,
             cpu_allocated: self.cpu_allocated,
             memory_allocated_mib: self.memory_allocated_mib,
-            cpu_in_flight: self.cpu_in_flight,
-            memory_in_flight_mib: self.memory_in_flight_mib,
+            // What replicas placed since this report, they count themselves (`reserve`).
+            cpu_in_flight: 0.0,
+            memory_in_flight_mib: 0,
             cpu_used: self.cpu_used,
             warm: self.warm.clone(),
             cached: self.cached.clone(),

@@ -140,3 +140,53 @@ async fn the_sweep_moves_to_another_replica_when_its_holder_stops() {
         Sweep::Swept { epoch, .. } if epoch > second
     ));
 }
+
+#[tokio::test]
+async fn a_node_reports_what_its_sandboxes_were_promised_and_its_warm_pools() {
+    use bulkhead_engine::testing::{FakeEngine, fake_engine};
+    use bulkhead_engine::{CreateRequest, EngineConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = EngineConfig {
+        checkpoint_dir: dir.path().join("checkpoints"),
+        ..Default::default()
+    };
+    let FakeEngine { engine, owner, .. } =
+        fake_engine(dir.path(), cfg, bulkhead_engine::testing::base_template()).await;
+    let idle = engine.node_report();
+    assert_eq!(idle.driver, "fake");
+    assert_eq!((idle.sandboxes, idle.cpu_allocated), (0, 0.0));
+    assert!(idle.cpus >= 1.0 && idle.memory_mib > 0, "{idle:?}");
+    assert!(idle.cached.contains("base"));
+
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let info = engine
+            .create(
+                &owner,
+                CreateRequest {
+                    template: "base".into(),
+                    timeout: Some(60),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        ids.push(info.id);
+    }
+    let busy = engine.node_report();
+    assert_eq!(busy.sandboxes, 2);
+    let t = bulkhead_engine::testing::base_template();
+    assert_eq!(busy.cpu_allocated, 2.0 * t.cpu_count as f64);
+    assert_eq!(busy.memory_allocated_mib, 2 * t.memory_mb);
+    assert_eq!(
+        busy.warm.get("base").copied().unwrap_or(0) as usize,
+        engine.pool_len("base")
+    );
+    // What it reports round-trips through the row's JSON, as a replica reads it back.
+    assert_eq!(NodeReport::from_json(&busy.to_json()), busy);
+    for id in ids {
+        engine.kill(&owner, &id).await.unwrap();
+    }
+    assert_eq!(engine.node_report().sandboxes, 0);
+}
