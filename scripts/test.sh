@@ -19,7 +19,7 @@
 #   BULKHEAD_IMAGE_CACHE   template images                      (default $BULKHEAD_CACHE_DIR/images)
 #   PYTEST_ADDOPTS         extra pytest options, e.g. -m "not slow" to skip the leak test locally
 #   BULKHEAD_TEST_SKIP     space-separated steps to skip: lint unit python old-sdk microvm js
-#                          interpreter-module interpreter-python interpreter-js mcp console
+#                          interpreter-module interpreter-python interpreter-js mcp console proto
 #                          (local use only: listed as SKIP in the summary; .ci/run unsets it)
 #   BULKHEAD_TEST_EXTRA_CA PEM CA for the images extra-CA test (default: the top certificate of
 #                          the chain this host is served for pypi.org)
@@ -258,6 +258,47 @@ if ! skipped book; then
     run_step "book: mdbook build + link check" book_step
 fi
 # ---- book: END ------------------------------------------------------------------------------
+# ---- node protocol: BEGIN (docs/versioning.md, "Node protocol") --------------------------------
+# The contract between the control plane and the nodes (crates/node-proto/proto, bulkhead.node.v1):
+# `buf lint` with the rules of its buf.yaml, then `buf breaking` against the release recorded in
+# crates/node-proto/BASELINE (a commit or tag), read with `git archive`: a field renumbered,
+# retyped or renamed since that release fails. Without BASELINE (before the first release that
+# ships the protocol) only lint runs. buf is npm's @bufbuild/buf (a prebuilt binary), installed
+# once into $CACHE/buf-<version>. Skip locally with BULKHEAD_TEST_SKIP=proto.
+BUF_VERSION=1.75.0
+NODE_PROTO=crates/node-proto/proto
+proto_step() {
+    local root="$CACHE/buf-$BUF_VERSION" baseline tmp rc=0
+    local buf="$root/node_modules/.bin/buf"
+    if [ ! -x "$buf" ]; then
+        echo "installing @bufbuild/buf $BUF_VERSION into $root (once)"
+        mkdir -p "$root"
+        npm install --prefix "$root" --no-audit --no-fund --loglevel=error "@bufbuild/buf@$BUF_VERSION" || return
+    fi
+    (cd "$NODE_PROTO" && "$buf" lint) || return
+    echo "buf lint: $NODE_PROTO passes"
+    if [ ! -f crates/node-proto/BASELINE ]; then
+        echo "no baseline yet: lint only (crates/node-proto/BASELINE names the release to compare with)"
+        return 0
+    fi
+    baseline="$(tr -d '[:space:]' <crates/node-proto/BASELINE)"
+    if ! git rev-parse --verify --quiet "$baseline^{commit}" >/dev/null; then
+        echo "crates/node-proto/BASELINE names $baseline, which this clone lacks: git fetch --tags origin" >&2
+        return 1
+    fi
+    tmp="$(mktemp -d)"
+    git archive "$baseline" "$NODE_PROTO" | tar -x -C "$tmp" || rc=$?
+    if [ "$rc" -eq 0 ]; then
+        (cd "$NODE_PROTO" && "$buf" breaking --against "$tmp/$NODE_PROTO") || rc=$?
+    fi
+    rm -rf "$tmp"
+    [ "$rc" -eq 0 ] && echo "buf breaking: no breaking change since $baseline"
+    return "$rc"
+}
+if ! skipped proto; then
+    run_step "node protocol: buf lint + breaking (crates/node-proto)" proto_step
+fi
+# ---- node protocol: END ---------------------------------------------------------------------
 section "cargo build"
 build_rc=0 build_t0=$SECONDS
 cargo build --workspace || build_rc=$?
