@@ -256,27 +256,51 @@ impl MeteringArgs {
     }
 }
 
+/// Why a `--driver-for` or `--pool` value was refused (clap prints it after the flag).
+#[derive(Debug, thiserror::Error)]
+enum FlagError {
+    #[error("{spec:?}: expected TEMPLATE=DRIVER (e.g. base=microvm)")]
+    DriverForShape { spec: String },
+    #[error("{spec:?}: {driver:?} is not a driver (jail or microvm)")]
+    NotADriver { spec: String, driver: String },
+    #[error("{spec:?}: expected NAME=MIN..MAX (e.g. base=4..128) or NAME=N")]
+    PoolShape { spec: String },
+    #[error("{spec:?}: {value:?} is not a number of sandboxes")]
+    NotACount {
+        spec: String,
+        value: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+}
+
 /// `TEMPLATE=DRIVER`.
-fn parse_driver_for(s: &str) -> Result<(String, DriverArg), String> {
+fn parse_driver_for(s: &str) -> Result<(String, DriverArg), FlagError> {
     use clap::ValueEnum;
     let (template, driver) = s
         .split_once('=')
         .filter(|(t, _)| !t.trim().is_empty())
-        .ok_or_else(|| format!("{s:?}: expected TEMPLATE=DRIVER (e.g. base=microvm)"))?;
-    let driver = DriverArg::from_str(driver.trim(), true)
-        .map_err(|_| format!("{s:?}: {driver:?} is not a driver (jail or microvm)"))?;
+        .ok_or_else(|| FlagError::DriverForShape { spec: s.to_owned() })?;
+    let driver = DriverArg::from_str(driver.trim(), true).map_err(|_| FlagError::NotADriver {
+        spec: s.to_owned(),
+        driver: driver.to_owned(),
+    })?;
     Ok((template.trim().to_string(), driver))
 }
 
 /// `NAME=MIN..MAX` or `NAME=N`.
-fn parse_pool(s: &str) -> Result<(String, PoolLimits), String> {
+fn parse_pool(s: &str) -> Result<(String, PoolLimits), FlagError> {
     let (name, bounds) = s
         .split_once('=')
-        .ok_or_else(|| format!("{s:?}: expected NAME=MIN..MAX (e.g. base=4..128) or NAME=N"))?;
+        .ok_or_else(|| FlagError::PoolShape { spec: s.to_owned() })?;
     let num = |v: &str| {
         v.trim()
             .parse::<usize>()
-            .map_err(|_| format!("{s:?}: {v:?} is not a number of sandboxes"))
+            .map_err(|source| FlagError::NotACount {
+                spec: s.to_owned(),
+                value: v.to_owned(),
+                source,
+            })
     };
     let limits = match bounds.split_once("..") {
         Some((min, max)) => PoolLimits {
@@ -543,6 +567,28 @@ mod tests {
             Cli::try_parse_from(["serve", "--templates", "base", "--pool", "base=9..3"]).unwrap();
         let e = cli.serve.config().validate().unwrap_err().to_string();
         assert!(e.contains("minimum is above the maximum"), "{e}");
+    }
+
+    #[test]
+    fn flag_errors_say_what_shape_is_expected() {
+        let pool = |s| parse_pool(s).unwrap_err().to_string();
+        assert_eq!(
+            pool("base"),
+            r#""base": expected NAME=MIN..MAX (e.g. base=4..128) or NAME=N"#
+        );
+        assert_eq!(
+            pool("base=4-8"),
+            r#""base=4-8": "4-8" is not a number of sandboxes"#
+        );
+        let driver = |s| parse_driver_for(s).unwrap_err().to_string();
+        assert_eq!(
+            driver("=jail"),
+            r#""=jail": expected TEMPLATE=DRIVER (e.g. base=microvm)"#
+        );
+        assert_eq!(
+            driver("base= kvm"),
+            r#""base= kvm": " kvm" is not a driver (jail or microvm)"#
+        );
     }
 
     #[test]
