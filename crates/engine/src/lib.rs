@@ -41,7 +41,8 @@ pub use volume::{fs as volume_fs, storage as volume_storage};
 
 pub use background::image_gc::ImageGcError;
 pub use config::{
-    BuildLimits, CheckpointPools, DEFAULT_SANDBOX_DISK_MB, EngineConfig, MIN_SANDBOX_DISK_MB,
+    BuildLimits, CheckpointPools, CheckpointPoolsError, DEFAULT_SANDBOX_DISK_MB, EngineConfig,
+    MIN_SANDBOX_DISK_MB,
 };
 pub use engine::Engine;
 pub use error::{ChangesError, EngineError, NetworkError};

@@ -60,7 +60,7 @@ pub use interpreter::{
     asset_paths as interpreter_asset_paths, kernels_json,
 };
 pub use layer::HOST_CA_BUNDLE;
-pub use mirror::{DEFAULT_MIRROR, host_mirror};
+pub use mirror::{DEFAULT_MIRROR, ProbeError, host_mirror};
 pub use progress::{
     Activity, IndicatifProgress, LogProgress, PackageStep, Progress, auto_progress, parse_activity,
 };
