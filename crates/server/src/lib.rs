@@ -11,6 +11,7 @@ mod config;
 mod limits;
 mod listener;
 mod network;
+mod node_side;
 mod probe;
 mod server;
 
