@@ -5,6 +5,7 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bulkhead_engine::driver::DriverError;
 use bulkhead_engine::volume_fs::VolumeFsError;
 use bulkhead_engine::{ChangesError, EngineError, Limit, Operation, VolumeError};
 
@@ -74,8 +75,28 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A cluster with no node to take the sandbox (its router's `DriverError::NoCapacity`), on a
+/// create, a resume or anything else that places one.
+fn no_capacity(e: &EngineError) -> Option<&DriverError> {
+    match e {
+        EngineError::Driver { source, .. } | EngineError::RestoreFailed { source, .. }
+            if matches!(source, DriverError::NoCapacity { .. }) =>
+        {
+            Some(source)
+        }
+        _ => None,
+    }
+}
+
 /// E2B's status and `error_code` for an engine error.
 fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
+    if no_capacity(e).is_some() {
+        // E2B's answer when placement finds no node (503: a retry later may pass).
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some("sandbox_capacity_unavailable"),
+        );
+    }
     match e {
         EngineError::SandboxNotFound(_)
         | EngineError::SnapshotNotFound(_)
@@ -203,11 +224,15 @@ impl From<EngineError> for ApiError {
         }
         let request_id = new_request_id();
         tracing::error!(request_id = %request_id, error = %error_chain(&e), "request failed");
+        // Only the top-level message: it names the operation and what to do, never a host path
+        // or the internal chain. A capacity refusal says so itself (it holds no host details).
+        let message = match no_capacity(&e) {
+            Some(refusal) => format!("{refusal} (request id {request_id})"),
+            None => format!("{e} (request id {request_id})"),
+        };
         ApiError {
             status,
-            // Only the top-level message: it names the operation and what to do, never a
-            // host path or the internal chain.
-            message: format!("{e} (request id {request_id})"),
+            message,
             error_code,
             request_id: Some(request_id),
         }
@@ -221,3 +246,42 @@ fn new_request_id() -> String {
 }
 
 pub use bulkhead_common::error_chain;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_capacity_in_a_cluster_is_a_503_in_e2b_shape() {
+        let refusal = || DriverError::NoCapacity {
+            reason: "no node has room for it".into(),
+        };
+        for e in [
+            EngineError::Driver {
+                op: Operation::Create,
+                source: refusal(),
+            },
+            EngineError::RestoreFailed {
+                id: "sb".into(),
+                source: refusal(),
+            },
+        ] {
+            let api = ApiError::from(e);
+            assert_eq!(api.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(api.error_code, Some("sandbox_capacity_unavailable"));
+            assert!(
+                api.message
+                    .starts_with("No node can take the sandbox now: no node has room for it"),
+                "{}",
+                api.message
+            );
+        }
+        // Any other driver failure of a create stays E2B's create failure.
+        let other = ApiError::from(EngineError::Driver {
+            op: Operation::Create,
+            source: DriverError::NotRunning,
+        });
+        assert_eq!(other.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(other.error_code, Some("sandbox_create_failed"));
+    }
+}

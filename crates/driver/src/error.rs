@@ -27,6 +27,12 @@ pub enum DriverError {
     Connect(#[source] std::io::Error),
     #[error("Sandbox is not running")]
     NotRunning,
+    /// No node can take the sandbox now: a cluster's placement found every node full, draining
+    /// or unable to restore its checkpoint (`reason` says which, without host details).
+    /// Answered by a router over nodes, never by a driver, whose own refusal is
+    /// [`StartError::NoFreeSlot`].
+    #[error("No node can take the sandbox now: {reason}")]
+    NoCapacity { reason: String },
     #[error("{context}")]
     Io {
         context: String,

@@ -9,7 +9,7 @@
 //!
 //! | format | layout |
 //! |---|---|
-//! | 1 | `driver`, `pid`, `pid_start_time`, `slot`, `data` (driver-specific). Handles written before the field existed lack `format` and are read as 1. |
+//! | 1 | `driver`, `pid`, `pid_start_time`, `slot`, `data` (driver-specific), and `node` where a cluster placed it (absent otherwise). Handles written before the field existed lack `format` and are read as 1. |
 //!
 //! A change that an older server could misread (a field changing meaning, `data` changing shape
 //! in a way the driver's own parser would accept wrongly) bumps [`DRIVER_HANDLE_FORMAT`]. A
@@ -77,6 +77,11 @@ pub struct DriverHandle {
     pub slot: u32,
     /// Opaque driver data (paths, cgroup names).
     pub data: serde_json::Value,
+    /// The cluster node the sandbox runs on, set by the router that placed it (the engine's
+    /// `ClusterNode`) so that every later call reaches that node. Drivers and single nodes
+    /// leave it unset and ignore it; absent in handles written before clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 fn first_format() -> u32 {
@@ -99,6 +104,7 @@ impl DriverHandle {
             pid_start_time,
             slot,
             data,
+            node: None,
         }
     }
 
@@ -134,6 +140,25 @@ mod tests {
         let json = serde_json::to_value(&h).unwrap();
         assert_eq!(json["format"], DRIVER_HANDLE_FORMAT);
         assert_eq!(serde_json::from_value::<DriverHandle>(json).unwrap(), h);
+    }
+
+    #[test]
+    fn the_node_is_optional_and_left_out_when_unset() {
+        let h = DriverHandle::new("jail", 7, 8, 9, serde_json::Value::Null);
+        assert_eq!(h.node, None);
+        let json = serde_json::to_value(&h).unwrap();
+        assert!(
+            json.get("node").is_none(),
+            "a single node's handle is stored as before: {json}"
+        );
+        let mut placed = h.clone();
+        placed.node = Some("n2".into());
+        let json = serde_json::to_value(&placed).unwrap();
+        assert_eq!(json["node"], "n2");
+        assert_eq!(
+            serde_json::from_value::<DriverHandle>(json).unwrap(),
+            placed
+        );
     }
 
     #[test]

@@ -60,6 +60,7 @@ mod tests {
             pid_start_time: 0,
             slot,
             data: serde_json::Value::Null,
+            node: None,
         }
     }
 

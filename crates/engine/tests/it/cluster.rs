@@ -1,7 +1,8 @@
 //! Cluster membership over a real store (SQLite here; the store's own suite runs the same
 //! statements on PostgreSQL): nodes heartbeat, replicas race for the health sweep, a silent
 //! node goes suspect then dead, comes back under a new epoch, and placement only ever sees
-//! ready nodes.
+//! ready nodes. Then (`router`) one engine over a `ClusterNode` of three fake nodes: spread,
+//! draining, capacity refusals, resume where the checkpoint is, warm pools, unknown nodes.
 
 use std::collections::BTreeMap;
 
@@ -189,4 +190,493 @@ async fn a_node_reports_what_its_sandboxes_were_promised_and_its_warm_pools() {
         engine.kill(&owner, &id).await.unwrap();
     }
     assert_eq!(engine.node_report().sandboxes, 0);
+}
+
+// ---- One engine over a `ClusterNode` of three fake nodes. ----
+
+mod router {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use bulkhead_engine::cluster::placement::{NodeStatus, PlacementConfig};
+    use bulkhead_engine::cluster::{
+        ClusterNode, Heartbeat, NodeReport, StaticDirectory, StaticMember, StoreDirectory,
+    };
+    use bulkhead_engine::driver::{
+        AgentStream, DriverError, DriverHandle, SandboxSpec, StartError,
+    };
+    use bulkhead_engine::testing::{FakeDriver, FakeHost, base_template};
+    use bulkhead_engine::{
+        AgentPath, Caller, CreateRequest, Engine, EngineConfig, EngineError, LocalNode, Node,
+        ResumeRequest,
+    };
+    use bulkhead_store::Store;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const IDS: [&str; 3] = ["n1", "n2", "n3"];
+
+    /// A member's data path, counting the streams opened through it.
+    struct CountingPath {
+        node: Arc<LocalNode>,
+        opened: AtomicUsize,
+    }
+
+    #[async_trait]
+    impl AgentPath for CountingPath {
+        async fn open(&self, h: &DriverHandle) -> Result<AgentStream, DriverError> {
+            self.opened.fetch_add(1, Ordering::SeqCst);
+            self.node.open(h).await
+        }
+    }
+
+    /// One machine: its own fake host (pids and start times repeat across machines, so a
+    /// call sent to the wrong one would reach another sandbox or none).
+    struct Machine {
+        driver: Arc<FakeDriver>,
+        local: Arc<LocalNode>,
+        path: Arc<CountingPath>,
+    }
+
+    struct Cluster {
+        _dir: tempfile::TempDir,
+        store: Store,
+        engine: Arc<Engine>,
+        owner: Caller,
+        directory: Arc<StaticDirectory>,
+        router: Arc<ClusterNode>,
+        machines: Vec<Machine>,
+    }
+
+    async fn cluster() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+        bulkhead_engine::testing::unlock_secrets(&store).await;
+        let mut machines = Vec::new();
+        let mut members = Vec::new();
+        for id in IDS {
+            let driver = Arc::new(FakeDriver::on_host(&FakeHost::default()));
+            let local = LocalNode::new(driver.clone());
+            let path = Arc::new(CountingPath {
+                node: local.clone(),
+                opened: AtomicUsize::new(0),
+            });
+            let mut member = StaticMember::new(id, local.clone(), 8.0, 16 * 1024);
+            member.agents = path.clone();
+            members.push(member);
+            machines.push(Machine {
+                driver,
+                local,
+                path,
+            });
+        }
+        let directory = Arc::new(StaticDirectory::new(members));
+        let router = ClusterNode::new(directory.clone(), PlacementConfig::default()).await;
+        let cfg = EngineConfig {
+            pools: bulkhead_engine::PoolConfig::fixed(0),
+            checkpoint_dir: dir.path().join("checkpoints"),
+            ..Default::default()
+        };
+        let engine = Engine::with_node(store.clone(), router.clone(), router.clone(), cfg);
+        engine.register_template(base_template()).await.unwrap();
+        let owner = bulkhead_engine::testing::owner(&store).await;
+        Cluster {
+            _dir: dir,
+            store,
+            engine,
+            owner,
+            directory,
+            router,
+            machines,
+        }
+    }
+
+    impl Cluster {
+        async fn create(&self) -> Result<String, EngineError> {
+            let req = CreateRequest {
+                template: "base".into(),
+                timeout: Some(600),
+                ..Default::default()
+            };
+            Ok(self.engine.create(&self.owner, req).await?.id)
+        }
+
+        async fn handle(&self, id: &str) -> DriverHandle {
+            let row = self.store.get_sandbox(id).await.unwrap().unwrap();
+            serde_json::from_str(&row.driver_handle.expect("running")).unwrap()
+        }
+
+        fn machine(&self, h: &DriverHandle) -> &Machine {
+            let id = h.node.as_deref().expect("the handle names its node");
+            &self.machines[IDS.iter().position(|n| *n == id).expect("a member")]
+        }
+
+        /// Sandboxes per node, by their handles.
+        async fn spread(&self, ids: &[String]) -> BTreeMap<String, usize> {
+            let mut per = BTreeMap::new();
+            for id in ids {
+                *per.entry(self.handle(id).await.node.unwrap()).or_insert(0) += 1;
+            }
+            per
+        }
+    }
+
+    fn refuse() -> DriverError {
+        StartError::NoFreeSlot { max: 0 }.into()
+    }
+
+    /// `GET /health` over a stream to the sandbox's agent.
+    async fn health(mut s: AgentStream) -> String {
+        s.write_all(b"GET /health HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut chunk = [0u8; 256];
+                let n = s.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "the agent closed without answering");
+                buf.extend_from_slice(&chunk[..n]);
+            }
+        })
+        .await
+        .expect("the agent answers");
+        String::from_utf8_lossy(&buf)
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
+    #[tokio::test]
+    async fn creates_spread_over_the_nodes_and_calls_reach_the_sandboxs_node() {
+        let c = cluster().await;
+        let mut ids = Vec::new();
+        for _ in 0..30 {
+            ids.push(c.create().await.unwrap());
+        }
+        let spread = c.spread(&ids).await;
+        println!("30 creates over 3 equal nodes: {spread:?}");
+        let (max, min) = (
+            *spread.values().max().unwrap(),
+            spread.values().min().copied().unwrap_or(0),
+        );
+        assert_eq!(spread.len(), 3, "every node gets some: {spread:?}");
+        assert!(
+            max as f64 / min as f64 <= 1.5,
+            "max/min over 1.5: {spread:?}"
+        );
+        for (i, id) in IDS.iter().enumerate() {
+            assert_eq!(
+                c.machines[i].driver.started.load(Ordering::SeqCst) as usize,
+                spread[*id],
+                "{id} started what its handles say"
+            );
+        }
+        for id in &ids {
+            let h = c.handle(id).await;
+            assert!(c.machine(&h).driver.alive.lock().unwrap().contains(&h.pid));
+        }
+
+        // Agent traffic and kills reach the sandbox's own node (pids repeat across nodes).
+        for id in ids.iter().take(6) {
+            let h = c.handle(id).await;
+            let opened: Vec<usize> = c
+                .machines
+                .iter()
+                .map(|m| m.path.opened.load(Ordering::SeqCst))
+                .collect();
+            let stream = c.engine.agent_stream(id).await.unwrap();
+            assert_eq!(health(stream).await, "HTTP/1.1 204 No Content");
+            for (i, m) in c.machines.iter().enumerate() {
+                let want = opened[i] + usize::from(IDS[i] == h.node.as_deref().unwrap());
+                assert_eq!(m.path.opened.load(Ordering::SeqCst), want, "{}", IDS[i]);
+            }
+            let stopped: Vec<i32> = c
+                .machines
+                .iter()
+                .map(|m| m.driver.stopped.load(Ordering::SeqCst))
+                .collect();
+            c.engine.kill(&c.owner, id).await.unwrap();
+            for (i, m) in c.machines.iter().enumerate() {
+                let mine = IDS[i] == h.node.as_deref().unwrap();
+                assert_eq!(
+                    m.driver.stopped.load(Ordering::SeqCst),
+                    stopped[i] + i32::from(mine)
+                );
+                if mine {
+                    assert!(!m.driver.alive.lock().unwrap().contains(&h.pid));
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_draining_node_gets_no_new_sandboxes() {
+        let c = cluster().await;
+        assert!(c.directory.set_status("n2", NodeStatus::Draining));
+        let mut ids = Vec::new();
+        for _ in 0..12 {
+            ids.push(c.create().await.unwrap());
+        }
+        let spread = c.spread(&ids).await;
+        assert_eq!(spread.get("n2"), None, "{spread:?}");
+        assert_eq!(c.machines[1].driver.started.load(Ordering::SeqCst), 0);
+        assert_eq!(spread.values().sum::<usize>(), 12);
+    }
+
+    #[tokio::test]
+    async fn a_full_node_is_passed_over_and_a_full_cluster_answers_no_capacity() {
+        let c = cluster().await;
+        *c.machines[0].driver.fail_start.lock().unwrap() = Some(refuse);
+        let mut ids = Vec::new();
+        for _ in 0..9 {
+            ids.push(
+                c.create()
+                    .await
+                    .expect("a refusal moves on without an error"),
+            );
+        }
+        let spread = c.spread(&ids).await;
+        assert_eq!(spread.get("n1"), None, "{spread:?}");
+        assert_eq!(spread.values().sum::<usize>(), 9);
+
+        for m in &c.machines {
+            *m.driver.fail_start.lock().unwrap() = Some(refuse);
+        }
+        match c.create().await {
+            Err(EngineError::Driver {
+                source: DriverError::NoCapacity { reason },
+                ..
+            }) => assert!(reason.contains("full"), "{reason}"),
+            other => panic!("expected no capacity, got {other:?}"),
+        }
+        // Another failure than a refusal is the node's own error (E2B's create failure).
+        *c.machines[2].driver.fail_start.lock().unwrap() = Some(|| DriverError::NotRunning);
+        assert!(matches!(
+            c.create().await,
+            Err(EngineError::Driver {
+                source: DriverError::NotRunning,
+                ..
+            })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_paused_sandbox_resumes_on_the_node_holding_its_checkpoint() {
+        let c = cluster().await;
+        let id = c.create().await.unwrap();
+        let h = c.handle(&id).await;
+        let home = h.node.clone().unwrap();
+        c.machine(&h).driver.set_var(h.pid, "x", "42");
+        c.engine.pause(&c.owner, &id, true).await.unwrap();
+        assert_eq!(c.machine(&h).driver.checkpoints.load(Ordering::SeqCst), 1);
+
+        // Its node becomes the busiest: fillers land there while the others drain.
+        for other in IDS.iter().filter(|n| **n != home) {
+            c.directory.set_status(other, NodeStatus::Draining);
+        }
+        for _ in 0..4 {
+            let filler = c.create().await.unwrap();
+            assert_eq!(c.handle(&filler).await.node.as_deref(), Some(home.as_str()));
+        }
+        for other in IDS {
+            c.directory.set_status(other, NodeStatus::Ready);
+        }
+
+        c.engine
+            .resume(&c.owner, &id, ResumeRequest::default())
+            .await
+            .unwrap();
+        let back = c.handle(&id).await;
+        assert_eq!(back.node.as_deref(), Some(home.as_str()));
+        for (i, m) in c.machines.iter().enumerate() {
+            let want = i32::from(IDS[i] == home);
+            assert_eq!(m.driver.restores.load(Ordering::SeqCst), want, "{}", IDS[i]);
+        }
+        let memory = c.machine(&back).driver.memory(back.pid).unwrap();
+        assert_eq!(memory.vars["x"], "42");
+
+        // A holder that cannot take it: no other node is tried (its state is not there).
+        c.engine.pause(&c.owner, &id, true).await.unwrap();
+        c.directory.set_status(&home, NodeStatus::Draining);
+        match c
+            .engine
+            .resume(&c.owner, &id, ResumeRequest::default())
+            .await
+        {
+            Err(EngineError::RestoreFailed {
+                source: DriverError::NoCapacity { reason },
+                ..
+            }) => assert!(reason.contains(&home), "{reason}"),
+            other => panic!("expected no capacity, got {other:?}"),
+        }
+        c.directory.set_status(&home, NodeStatus::Ready);
+        c.engine
+            .resume(&c.owner, &id, ResumeRequest::default())
+            .await
+            .expect("still paused and resumable");
+        assert_eq!(c.handle(&id).await.node.as_deref(), Some(home.as_str()));
+    }
+
+    #[tokio::test]
+    async fn warm_stock_on_one_node_is_claimed_first() {
+        let c = cluster().await;
+        let t = base_template();
+        let spec = SandboxSpec {
+            template_id: t.id.clone(),
+            rootfs: t.rootfs.clone(),
+            cpu_count: t.cpu_count,
+            memory_mb: t.memory_mb,
+            pids_max: t.pids_max,
+            disk_mb: 0,
+            volumes: Vec::new(),
+        };
+        let n3 = &c.machines[2];
+        let mut pooled = Vec::new();
+        for _ in 0..2 {
+            let h = n3.local.start(&spec, true).await.unwrap();
+            pooled.push(h.pid);
+            n3.local.pool_put("base", h).await;
+        }
+        assert_eq!(c.engine.pool_len("base"), 2);
+        for _ in 0..2 {
+            let id = c.create().await.unwrap();
+            let h = c.handle(&id).await;
+            assert_eq!(h.node.as_deref(), Some("n3"));
+            assert!(pooled.contains(&h.pid), "a claim, not a start");
+        }
+        assert_eq!(c.engine.pool_len("base"), 0);
+        let started: i32 = c
+            .machines
+            .iter()
+            .map(|m| m.driver.started.load(Ordering::SeqCst))
+            .sum();
+        assert_eq!(started, 2, "nothing started beyond the pool");
+        // The pool is empty: the next create is placed and started.
+        let id = c.create().await.unwrap();
+        assert!(c.handle(&id).await.node.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_handle_of_an_unknown_node_is_gone() {
+        let c = cluster().await;
+        let id = c.create().await.unwrap();
+        let real = c.handle(&id).await;
+        for node in [Some("n9".to_string()), None] {
+            let mut h = real.clone();
+            h.node = node;
+            assert!(!c.router.owns(&h));
+            assert!(!c.router.adopt(&h).await);
+            assert!(!c.router.reachable(&h).await);
+            assert!(matches!(
+                c.router.usage(&h).await,
+                Err(DriverError::NotRunning)
+            ));
+            assert!(matches!(
+                c.router.thaw(&h).await,
+                Err(DriverError::NotRunning)
+            ));
+            assert!(matches!(
+                c.router.open(&h).await,
+                Err(DriverError::NotRunning)
+            ));
+            tokio::time::timeout(Duration::from_secs(1), c.router.wait(&h))
+                .await
+                .expect("a sandbox of no node has ended");
+            c.router.stop(&h).await.expect("stopping it is a no-op");
+        }
+        assert!(c.router.owns(&real), "the real one is untouched");
+        assert!(c.router.reachable(&real).await);
+
+        // A restarted engine whose cluster lost that node: the sandbox did not survive.
+        let home = real.node.clone().unwrap();
+        let rest: Vec<StaticMember> = IDS
+            .iter()
+            .zip(&c.machines)
+            .filter(|(id, _)| **id != home)
+            .map(|(id, m)| StaticMember::new(*id, m.local.clone(), 8.0, 16 * 1024))
+            .collect();
+        let router = ClusterNode::new(
+            Arc::new(StaticDirectory::new(rest)),
+            PlacementConfig::default(),
+        )
+        .await;
+        let cfg = EngineConfig {
+            pools: bulkhead_engine::PoolConfig::fixed(0),
+            ..Default::default()
+        };
+        let engine = Engine::with_node(c.store.clone(), router.clone(), router, cfg);
+        engine.recover().await.unwrap();
+        let row = c.store.get_sandbox(&id).await.unwrap().unwrap();
+        assert_eq!(row.end_reason.as_deref(), Some("lost on restart"));
+    }
+
+    #[tokio::test]
+    async fn the_store_directory_places_by_reports_and_makes_a_client_per_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+        let now = super::T0;
+        let roomy = NodeReport {
+            cpus: 8.0,
+            memory_mib: 16 * 1024,
+            ..NodeReport::default()
+        };
+        let mut big = Heartbeat::new(store.clone(), "big", "10.0.0.1:7001");
+        big.beat(&roomy, false, now).await.unwrap();
+        // Reports no capacity: never placed on.
+        Heartbeat::new(store.clone(), "none", "10.0.0.2:7001")
+            .beat(&NodeReport::default(), false, now)
+            .await
+            .unwrap();
+        let nodes: BTreeMap<&str, Arc<LocalNode>> = ["big", "none"]
+            .into_iter()
+            .map(|id| (id, LocalNode::new(Arc::new(FakeDriver::default()))))
+            .collect();
+        let made = Arc::new(std::sync::Mutex::new(Vec::<(String, u64)>::new()));
+        let factory = {
+            let made = made.clone();
+            move |row: &bulkhead_store::NodeRow| {
+                made.lock().unwrap().push((row.id.clone(), row.epoch));
+                let node = nodes.get(row.id.as_str())?.clone();
+                Some((node.clone() as Arc<dyn Node>, node as Arc<dyn AgentPath>))
+            }
+        };
+        let directory = Arc::new(
+            StoreDirectory::new(store.clone(), factory).with_refresh_every(Duration::ZERO),
+        );
+        let router = ClusterNode::new(directory, PlacementConfig::default()).await;
+        assert_eq!(router.members().len(), 2);
+        let spec = SandboxSpec {
+            template_id: "base".into(),
+            rootfs: "/nonexistent".into(),
+            cpu_count: 1,
+            memory_mb: 256,
+            pids_max: 64,
+            disk_mb: 0,
+            volumes: Vec::new(),
+        };
+        for _ in 0..3 {
+            let h = router.start(&spec, false).await.unwrap();
+            assert_eq!(h.node.as_deref(), Some("big"));
+        }
+        assert_eq!(
+            made.lock().unwrap().clone(),
+            vec![("big".to_string(), 1), ("none".to_string(), 1)],
+            "one client per node while its epoch holds"
+        );
+        // "none" comes back as a new incarnation: a new client, the other kept.
+        Heartbeat::new(store.clone(), "none", "10.0.0.2:7001")
+            .beat(&NodeReport::default(), false, now + 1000)
+            .await
+            .unwrap();
+        router.refresh().await;
+        assert_eq!(
+            made.lock().unwrap().last().cloned(),
+            Some(("none".into(), 2))
+        );
+        assert_eq!(made.lock().unwrap().len(), 3);
+    }
 }

@@ -17,6 +17,7 @@ impl From<&DriverHandle> for v1::DriverHandle {
             pid_start_time: h.pid_start_time,
             slot: h.slot,
             data_json: h.data.to_string(),
+            node: h.node.clone(),
         }
     }
 }
@@ -41,6 +42,7 @@ impl TryFrom<v1::DriverHandle> for DriverHandle {
             pid_start_time: h.pid_start_time,
             slot: h.slot,
             data,
+            node: h.node,
         })
     }
 }

@@ -315,6 +315,9 @@ impl From<&DriverError> for v1::DriverFault {
                 context: context.clone(),
                 source: Some(source.into()),
             }),
+            DriverError::NoCapacity { reason } => Kind::NoCapacity(df::NoCapacity {
+                reason: reason.clone(),
+            }),
         };
         v1::DriverFault { kind: Some(kind) }
     }
@@ -341,6 +344,7 @@ impl TryFrom<v1::DriverFault> for DriverError {
                 context: io.context,
                 source: io_fault(io.source, "DriverFault.Io.source")?,
             },
+            Kind::NoCapacity(n) => DriverError::NoCapacity { reason: n.reason },
         })
     }
 }
@@ -397,6 +401,7 @@ impl v1::NodeError {
                     Code::FailedPrecondition
                 }
                 Some(Driver::Connect(_)) => Code::Unavailable,
+                Some(Driver::NoCapacity(_)) => Code::ResourceExhausted,
                 Some(Driver::Start(s)) => match s.kind {
                     Some(Start::NoFreeSlot(_)) => Code::ResourceExhausted,
                     _ => Code::Internal,

@@ -130,6 +130,7 @@ pub fn driver_error() -> impl Strategy<Value = DriverError> {
         io_error().prop_map(DriverError::Connect),
         LazyJust::new(|| DriverError::NotRunning),
         (".{0,16}", io_error()).prop_map(|(context, source)| DriverError::io(context, source)),
+        ".{0,16}".prop_map(|reason| DriverError::NoCapacity { reason }),
     ]
 }
 
@@ -181,6 +182,9 @@ pub fn assert_same(a: &DriverError, b: &DriverError) {
         },
         (DriverError::Connect(x), DriverError::Connect(y)) => same_io(x, y),
         (DriverError::NotRunning, DriverError::NotRunning) => {}
+        (DriverError::NoCapacity { reason }, DriverError::NoCapacity { reason: r }) => {
+            assert_eq!(reason, r)
+        }
         (
             DriverError::Io { context, source },
             DriverError::Io {
@@ -241,6 +245,9 @@ fn each_variant_round_trips() {
         DriverError::Connect(io::Error::from_raw_os_error(111)),
         DriverError::NotRunning,
         DriverError::io("reading the cgroup", io::ErrorKind::NotFound.into()),
+        DriverError::NoCapacity {
+            reason: "every node is full".into(),
+        },
     ];
     for e in &cases {
         let back = DriverError::try_from(over_the_wire(&v1::NodeError::from(e))).unwrap();
@@ -258,6 +265,12 @@ fn connect_codes_summarise_the_detail() {
     );
     assert_eq!(
         code(StartError::NoFreeSlot { max: 1 }.into()),
+        Code::ResourceExhausted
+    );
+    assert_eq!(
+        code(DriverError::NoCapacity {
+            reason: "full".into()
+        }),
         Code::ResourceExhausted
     );
     assert_eq!(

@@ -49,15 +49,17 @@ pub fn handle() -> impl Strategy<Value = DriverHandle> {
         any::<u64>(),
         any::<u32>(),
         json(),
+        prop::option::of("[a-z0-9-]{0,8}"),
     )
         .prop_map(
-            |(format, driver, pid, pid_start_time, slot, data)| DriverHandle {
+            |(format, driver, pid, pid_start_time, slot, data, node)| DriverHandle {
                 format,
                 driver,
                 pid,
                 pid_start_time,
                 slot,
                 data,
+                node,
             },
         )
 }
