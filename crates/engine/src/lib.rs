@@ -50,7 +50,7 @@ pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use metering::{ExhaustedAction, MeteringConfig, Prices, UsageFilter, UsageReport};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};
 pub use node::checkpoints::CheckpointError;
-pub use node::{AgentCallError, AgentPath, LocalNode, Node};
+pub use node::{AgentCallError, AgentPath, Allocation, LocalNode, Node};
 pub use pool::policy::{PoolConfig, PoolLimits};
 pub use pool::source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
 pub use quota::{Limit, QuotaError};

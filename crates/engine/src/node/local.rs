@@ -18,12 +18,14 @@ use crate::node::driver::{
 use crate::node::link::Links;
 use crate::node::network::{EgressControl, StoreAuditSink};
 use crate::node::pools::Pools;
+use crate::node::tally::{Allocation, Tally};
 use crate::node::{AgentCallError, AgentPath, Node};
 
 pub struct LocalNode {
     driver: Arc<dyn Driver>,
     pools: Pools,
     links: Links,
+    tally: Tally,
 }
 
 impl LocalNode {
@@ -32,6 +34,7 @@ impl LocalNode {
             driver,
             pools: Pools::default(),
             links: Links::default(),
+            tally: Tally::default(),
         })
     }
 
@@ -39,6 +42,12 @@ impl LocalNode {
     /// the audit trail is read.
     pub fn set_egress(&self, egress: Arc<dyn EgressControl>, audit: Option<Arc<StoreAuditSink>>) {
         self.links.install(egress, audit);
+    }
+
+    /// What the sandboxes it started or restored were promised (those re-adopted after a
+    /// restart are not counted: their handles do not say).
+    pub fn allocated(&self) -> Allocation {
+        self.tally.total()
     }
 }
 
@@ -65,23 +74,32 @@ impl Node for LocalNode {
     }
 
     async fn start(&self, spec: &SandboxSpec, warm: bool) -> Result<DriverHandle, DriverError> {
-        if warm {
+        let h = if warm {
             self.driver.start_warm(spec).await
         } else {
             self.driver.start(spec).await
-        }
+        }?;
+        self.tally.started(&h, spec, warm);
+        Ok(h)
     }
 
     async fn claimed(&self, handle: &DriverHandle) -> Result<(), DriverError> {
-        self.driver.claimed(handle).await
+        self.driver.claimed(handle).await?;
+        self.tally.claimed(handle);
+        Ok(())
     }
 
     async fn stop(&self, handle: &DriverHandle) -> Result<(), DriverError> {
-        self.driver.stop(handle).await
+        let r = self.driver.stop(handle).await;
+        if r.is_ok() {
+            self.tally.gone(handle);
+        }
+        r
     }
 
     async fn wait(&self, handle: &DriverHandle) {
-        self.driver.wait(handle).await
+        self.driver.wait(handle).await;
+        self.tally.gone(handle);
     }
 
     async fn adopt(&self, handle: &DriverHandle) -> bool {
@@ -151,7 +169,9 @@ impl Node for LocalNode {
         dir: &Path,
         opts: RestoreOptions,
     ) -> Result<DriverHandle, DriverError> {
-        self.driver.restore(spec, dir, opts).await
+        let h = self.driver.restore(spec, dir, opts).await?;
+        self.tally.started(&h, spec, false);
+        Ok(h)
     }
 
     async fn changes(

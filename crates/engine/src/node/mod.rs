@@ -15,6 +15,7 @@ mod link;
 mod local;
 pub mod network;
 mod pools;
+mod tally;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -30,6 +31,7 @@ use driver::{
     DriverHandle, FileChange, ResourceUsage, RestoreOptions, SandboxSpec,
 };
 pub use local::LocalNode;
+pub use tally::Allocation;
 
 /// How a call to a sandbox's agent failed: the node could not reach it, or it answered badly.
 #[derive(Debug, thiserror::Error)]

@@ -680,3 +680,41 @@ mod router {
         assert_eq!(made.lock().unwrap().len(), 3);
     }
 }
+
+#[tokio::test]
+async fn a_local_node_tallies_what_its_sandboxes_were_promised() {
+    use std::sync::Arc;
+
+    use bulkhead_engine::driver::SandboxSpec;
+    use bulkhead_engine::testing::{FakeDriver, base_template};
+    use bulkhead_engine::{Allocation, LocalNode, Node};
+
+    let node = LocalNode::new(Arc::new(FakeDriver::default()));
+    let t = base_template();
+    let spec = SandboxSpec {
+        template_id: t.id.clone(),
+        rootfs: t.rootfs.clone(),
+        cpu_count: 2,
+        memory_mb: 512,
+        pids_max: t.pids_max,
+        disk_mb: 0,
+        volumes: Vec::new(),
+    };
+    let a = node.start(&spec, false).await.unwrap();
+    let warm = node.start(&spec, true).await.unwrap();
+    assert_eq!(
+        node.allocated(),
+        Allocation {
+            sandboxes: 1,
+            cpus: 2.0,
+            memory_mib: 512,
+            warm: 1
+        }
+    );
+    node.claimed(&warm).await.unwrap();
+    assert_eq!((node.allocated().sandboxes, node.allocated().warm), (2, 0));
+    assert_eq!(node.allocated().cpus, 4.0);
+    node.stop(&a).await.unwrap();
+    node.stop(&warm).await.unwrap();
+    assert_eq!(node.allocated(), Allocation::default());
+}
