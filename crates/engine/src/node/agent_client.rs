@@ -11,12 +11,14 @@ use hyper_util::rt::TokioIo;
 
 use crate::node::driver::AgentStream;
 
+/// The HTTP causes are boxed: a node reached over the network (crates/node) reports hyper's
+/// error as its chain of messages, which no `hyper::Error` can be rebuilt from.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentClientError {
     #[error("HTTP handshake with the agent failed")]
-    Handshake(#[source] hyper::Error),
+    Handshake(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("Request to the agent failed")]
-    Request(#[source] hyper::Error),
+    Request(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("Invalid request to the agent")]
     Build(#[source] http::Error),
     #[error("Request body could not be encoded")]
@@ -92,7 +94,7 @@ pub async fn send(
     add_request_id(req.headers_mut());
     let (mut sender, conn) = http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(AgentClientError::Handshake)?;
+        .map_err(|e| AgentClientError::Handshake(e.into()))?;
     // The connection future drives I/O; it ends when the answer's body is done (or dropped).
     tokio::spawn(async move {
         let _ = conn.await;
@@ -100,7 +102,7 @@ pub async fn send(
     sender
         .send_request(req)
         .await
-        .map_err(AgentClientError::Request)
+        .map_err(|e| AgentClientError::Request(e.into()))
 }
 
 /// Sets `X-Request-Id` to the current request's id, if this task serves one.
@@ -123,7 +125,7 @@ pub async fn success(
         .into_body()
         .collect()
         .await
-        .map_err(AgentClientError::Request)?
+        .map_err(|e| AgentClientError::Request(e.into()))?
         .to_bytes();
     Err(AgentClientError::Status {
         status: status.as_u16(),
@@ -138,6 +140,6 @@ pub async fn ok_body(resp: http::Response<Incoming>) -> Result<Bytes, AgentClien
         .into_body()
         .collect()
         .await
-        .map_err(AgentClientError::Request)?
+        .map_err(|e| AgentClientError::Request(e.into()))?
         .to_bytes())
 }
