@@ -31,7 +31,7 @@ pub enum ImageError {
     MirrorUnreachable {
         mirror: String,
         /// Not a `#[source]`: the message already carries it, in the middle.
-        reason: crate::mirror::ProbeError,
+        reason: ProbeError,
     },
     #[error("{tool} failed ({status}) building suite {suite}; last output:\n{tail}")]
     Bootstrap {
@@ -97,3 +97,41 @@ impl ImageError {
 }
 
 pub type Result<T, E = ImageError> = std::result::Result<T, E>;
+
+/// Why a Debian mirror did not answer the probe (see `mirror`); the text is the `reason` of
+/// [`ImageError::MirrorUnreachable`].
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("no answer within 15 s")]
+    Timeout,
+    #[error("{0:?} is not a URL")]
+    NotAUrl(String),
+    #[error("{} does not exist", .0.display())]
+    NoSuite(std::path::PathBuf),
+    #[error("unsupported URL scheme {0:?}")]
+    Scheme(String),
+    #[error("cannot connect to {addr}: {source}")]
+    Connect {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot send a request to {addr}: {source}")]
+    Send {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no HTTP answer from {addr}: {source}")]
+    NoAnswer {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("not an HTTP answer from {addr}: {line:?}")]
+    NotHttp { addr: String, line: String },
+    #[error("suite {suite} not found (HTTP 404 for {path})")]
+    SuiteNotFound { suite: String, path: String },
+    #[error("HTTP {status} for {path}")]
+    Status { status: u16, path: String },
+}

@@ -53,14 +53,14 @@ mod stack;
 
 pub use bootstrap::BootstrapTool;
 pub use cache::{CachedImage, DEFAULT_CACHE_ROOT, ImageCache, ImageInfo};
-pub use error::{ImageError, Result};
+pub use error::{ImageError, ProbeError, Result};
 pub use gc::{GcReport, entries_named_in};
 pub use interpreter::{
     INTERPRETER_DIR, KERNELS_JSON, TEMPLATE_ID as CODE_INTERPRETER_ID,
     asset_paths as interpreter_asset_paths, kernels_json,
 };
 pub use layer::HOST_CA_BUNDLE;
-pub use mirror::{DEFAULT_MIRROR, ProbeError, host_mirror};
+pub use mirror::{DEFAULT_MIRROR, host_mirror};
 pub use progress::{
     Activity, IndicatifProgress, LogProgress, PackageStep, Progress, auto_progress, parse_activity,
 };

@@ -6,46 +6,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::error::{ImageError, Result};
+use crate::error::{ImageError, ProbeError, Result};
 use crate::progress::Progress;
-
-/// Why a mirror did not answer the probe; the text is the `reason` of
-/// [`ImageError::MirrorUnreachable`].
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    #[error("no answer within 15 s")]
-    Timeout,
-    #[error("{0:?} is not a URL")]
-    NotAUrl(String),
-    #[error("{} does not exist", .0.display())]
-    NoSuite(std::path::PathBuf),
-    #[error("unsupported URL scheme {0:?}")]
-    Scheme(String),
-    #[error("cannot connect to {addr}: {source}")]
-    Connect {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot send a request to {addr}: {source}")]
-    Send {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("no HTTP answer from {addr}: {source}")]
-    NoAnswer {
-        addr: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("not an HTTP answer from {addr}: {line:?}")]
-    NotHttp { addr: String, line: String },
-    #[error("suite {suite} not found (HTTP 404 for {path})")]
-    SuiteNotFound { suite: String, path: String },
-    #[error("HTTP {status} for {path}")]
-    Status { status: u16, path: String },
-}
 
 /// Used when the host's APT sources have no entry for the suite (e.g. a non-Debian host).
 pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";

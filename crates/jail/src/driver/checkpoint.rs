@@ -287,8 +287,10 @@ impl JailDriver {
     }
 }
 
-/// Dumps tried when something transient got in the way (see [`is_transient`]).
-const DUMP_ATTEMPTS: u64 = 4;
+/// Dumps tried when something transient got in the way (see [`is_transient`]). A tree that
+/// forks without pause can catch a child mid-exit at every freeze on a loaded host (CI saw four
+/// in a row): eight tries, the pauses between them growing to 160 ms (under a second in all).
+const DUMP_ATTEMPTS: u64 = 8;
 
 /// A dump failure that another try avoids: a connection from the host still queued at the
 /// agent's listening socket (e.g. a health probe not yet accepted: the agent takes it), a
