@@ -163,7 +163,14 @@ class BulkheadServer:
         return cls.start(extra_args)
 
     @classmethod
-    def start(cls, extra_args: Optional[List[str]] = None) -> "BulkheadServer":
+    def start(
+        cls,
+        extra_args: Optional[List[str]] = None,
+        subcommand: str = "serve",
+        extra_env: Optional[Dict[str, str]] = None,
+    ) -> "BulkheadServer":
+        """`bulkhead serve` (or another role serving the REST API, e.g. `api`) on a free port
+        with a data dir of its own; `extra_env` is added to its environment."""
         binary = Path(os.environ.get("BULKHEAD_BIN", str(REPO / "target" / "debug" / "bulkhead")))
         if not binary.is_absolute():
             binary = (REPO / binary).resolve()
@@ -185,7 +192,7 @@ class BulkheadServer:
         key = generate_api_key()
         argv = [
             str(binary),
-            "serve",
+            subcommand,
             "--listen",
             f"127.0.0.1:{port}",
             "--data-dir",
@@ -209,6 +216,7 @@ class BulkheadServer:
         # The server must not pick up a developer's own settings.
         for k in ("BULKHEAD_DATA_DIR", "BULKHEAD_DATABASE_URL", "BULKHEAD_LISTEN"):
             env.pop(k, None)
+        env.update(extra_env or {})
         srv = cls(
             f"http://127.0.0.1:{port}",
             key,

@@ -12,6 +12,12 @@ use crate::error::ApiError;
 
 pub const CLIENT_ID: &str = "bulkhead";
 
+/// E2B's `clientID`: the node a sandbox runs on in a cluster (its `--node-id`), else
+/// [`CLIENT_ID`].
+fn client_id(s: &SandboxInfo) -> String {
+    s.node.clone().unwrap_or_else(|| CLIENT_ID.to_string())
+}
+
 /// `NewSandbox` (POST /sandboxes) and `NewSandboxV2` (POST /v2/sandboxes). Unknown fields are
 /// ignored so newer SDKs keep working.
 #[derive(Debug, Serialize, Deserialize, Default, ToSchema)]
@@ -346,7 +352,7 @@ impl From<&SandboxInfo> for Sandbox {
         Sandbox {
             sandbox_id: s.id.clone(),
             template_id: s.template_id.clone(),
-            client_id: CLIENT_ID.to_string(),
+            client_id: client_id(s),
             envd_version: s.envd_version.clone(),
             envd_access_token: s.envd_access_token.clone(),
             // The official code-interpreter SDKs send this (not the envd token) on their
@@ -417,7 +423,7 @@ impl SandboxDetail {
         SandboxDetail {
             sandbox_id: s.id.clone(),
             template_id: s.template_id.clone(),
-            client_id: CLIENT_ID.to_string(),
+            client_id: client_id(s),
             alias: s.alias.clone(),
             started_at: rfc3339(&s.started_at),
             end_at: rfc3339(&s.end_at),

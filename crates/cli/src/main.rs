@@ -2,6 +2,7 @@
 //! (`sandbox`). The hidden `__jail-launch` subcommand is the jail driver's launcher: it must run
 //! in a fresh single-threaded process, so it is dispatched before anything else starts.
 
+mod cluster;
 mod doctor;
 mod keys;
 mod mcp;
@@ -32,6 +33,11 @@ struct Cli {
 enum Cmd {
     /// Start the API server with embedded defaults (SQLite, local images, jail driver).
     Serve(Box<serve::ServeArgs>),
+    /// A cluster's API replica: the REST API over the nodes registered in the shared store
+    /// (`--database-url postgres://…`, `BULKHEAD_NODE_TOKEN`).
+    Api(Box<cluster::ApiArgs>),
+    /// A cluster node: this machine's sandboxes, served to the API replicas.
+    Node(Box<cluster::NodeArgs>),
     /// Manage API keys.
     Keys {
         #[command(flatten)]
@@ -99,6 +105,8 @@ fn main() -> std::process::ExitCode {
     let result = rt.block_on(async move {
         match cli.cmd {
             Cmd::Serve(args) => serve::run(*args).await,
+            Cmd::Api(args) => cluster::run_api(*args).await,
+            Cmd::Node(args) => cluster::run_node(*args).await,
             Cmd::Keys { data, cmd } => keys::run(data, cmd).await,
             Cmd::Teams { data, cmd } => teams::run(data, cmd).await,
             Cmd::Usage(args) => teams::usage(args).await,

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bulkhead_engine::{AdmissionLimits, PoolConfig, PoolLimits};
 use bulkhead_server::{
-    BuiltTemplate, DriverKind, KeyBootstrap, NetworkConfig, NetworkDefault, Server, ServerConfig,
-    TemplateSize, default_pools,
+    BuiltTemplate, DriverKind, KeyBootstrap, NetworkConfig, NetworkDefault, Prepared, Server,
+    ServerConfig, TemplateSize, default_pools,
 };
 
 use bulkhead_cli::args::DataArgs;
@@ -326,7 +326,7 @@ impl ServeArgs {
     }
 
     /// The server configuration these flags (and `BULKHEAD_API_KEY`) describe.
-    fn config(&self) -> ServerConfig {
+    pub(crate) fn config(&self) -> ServerConfig {
         let net = &self.network;
         ServerConfig {
             listen: self.listen,
@@ -388,6 +388,18 @@ impl ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    run_as(args, None).await
+}
+
+/// A cluster's API replica: the join token and this replica's name (see `bulkhead api`).
+pub(crate) struct Replica {
+    pub(crate) token: String,
+    pub(crate) name: String,
+}
+
+/// `serve`, or with `replica` an API replica of a cluster (the engine over the nodes in the
+/// store instead of this machine's driver).
+pub(crate) async fn run_as(args: ServeArgs, replica: Option<Replica>) -> anyhow::Result<ExitCode> {
     init_logging(&args.log_level, args.log_format);
     let mut config = args.config();
     config.registry = args.registry.config()?;
@@ -407,15 +419,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         KeyBootstrap::Unchanged => {}
     }
 
-    // Building stays here: it owns the progress display (a spinner on a terminal).
-    let cache = prepared.image_cache();
-    let mut templates = Vec::new();
-    for recipe in prepared.recipes() {
-        let rootfs = crate::template::ensure_built(&cache, &recipe).await?;
-        templates.push(BuiltTemplate { recipe, rootfs });
-    }
-
-    let server = prepared.start(templates).await?;
+    let templates = build_templates(&prepared).await?;
+    let server = match replica {
+        None => prepared.start(templates).await?,
+        Some(r) => prepared.start_cluster(templates, r.token, r.name).await?,
+    };
     if server.readopted > 0 {
         eprintln!(
             "Re-adopted {} running sandbox(es) from the previous run.",
@@ -435,7 +443,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn shutdown_signal() {
+/// Builds (or finds cached) the configured templates. Building stays in the front end: it
+/// owns the progress display (a spinner on a terminal).
+pub(crate) async fn build_templates(prepared: &Prepared) -> anyhow::Result<Vec<BuiltTemplate>> {
+    let cache = prepared.image_cache();
+    let mut templates = Vec::new();
+    for recipe in prepared.recipes() {
+        let rootfs = crate::template::ensure_built(&cache, &recipe).await?;
+        templates.push(BuiltTemplate { recipe, rootfs });
+    }
+    Ok(templates)
+}
+
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {

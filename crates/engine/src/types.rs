@@ -194,6 +194,8 @@ pub struct SandboxInfo {
     /// The domain its ports are served under (`{port}-{id}.{domain}`), when the operator
     /// configured one.
     pub domain: Option<String>,
+    /// The cluster node it runs on (its `--node-id`); None on a single machine.
+    pub node: Option<String>,
 }
 
 /// A secret as shown to clients: never the value.

@@ -7,7 +7,9 @@
 //! Template building stays with the front end (it owns the progress display); the library
 //! takes the built root filesystems and sizes each template from the configuration.
 
+mod cluster;
 mod config;
+mod error;
 mod limits;
 mod listener;
 mod network;
@@ -15,12 +17,14 @@ mod node_side;
 mod probe;
 mod server;
 
+pub use cluster::{NodeDaemon, NodeSettings};
 pub use config::{
     ConfigError, DriverKind, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize,
     default_pools,
 };
+pub use error::{ClusterError, StartError};
 pub use limits::{ConnectionLimits, LimitsError, Resolved as ResolvedLimits};
 pub use listener::serve;
 pub use network::NetworkSetupError;
 pub use probe::Vouch;
-pub use server::{BuiltTemplate, KeyBootstrap, Prepared, Server, StartError};
+pub use server::{BuiltTemplate, KeyBootstrap, Prepared, Server};

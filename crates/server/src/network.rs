@@ -36,9 +36,6 @@ pub(crate) struct Network {
     pub audit: Arc<StoreAuditSink>,
     /// The proxy's CA certificate plus the operator's bundle (public certificates only).
     pub sandbox_ca_pem: String,
-    pub default_allow: bool,
-    /// Variables pointing every common TLS stack at the sandbox trust bundle.
-    pub sandbox_env: BTreeMap<String, String>,
 }
 
 fn read_pem_bundle(path: &Path) -> Result<String, NetworkSetupError> {
@@ -141,8 +138,6 @@ pub(crate) fn setup(
         egress,
         audit,
         sandbox_ca_pem,
-        default_allow,
-        sandbox_env: sandbox_ca_env(),
     })
 }
 

@@ -13,15 +13,14 @@ use bulkhead_jail::{JailConfig, JailDriver};
 use bulkhead_store::Store;
 
 use crate::config::{ConfigError, DriverKind, ServerConfig};
-use crate::network::{self, Network};
-use crate::server::StartError;
+use crate::error::StartError;
+use crate::network;
 
 /// The node half of a server.
 pub(crate) struct NodeSide {
     pub(crate) node: Arc<LocalNode>,
     /// The jail driver, when it runs sandboxes (its views and cgroups are tidied).
     pub(crate) jail: Option<Arc<JailDriver>>,
-    pub(crate) net: Network,
 }
 
 /// Builds the egress network, the drivers `config` uses (routed per template when
@@ -85,7 +84,7 @@ pub(crate) fn build(config: &ServerConfig, store: &Store) -> Result<NodeSide, St
     };
     let node = LocalNode::new(driver);
     node.set_egress(net.egress.clone(), Some(net.audit.clone()));
-    Ok(NodeSide { node, jail, net })
+    Ok(NodeSide { node, jail })
 }
 
 /// The microvm driver, logging which acceleration it uses and why. Beside the jail its QEMU

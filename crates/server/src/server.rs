@@ -9,14 +9,15 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bulkhead_engine::{Engine, EngineConfig, TemplateInfo};
+use bulkhead_engine::{AgentPath, Engine, EngineConfig, Node, TemplateInfo};
 use bulkhead_images::{ImageCache, TemplateRecipe};
 use bulkhead_jail::JailDriver;
 use bulkhead_store::Store;
 use tokio::task::JoinHandle;
 
-use crate::config::{ConfigError, ServerConfig};
-use crate::network::NetworkSetupError;
+use crate::config::ServerConfig;
+use crate::error::StartError;
+use crate::network;
 
 /// How often idmapped template views no sandbox uses are dropped.
 const PRUNE_INTERVAL: Duration = Duration::from_secs(1800);
@@ -24,54 +25,6 @@ const PRUNE_INTERVAL: Duration = Duration::from_secs(1800);
 const DRAIN: Duration = Duration::from_secs(2);
 /// Pending connections the kernel queues before accept (capped by `net.core.somaxconn`).
 const LISTEN_BACKLOG: u32 = 4096;
-
-/// Why the server could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error(
-        "bulkhead serve must run as root (it creates namespaces, mounts and cgroups); try: sudo bulkhead serve"
-    )]
-    NotRoot,
-    #[error("cannot create data dir {}", path.display())]
-    DataDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Store(bulkhead_store::StoreError),
-    #[error(transparent)]
-    Key(bulkhead_engine::keys::KeyError),
-    #[error("cannot find the bulkhead executable")]
-    Executable(#[source] std::io::Error),
-    #[error(
-        "the sandbox agent binary is missing at {}: build it with `cargo build -p bulkhead-agent` (same profile as bulkhead)",
-        .0.display()
-    )]
-    AgentMissing(PathBuf),
-    #[error(transparent)]
-    Network(#[from] NetworkSetupError),
-    #[error("cannot initialise the jail driver")]
-    Driver(#[source] bulkhead_jail::JailError),
-    #[error("cannot initialise the microvm driver")]
-    Microvm(#[source] bulkhead_microvm::MicrovmError),
-    /// Registering a template failed (the engine's error says why).
-    #[error(transparent)]
-    Template(bulkhead_engine::EngineError),
-    /// Re-adopting the previous run's sandboxes failed.
-    #[error(transparent)]
-    Recover(bulkhead_engine::EngineError),
-    #[error("cannot listen on {addr} (is another server running?)")]
-    Listen {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("server failed")]
-    Serve(#[source] std::io::Error),
-}
 
 /// What the first start did about API keys; the front end tells the user.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +58,8 @@ pub struct Server {
     /// The jail driver, when it runs the sandboxes (its views and cgroups are tidied).
     jail: Option<Arc<JailDriver>>,
     pruner: JoinHandle<()>,
+    /// Background work of its role (a cluster replica's node connector and health sweep).
+    tasks: Vec<JoinHandle<()>>,
     listen: SocketAddr,
     connections: crate::ResolvedLimits,
     /// Sandboxes of the previous run that were re-adopted.
@@ -115,6 +70,16 @@ impl Server {
     /// Validates the configuration, checks for root, opens the store and makes sure an API key
     /// exists (keys first, so a new user sees theirs even if a template build takes a while).
     pub async fn prepare(config: ServerConfig) -> Result<Prepared, StartError> {
+        Self::prepare_as(config, true).await
+    }
+
+    /// As [`prepare`](Self::prepare), for a cluster node: no API key is seeded (nodes take
+    /// no API calls; the replicas seed theirs).
+    pub async fn prepare_node(config: ServerConfig) -> Result<Prepared, StartError> {
+        Self::prepare_as(config, false).await
+    }
+
+    async fn prepare_as(config: ServerConfig, seed: bool) -> Result<Prepared, StartError> {
         config.validate()?;
         if !is_root() {
             return Err(StartError::NotRoot);
@@ -141,7 +106,11 @@ impl Server {
             sealed_now = secrets.sealed_now,
             "secrets key loaded"
         );
-        let keys = seed_keys(&store, config.api_key.as_deref()).await?;
+        let keys = if seed {
+            seed_keys(&store, config.api_key.as_deref()).await?
+        } else {
+            KeyBootstrap::Unchanged
+        };
         Ok(Prepared {
             config,
             store,
@@ -206,6 +175,9 @@ impl Server {
     /// re-adopted on the next start.
     pub async fn shutdown(self) {
         self.pruner.abort();
+        for t in &self.tasks {
+            t.abort();
+        }
         self.engine.shutdown().await;
         if let Some(jail) = &self.jail {
             if let Err(e) = jail.prune_lowers() {
@@ -219,6 +191,10 @@ impl Server {
 impl Prepared {
     pub fn config(&self) -> &ServerConfig {
         &self.config
+    }
+
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
     }
 
     /// The recipes to build before [`start`](Self::start).
@@ -236,13 +212,27 @@ impl Prepared {
     /// Starts egress, the jail driver and the engine with `templates`, re-adopts the previous
     /// run's sandboxes and starts the background work.
     pub async fn start(self, templates: Vec<BuiltTemplate>) -> Result<Server, StartError> {
+        let crate::node_side::NodeSide { node, jail, .. } =
+            crate::node_side::build(&self.config, &self.store)?;
+        self.start_on(templates, node.clone(), node, jail, Vec::new())
+            .await
+    }
+
+    /// The engine over `node` (this machine's, or a cluster's), with `templates`, recovery and
+    /// the background work; `tasks` end with the server.
+    pub(crate) async fn start_on(
+        self,
+        templates: Vec<BuiltTemplate>,
+        node: Arc<dyn Node>,
+        agents: Arc<dyn AgentPath>,
+        jail: Option<Arc<JailDriver>>,
+        tasks: Vec<JoinHandle<()>>,
+    ) -> Result<Server, StartError> {
         let Prepared { config, store, .. } = self;
-        let crate::node_side::NodeSide { node, jail, net } =
-            crate::node_side::build(&config, &store)?;
         let engine = Engine::with_node(
             store,
-            node.clone(),
             node,
+            agents,
             EngineConfig {
                 default_timeout: config.default_timeout,
                 max_timeout: config.max_timeout,
@@ -254,8 +244,8 @@ impl Prepared {
                 template_dir: Some(config.data_dir.join("templates")),
                 image_cache: config.image_cache_dir(),
                 paused_retention: config.paused_retention,
-                network_default_allow: net.default_allow,
-                sandbox_env: net.sandbox_env.clone(),
+                network_default_allow: config.network.default == crate::NetworkDefault::Allow,
+                sandbox_env: network::sandbox_ca_env(),
                 volume_max_bytes: config.volume_max_bytes,
                 sandbox_disk_mb: config.sandbox_disk_mb,
                 sandbox_domain: config.sandbox_domain.clone(),
@@ -330,6 +320,7 @@ impl Prepared {
             engine,
             jail,
             pruner,
+            tasks,
             listen: config.listen,
             connections,
             readopted,

@@ -2,8 +2,10 @@
 //! capacity, what its running sandboxes were promised, its warm pools and the templates whose
 //! trees it has.
 
-use crate::Engine;
+use std::collections::BTreeSet;
+
 use crate::lifecycle::SandboxState;
+use crate::{Engine, LocalNode, Node};
 
 use super::report::NodeReport;
 
@@ -19,7 +21,7 @@ impl Engine {
                 running += 1;
             }
         }
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let cpus = host_cpus();
         NodeReport {
             version: env!("CARGO_PKG_VERSION").to_string(),
             driver: self.node.driver_name(),
@@ -41,6 +43,38 @@ impl Engine {
             egress: self.node.has_egress(),
         }
     }
+}
+
+impl NodeReport {
+    /// The report of a node daemon: `node`'s own tally of what it started, its pools, and
+    /// `cached`, the templates whose trees it holds.
+    pub fn of_local(node: &LocalNode, cached: BTreeSet<String>, starts_in_flight: u64) -> Self {
+        let a = node.allocated();
+        let cpus = host_cpus();
+        NodeReport {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            driver: node.driver_name(),
+            cpus,
+            memory_mib: host_memory_mib().unwrap_or(0),
+            cpu_allocated: a.cpus,
+            memory_allocated_mib: a.memory_mib,
+            cpu_used: load_average().unwrap_or(0.0).min(cpus),
+            sandboxes: a.sandboxes,
+            starts_in_flight,
+            warm: node
+                .pool_stock()
+                .into_iter()
+                .map(|(t, n)| (t, u32::try_from(n).unwrap_or(u32::MAX)))
+                .collect(),
+            cached,
+            checkpoint_key: node.checkpoint_key(),
+            egress: node.has_egress(),
+        }
+    }
+}
+
+fn host_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as f64
 }
 
 /// MemTotal from /proc/meminfo.

@@ -95,9 +95,12 @@ impl Engine {
 
     pub(crate) fn info_from_row(&self, row: &SandboxRow) -> SandboxInfo {
         // The live set is ahead of the store (TTL changes, transient states).
-        let (end_at, state, extra) = self.live.lock().get(&row.id).map_or_else(
-            || (row.end_at, row.state, LiveExtra::default()),
-            |l| (l.end_at_ms, l.state.into(), l.extra.clone()),
+        let (end_at, state, extra, node) = self.live.lock().get(&row.id).map_or_else(
+            || (row.end_at, row.state, LiveExtra::default(), None),
+            |l| {
+                let node = l.handle.as_ref().and_then(|h| h.node.clone());
+                (l.end_at_ms, l.state.into(), l.extra.clone(), node)
+            },
         );
         SandboxInfo {
             id: row.id.clone(),
@@ -120,6 +123,7 @@ impl Engine {
             lifecycle: extra.lifecycle,
             pause_memory: extra.paused.as_ref().map(|p| p.memory),
             domain: self.cfg.sandbox_domain.clone(),
+            node,
         }
     }
 

@@ -17,8 +17,9 @@ struct Books {
     next_ticket: u64,
     /// Starts under way: ticket → (member, request).
     in_flight: HashMap<u64, (String, Request)>,
-    /// Starts done since the directory last answered.
-    placed: Vec<(String, Request)>,
+    /// Starts done since the directory last answered, by sandbox (one that has ended since is
+    /// dropped: a burst of short-lived sandboxes must not fill a node on paper).
+    placed: Vec<(Key, String, Request)>,
     /// Pool members claimed since the directory last answered: (member, template).
     claimed: Vec<(String, String)>,
     /// Sandboxes started through the router and not ended: (vCPUs, MiB) on their member.
@@ -63,7 +64,7 @@ impl Ledger {
         if let Some((member, req)) = b.in_flight.remove(&ticket) {
             b.running
                 .insert(key(handle), (member.clone(), req.cpus, req.memory_mib));
-            b.placed.push((member, req));
+            b.placed.push((key(handle), member, req));
         }
     }
 
@@ -76,7 +77,10 @@ impl Ledger {
 
     /// The sandbox has ended (stopped, died, checkpointed away, exported).
     pub(super) fn ended(&self, handle: &DriverHandle) {
-        self.books().running.remove(&key(handle));
+        let mut b = self.books();
+        let k = key(handle);
+        b.running.remove(&k);
+        b.placed.retain(|(p, ..)| *p != k);
     }
 
     /// The directory answered anew: its reports now include what was placed before.
@@ -95,7 +99,7 @@ impl Ledger {
                 load.reserve(req);
             }
             if self_reported {
-                for (_, req) in b.placed.iter().filter(|(m, _)| *m == id) {
+                for (_, _, req) in b.placed.iter().filter(|(_, m, _)| *m == id) {
                     load.reserve(req);
                 }
                 for (_, template) in b.claimed.iter().filter(|(m, _)| *m == id) {
@@ -188,5 +192,22 @@ mod tests {
         let mut after = [load("a")];
         ledger.apply(&mut after, false);
         assert_eq!(after[0].cpu_allocated, 1.0);
+    }
+
+    #[test]
+    fn a_sandbox_that_ended_before_the_next_report_is_not_counted() {
+        // A burst of create-then-kill within one report period: what ended frees its place at
+        // once, or the node fills on paper (seen in the cluster SDK test).
+        let ledger = Ledger::default();
+        for pid in 1..=10 {
+            let t = ledger.reserve("a", &req());
+            ledger.started(t, &handle("a", pid));
+            ledger.ended(&handle("a", pid));
+        }
+        let still = ledger.reserve("a", &req());
+        ledger.started(still, &handle("a", 99));
+        let mut loads = [load("a")];
+        ledger.apply(&mut loads, true);
+        assert_eq!(loads[0].cpu_in_flight, 2.0, "only the one still running");
     }
 }

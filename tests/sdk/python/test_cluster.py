@@ -1,0 +1,251 @@
+"""A cluster on one machine (issue "Outgrow one machine"): one `bulkhead api` replica and two
+`bulkhead node` daemons sharing a PostgreSQL database and a join token, each node with its own
+data dir, uid range, egress proxy and jail. The official SDK, pointed at the API, creates
+sandboxes that land on both nodes (E2B's `clientID` names the node); commands and files reach
+each through the node protocol's data path. A node that stops answering (SIGSTOP) is declared
+suspect, then dead, and gets no new sandboxes; when it wakes up its heartbeat is refused, it
+registers again under a new epoch and takes sandboxes again.
+
+The nodes' template caches are the shared test cache, bind-mounted at `<data-dir>/images` (a
+node keeps its cache there: paths on the wire are relative to its data dir). Every sandbox is
+killed through the API before the API and the nodes stop."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from bulkhead_testlib import REPO, TEMPLATE, TEST_SANDBOX_DOMAIN, BulkheadServer, free_port, http, wait_until
+
+PG = os.environ.get("BULKHEAD_TEST_POSTGRES_URL")
+NODES = ("n1", "n2")
+
+
+def psql(url: str, sql: str) -> str:
+    out = subprocess.run(
+        ["psql", url, "-v", "ON_ERROR_STOP=1", "-qAtc", sql], check=True, capture_output=True, text=True
+    )
+    return out.stdout.strip()
+
+
+def node_status(db_url: str) -> dict:
+    try:
+        rows = psql(db_url, "SELECT id, status, epoch FROM nodes ORDER BY id")
+    except subprocess.CalledProcessError:
+        return {}  # the first node has not created the table yet
+    return {r.split("|")[0]: (r.split("|")[1], int(r.split("|")[2])) for r in rows.splitlines() if r}
+
+
+class Node:
+    def __init__(self, name: str, root: Path, proc: subprocess.Popen, log: Path):
+        self.name, self.root, self.proc, self.log = name, root, proc, log
+
+    @property
+    def images(self) -> Path:
+        return self.root / "data" / "images"
+
+
+def start_node(name: str, index: int, db_url: str, token: str, key_file: Path) -> Node:
+    binary = os.environ.get("BULKHEAD_BIN", str(REPO / "target" / "debug" / "bulkhead"))
+    image_cache = os.environ.get("BULKHEAD_IMAGE_CACHE", "/var/cache/bulkhead/images")
+    root = Path(tempfile.mkdtemp(prefix=f"bulkhead-{name}-", dir=os.environ.get("BULKHEAD_TEST_TMPDIR", "/var/tmp")))
+    root.chmod(0o711)
+    images = root / "data" / "images"
+    images.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", image_cache, str(images)], check=True)
+    log = root / "node.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BULKHEAD_") or k == "BULKHEAD_CRIU"}
+    env["BULKHEAD_NODE_TOKEN"] = token
+    argv = [
+        binary,
+        "node",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--data-dir",
+        str(root / "data"),
+        "--database-url",
+        db_url,
+        "--node-id",
+        name,
+        "--templates",
+        TEMPLATE,
+        # Apart from the test server's (1e6) and the connection-limit test's (5e8) ranges.
+        "--uid-base",
+        str(600_000_000 + index * 100_000_000),
+        "--max-sandboxes",
+        "64",
+        "--secrets-key-file",
+        str(key_file),
+        "--sandbox-domain",
+        TEST_SANDBOX_DOMAIN,
+        "--log-level",
+        os.environ.get("BULKHEAD_TEST_LOG_LEVEL", "info"),
+    ]
+    out = open(log, "ab", buffering=0)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/", start_new_session=True)
+    return Node(name, root, proc, log)
+
+
+def stop_node(n: Node):
+    if n.proc.poll() is None:
+        os.kill(n.proc.pid, signal.SIGCONT)
+        n.proc.send_signal(signal.SIGTERM)
+        try:
+            n.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            n.proc.wait()
+    subprocess.run(["umount", str(n.images)], check=False)
+    # Never remove the shared cache through a mount that is still there.
+    if os.path.ismount(n.images):
+        raise RuntimeError(f"{n.images} is still mounted; left {n.root} in place")
+    if os.environ.get("BULKHEAD_TEST_LOG_DIR"):
+        shutil.copy(n.log, Path(os.environ["BULKHEAD_TEST_LOG_DIR"]) / f"cluster-{n.name}.log")
+    shutil.rmtree(n.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if os.environ.get("BULKHEAD_TEST_URL"):
+        pytest.skip("SKIPPED: needs servers started by the test (a cluster of its own)")
+    if not PG:
+        pytest.skip("SKIPPED: needs PostgreSQL: set BULKHEAD_TEST_POSTGRES_URL (scripts/test.sh starts one)")
+    # A schema of its own in the test database (every connection resolves tables there).
+    schema = f"bh_cluster_{os.getpid()}"
+    psql(PG, f"DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}")
+    db_url = f"{PG}{'&' if '?' in PG else '?'}options=-c%20search_path%3D{schema}"
+    token = secrets.token_hex(16)
+    # One secrets key for the whole cluster (nodes inject secrets at their egress proxies).
+    keydir = Path(tempfile.mkdtemp(prefix="bulkhead-cluster-key-"))
+    key_file = keydir / "secrets.key"
+    key_file.write_text(secrets.token_hex(32) + "\n")
+    key_file.chmod(0o600)
+    nodes = []
+    api = None
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_API_KEY")}
+    try:
+        # Nodes first, one at a time (each migrates the shared schema on open); the API's own
+        # readiness check creates a sandbox, which needs a node.
+        for i, name in enumerate(NODES):
+            nodes.append(start_node(name, i, db_url, token, key_file))
+            ready = wait_until(lambda: node_status(db_url).get(name, ("", 0))[0] == "ready", timeout=180, interval=0.5)
+            assert ready, f"{name} did not register: {node_status(db_url)}; log: {nodes[-1].log.read_text()[-3000:]}"
+        api = BulkheadServer.start(
+            [
+                "--templates",
+                TEMPLATE,
+                "--database-url",
+                db_url,
+                "--pool-size",
+                "1",
+                "--secrets-key-file",
+                str(key_file),
+            ],
+            subcommand="api",
+            extra_env={"BULKHEAD_NODE_TOKEN": token},
+        )
+        os.environ.update(E2B_API_URL=api.url, E2B_SANDBOX_URL=api.url, E2B_API_KEY=api.api_key)
+        yield api, nodes, db_url
+    finally:
+        if api is not None:
+            r = http("GET", f"{api.url}/v2/sandboxes?state=running&state=paused&limit=100", headers={"X-API-Key": api.api_key})
+            for sbx in r.json() if r.status == 200 else []:
+                http("DELETE", f"{api.url}/sandboxes/{sbx['sandboxID']}", headers={"X-API-Key": api.api_key})
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if api is not None:
+            api.stop()
+            api.cleanup_files()
+        for n in nodes:
+            stop_node(n)
+        shutil.rmtree(keydir, ignore_errors=True)
+        psql(PG, f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def client_of(api, sandbox_id: str) -> str:
+    r = http("GET", f"{api.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api.api_key})
+    assert r.status == 200, r.body
+    return r.json()["clientID"]
+
+
+def test_sandboxes_land_on_every_node_and_answer_through_it(cluster):
+    from e2b import Sandbox
+
+    api, _, _ = cluster
+    placed = []
+    sandboxes = []
+    try:
+        for i in range(6):
+            sbx = Sandbox.create(TEMPLATE, timeout=120)
+            sandboxes.append(sbx)
+            r = sbx.commands.run(f"echo from-$((40+{i}))")
+            assert r.stdout.strip() == f"from-{40 + i}"
+            sbx.files.write("/tmp/node.txt", f"written {i}")
+            assert sbx.files.read("/tmp/node.txt") == f"written {i}"
+            placed.append(client_of(api, sbx.sandbox_id))
+    finally:
+        for sbx in sandboxes:
+            sbx.kill()
+    print("placements:", placed)
+    assert set(placed) == set(NODES), placed
+
+
+def test_a_silent_node_is_declared_dead_then_comes_back_under_a_new_epoch(cluster):
+    from e2b import Sandbox
+
+    api, nodes, db_url = cluster
+    n2 = next(n for n in nodes if n.name == "n2")
+    epoch_before = node_status(db_url)["n2"][1]
+    os.kill(n2.proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        dead = wait_until(lambda: node_status(db_url)["n2"][0] == "dead", timeout=30, interval=0.2)
+        took = time.monotonic() - t0
+        assert dead, node_status(db_url)
+        print(f"n2 declared dead after {took:.1f} s")
+        # Suspect at 3 s, dead at 5 s, swept every second: allow for a loaded machine.
+        assert took <= 10, took
+        # Every create now lands on n1, with no error.
+        for _ in range(3):
+            try:
+                sbx = Sandbox.create(TEMPLATE, timeout=60)
+            except Exception as e:
+                raise AssertionError(f"{e}; nodes: {psql(db_url, 'SELECT id, status, epoch, report FROM nodes')}") from e
+            try:
+                assert client_of(api, sbx.sandbox_id) == "n1"
+                assert sbx.commands.run("echo ok").stdout.strip() == "ok"
+            finally:
+                sbx.kill()
+    finally:
+        os.kill(n2.proc.pid, signal.SIGCONT)
+    back = wait_until(lambda: node_status(db_url)["n2"][0] == "ready", timeout=30, interval=0.2)
+    assert back, node_status(db_url)
+    status, epoch = node_status(db_url)["n2"]
+    assert epoch > epoch_before + 1, (epoch_before, epoch)  # dead bumped it, the return again
+    # The API reaches it under its new epoch: creates land there again.
+    # (Sandboxes are killed as they go: a node of this 2-core machine holds 4 base sandboxes.)
+    seen = set()
+    deadline = time.monotonic() + 60
+    while "n2" not in seen and time.monotonic() < deadline:
+        try:
+            sbx = Sandbox.create(TEMPLATE, timeout=60)
+        except Exception as e:
+            log = api.log_path.read_text()[-6000:] if api.log_path else ""
+            raise AssertionError(f"{e}; seen {seen}; nodes: {psql(db_url, 'SELECT id, status, epoch, report FROM nodes')}\n{log}") from e
+        try:
+            seen.add(client_of(api, sbx.sandbox_id))
+            assert sbx.commands.run("echo back").stdout.strip() == "back"
+        finally:
+            sbx.kill()
+    assert "n2" in seen, seen
