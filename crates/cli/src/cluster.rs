@@ -100,3 +100,70 @@ fn hostname() -> String {
         .map(|h| h.trim().to_string())
         .unwrap_or_else(|_| "bulkhead".into())
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct NodeCli {
+        #[command(flatten)]
+        node: NodeArgs,
+    }
+
+    #[derive(Parser)]
+    struct ApiCli {
+        #[command(flatten)]
+        api: ApiArgs,
+    }
+
+    #[test]
+    fn the_roles_take_serve_s_flags_and_name_what_a_cluster_needs() {
+        let n = NodeCli::try_parse_from([
+            "node",
+            "--node-id",
+            "n1",
+            "--node-token",
+            "s3cret",
+            "--listen",
+            "10.0.0.11:7001",
+            "--database-url",
+            "postgres://db/bulkhead",
+        ])
+        .unwrap()
+        .node;
+        assert_eq!(n.node_id, "n1");
+        assert_eq!(n.token, "s3cret");
+        assert_eq!(
+            n.advertise, None,
+            "defaults to http:// and --listen at run time"
+        );
+        let c = n.serve.config();
+        assert_eq!(c.database_url.as_deref(), Some("postgres://db/bulkhead"));
+        assert_eq!(c.listen.to_string(), "10.0.0.11:7001");
+        // A node without a name or a token is refused by the parser, naming the flag.
+        if std::env::var_os("BULKHEAD_NODE_TOKEN").is_none() {
+            let e = NodeCli::try_parse_from(["node", "--node-id", "n1"])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("--node-token"), "{e}");
+        }
+        if std::env::var_os("BULKHEAD_NODE_ID").is_none() {
+            let e = NodeCli::try_parse_from(["node", "--node-token", "t"])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("--node-id"), "{e}");
+        }
+        let a = ApiCli::try_parse_from(["api", "--node-token", "s3cret", "--replica-id", "r1"])
+            .unwrap()
+            .api;
+        assert_eq!(
+            (a.token.as_str(), a.replica_id.as_deref()),
+            ("s3cret", Some("r1"))
+        );
+    }
+}
