@@ -18,6 +18,11 @@ const FDS_PER_SANDBOX: u64 = 16;
 const MIN_CONNECTIONS: usize = 64;
 /// How long a connection in the reserve has to show a request head that qualifies.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a connection in the reserve is safe from eviction: a client that sends its head at
+/// once must get it read even when a loaded host runs the connection's task late (a flood of
+/// 3,000 new connections a second evicted probes after 40 ms without it, and reset clients
+/// whose request was already in the socket).
+const PROBE_GRACE: Duration = Duration::from_millis(100);
 
 /// The HTTP listener's bounds (`--http-*` flags on `bulkhead serve`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,6 +81,9 @@ pub struct Resolved {
     /// Reserve connections being checked at once; a new one evicts the oldest beyond this, so
     /// an idle flood that reaches the reserve holds none of it for long.
     pub max_probing: usize,
+    /// A probe younger than this is not evicted (the reserve then holds more than
+    /// `max_probing` for a moment, or a newcomer to a full gate is refused).
+    pub probe_grace: Duration,
 }
 
 impl ConnectionLimits {
@@ -120,6 +128,7 @@ impl ConnectionLimits {
             idle_timeout: self.idle_timeout,
             probe_timeout: PROBE_TIMEOUT.min(self.header_timeout),
             max_probing: (reserved / 4).max(1),
+            probe_grace: PROBE_GRACE,
         }
     }
 }
@@ -230,12 +239,19 @@ impl Gate {
         })
     }
 
-    /// Takes the slot of the oldest reserve connection being checked and tells it to give
-    /// up. False when none is being checked.
+    /// Takes the slot of the oldest reserve connection being checked, if it is past its grace,
+    /// and tells it to give up. False when there is none.
     fn evict_oldest(&self) -> bool {
         // Popped under the probes lock, dropped after it: a slot's drop takes the counts lock,
         // and `try_admit` holds that one alone.
-        let oldest = lock(&self.probes).waiting.pop_front();
+        let grace = self.limits.probe_grace;
+        let oldest = {
+            let mut p = lock(&self.probes);
+            match p.waiting.front() {
+                Some(w) if w.since.elapsed() >= grace => p.waiting.pop_front(),
+                _ => None,
+            }
+        };
         match oldest {
             Some(entry) => {
                 entry.evict();
@@ -259,11 +275,12 @@ impl Gate {
         let mut evicted = Vec::new();
         let id = {
             let mut p = lock(&self.probes);
-            while p.waiting.len() >= self.limits.max_probing {
-                match p.waiting.pop_front() {
-                    Some(entry) => evicted.push(entry),
-                    None => break,
-                }
+            while p.waiting.len() >= self.limits.max_probing
+                && p.waiting
+                    .front()
+                    .is_some_and(|w| w.since.elapsed() >= self.limits.probe_grace)
+            {
+                evicted.extend(p.waiting.pop_front());
             }
             p.next += 1;
             let id = p.next;
@@ -271,6 +288,7 @@ impl Gate {
                 id,
                 evict: tx,
                 slot,
+                since: std::time::Instant::now(),
             });
             id
         };
@@ -296,6 +314,7 @@ struct Waiting {
     id: u64,
     evict: oneshot::Sender<()>,
     slot: Slot,
+    since: std::time::Instant,
 }
 
 impl Waiting {
@@ -347,14 +366,18 @@ mod tests {
     use super::*;
     use std::net::Ipv4Addr;
 
+    /// Limits whose probes may be evicted at once (the grace has its own test).
     fn limits(max: usize, per_ip: usize, reserved: usize) -> Resolved {
-        ConnectionLimits {
-            max_connections: Some(max),
-            max_per_ip: per_ip,
-            reserved,
-            ..ConnectionLimits::default()
+        Resolved {
+            probe_grace: Duration::ZERO,
+            ..ConnectionLimits {
+                max_connections: Some(max),
+                max_per_ip: per_ip,
+                reserved,
+                ..ConnectionLimits::default()
+            }
+            .resolve(0, 0)
         }
-        .resolve(0, 0)
     }
 
     fn ip(n: u8) -> IpAddr {
@@ -527,5 +550,28 @@ mod tests {
             Admission::Refused(Refusal::Full)
         ));
         drop((passed, newcomer));
+    }
+
+    #[test]
+    fn a_probe_in_its_grace_is_not_evicted() {
+        let gate = Gate::new(Resolved {
+            probe_grace: Duration::from_secs(3600),
+            ..limits(64, 0, 16)
+        });
+        let _open: Vec<_> = (0..48).map(|n| gate.admit(ip(n + 1))).collect();
+        // Past max_probing (4), young probes stay: the reserve holds more for a moment.
+        let mut probes: Vec<_> = (0..16)
+            .map(|n| gate.start_probe(reserve(&gate, n + 100)))
+            .collect();
+        for p in &mut probes {
+            assert!(p.evicted.try_recv().is_err());
+        }
+        // Full, and every probe is young: the newcomer is refused, no one is evicted.
+        assert_eq!(gate.open(), 64);
+        assert!(matches!(
+            gate.admit(ip(201)),
+            Admission::Refused(Refusal::Full)
+        ));
+        assert!(probes[0].evicted.try_recv().is_err());
     }
 }
