@@ -334,8 +334,9 @@ async fn the_reserve_serves_health_keys_and_sandboxes_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_connections_cannot_hold_the_reserve() {
-    // Open slots full; then 64 silent connections hit the reserve (16 slots, 4 probed at once):
-    // each newer one evicts an older, and /health still gets in at once.
+    // Open slots full; then 64 silent connections hit the reserve (16 slots, 4 probed at once)
+    // at once: the first 16 get their grace, the rest are refused. Past the grace, /health gets
+    // in at once, evicting the oldest, and the silent ones are cut back to what is probed.
     let srv = start(holding(64, 0, 16)).await;
     let mut flood = Vec::new();
     for i in 0..48 {
@@ -350,6 +351,8 @@ async fn silent_connections_cannot_hold_the_reserve() {
             reserve_flood.push(s);
         }
     }
+    // Past the probes' grace (100 ms).
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let t = Instant::now();
     let mut s = connect_from(srv.addr, 2).await;
     let health = request(&mut s, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").await;
