@@ -63,6 +63,31 @@ pub struct Capabilities {
     pub checkpoint_key: bool,
 }
 
+impl Capabilities {
+    /// What every one of `caps` offers (none: the default). The network link: none if any
+    /// lacks one, else the first's (callers only ask whether there is a link at all).
+    pub fn common(caps: &[Capabilities]) -> Capabilities {
+        let Some(first) = caps.first() else {
+            return Capabilities::default();
+        };
+        let all = |f: fn(&Capabilities) -> bool| caps.iter().all(f);
+        Capabilities {
+            freeze: all(|c| c.freeze),
+            checkpoint: all(|c| c.checkpoint),
+            snapshot: all(|c| c.snapshot),
+            warm_start: all(|c| c.warm_start),
+            changes: all(|c| c.changes),
+            export_changes: all(|c| c.export_changes),
+            checkpoint_key: all(|c| c.checkpoint_key),
+            network: if caps.iter().any(|c| c.network == NetworkLink::None) {
+                NetworkLink::None
+            } else {
+                first.network
+            },
+        }
+    }
+}
+
 /// The host's end of a sandbox's network link.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

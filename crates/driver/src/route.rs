@@ -16,8 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::capability::{
-    Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, FileChange, NetworkLink,
-    RestoreOptions,
+    Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, FileChange, RestoreOptions,
 };
 use crate::driver::{AgentStream, Driver, ResourceUsage};
 use crate::error::DriverError;
@@ -80,22 +79,7 @@ impl Driver for ByTemplate {
 
     fn capabilities(&self) -> Capabilities {
         let caps: Vec<Capabilities> = self.all.iter().map(|d| d.capabilities()).collect();
-        let all = |f: fn(&Capabilities) -> bool| caps.iter().all(f);
-        Capabilities {
-            freeze: all(|c| c.freeze),
-            checkpoint: all(|c| c.checkpoint),
-            snapshot: all(|c| c.snapshot),
-            warm_start: all(|c| c.warm_start),
-            changes: all(|c| c.changes),
-            export_changes: all(|c| c.export_changes),
-            checkpoint_key: all(|c| c.checkpoint_key),
-            // The engine only asks whether there is a link at all; each driver says which.
-            network: if caps.iter().any(|c| c.network == NetworkLink::None) {
-                NetworkLink::None
-            } else {
-                caps[0].network
-            },
-        }
+        Capabilities::common(&caps)
     }
 
     async fn start(&self, spec: &SandboxSpec) -> Result<DriverHandle, DriverError> {
@@ -205,6 +189,7 @@ impl Driver for ByTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capability::NetworkLink;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     /// Counts starts and stops; its handles carry its name.

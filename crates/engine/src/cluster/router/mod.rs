@@ -46,7 +46,7 @@ use async_trait::async_trait;
 
 use super::placement::{NodeLoad, NodeStatus, PlacementConfig, PlacementError, Placer, Request};
 use crate::node::driver::{
-    AgentStream, Capabilities, DriverError, DriverHandle, NetworkLink, SandboxSpec, StartError,
+    AgentStream, Capabilities, DriverError, DriverHandle, SandboxSpec, StartError,
 };
 use crate::node::{AgentPath, Node};
 pub use directory::{
@@ -343,25 +343,7 @@ fn gave_up(e: PlacementError, scope: &Scope<'_>, last_failure: Option<DriverErro
 
 /// The capabilities every member has.
 fn common_capabilities(caps: &[Capabilities]) -> Capabilities {
-    if caps.is_empty() {
-        return Capabilities::default();
-    }
-    let all = |f: fn(&Capabilities) -> bool| caps.iter().all(f);
-    Capabilities {
-        freeze: all(|c| c.freeze),
-        checkpoint: all(|c| c.checkpoint),
-        snapshot: all(|c| c.snapshot),
-        warm_start: all(|c| c.warm_start),
-        changes: all(|c| c.changes),
-        export_changes: all(|c| c.export_changes),
-        checkpoint_key: all(|c| c.checkpoint_key),
-        // The engine only asks whether there is a link at all; each member makes its own.
-        network: if caps.iter().any(|c| c.network == NetworkLink::None) {
-            NetworkLink::None
-        } else {
-            caps[0].network
-        },
-    }
+    Capabilities::common(caps)
 }
 
 #[async_trait]
