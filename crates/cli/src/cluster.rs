@@ -35,6 +35,10 @@ pub struct NodeArgs {
     /// The URL the API replicas call this node at; default: `http://` and --listen.
     #[arg(long, env = "BULKHEAD_NODE_ADVERTISE")]
     pub advertise: Option<String>,
+    /// How long past its deadline a sandbox may run before this node stops it itself (when no
+    /// API replica ended it), in seconds.
+    #[arg(long, env = "BULKHEAD_DEADLINE_GRACE", default_value_t = 30)]
+    pub deadline_grace: u64,
     /// The cluster's join secret (the same on every api and node).
     #[arg(
         long = "node-token",
@@ -80,6 +84,7 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
                 node_id: args.node_id.clone(),
                 advertise: advertise.clone(),
                 token: args.token,
+                deadline_grace: std::time::Duration::from_secs(args.deadline_grace),
             },
         )
         .await?;

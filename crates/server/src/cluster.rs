@@ -19,9 +19,10 @@ use std::time::Duration;
 
 use bulkhead_engine::cluster::placement::PlacementConfig;
 use bulkhead_engine::cluster::{
-    Beat, ClusterNode, HealthConfig, HealthSweeper, Heartbeat, NodeReport, StoreDirectory,
+    Beat, ClusterNode, HealthConfig, HealthSweeper, Heartbeat, NodeReport, ReconcileConfig,
+    Reconciler, StoreDirectory, Sweep,
 };
-use bulkhead_engine::{AgentPath, LocalNode, Node};
+use bulkhead_engine::{AgentPath, Engine, LocalNode, Node};
 use bulkhead_node::{NodeServer, PathMap, RemoteNode};
 use bulkhead_store::{NodeRow, Store};
 use tokio::task::JoinHandle;
@@ -41,6 +42,8 @@ pub struct NodeSettings {
     pub advertise: String,
     /// The cluster's join secret (`BULKHEAD_NODE_TOKEN`).
     pub token: String,
+    /// How long past its deadline a sandbox may run before the node stops it itself.
+    pub deadline_grace: Duration,
 }
 
 /// A running node daemon.
@@ -86,8 +89,19 @@ impl Prepared {
             .map_err(|e| StartError::from(ClusterError::Register(e)))?;
         server.set_epoch(beat.epoch());
         tracing::info!(node = %settings.node_id, epoch = beat.epoch(), advertise = %settings.advertise, "node registered");
+        // Before serving: take back what the store has here, stop what it no longer assigns.
+        let mut reconciler = Reconciler::new(
+            self.store().clone(),
+            &settings.node_id,
+            side.node.clone() as Arc<dyn Node>,
+            ReconcileConfig {
+                deadline_grace: settings.deadline_grace,
+            },
+        );
+        reconciler.round(now_ms(), true).await;
         let heartbeat = tokio::spawn(heartbeat_loop(
             hb,
+            reconciler,
             side.node.clone(),
             server.clone(),
             cached,
@@ -136,19 +150,21 @@ impl Prepared {
                 }
             })
         };
-        let sweeper = tokio::spawn(sweep_loop(HealthSweeper::new(
-            store,
-            replica,
-            HealthConfig::default(),
-        )));
-        self.start_on(
-            templates,
-            cluster.clone() as Arc<dyn Node>,
-            cluster as Arc<dyn AgentPath>,
-            None,
-            vec![connector, sweeper],
-        )
-        .await
+        let mut server = self
+            .start_on(
+                templates,
+                cluster.clone() as Arc<dyn Node>,
+                cluster as Arc<dyn AgentPath>,
+                None,
+                vec![connector],
+            )
+            .await?;
+        let sweeper = tokio::spawn(sweep_loop(
+            HealthSweeper::new(store, replica, HealthConfig::default()),
+            server.engine().clone(),
+        ));
+        server.add_task(sweeper);
+        Ok(server)
     }
 }
 
@@ -191,8 +207,11 @@ impl NodeDaemon {
     }
 }
 
+/// Reports every second, and reconciles with the store after each beat (a registration
+/// takes back what the store has here and stops the rest).
 async fn heartbeat_loop(
     mut hb: Heartbeat,
+    mut reconciler: Reconciler,
     node: Arc<LocalNode>,
     server: NodeServer,
     cached: BTreeSet<String>,
@@ -201,23 +220,35 @@ async fn heartbeat_loop(
     loop {
         tick.tick().await;
         let report = NodeReport::of_local(&node, cached.clone(), 0);
-        match hb.beat(&report, false, now_ms()).await {
+        let registered = match hb.beat(&report, false, now_ms()).await {
             Ok(Beat::Registered { epoch, previous }) => {
                 tracing::warn!(epoch, ?previous, "node registered again under a new epoch");
                 server.set_epoch(epoch);
+                true
             }
-            Ok(Beat::Reported { .. }) => {}
-            Err(e) => tracing::warn!(error = %e, "heartbeat failed; retrying"),
-        }
+            Ok(Beat::Reported { .. }) => false,
+            Err(e) => {
+                tracing::warn!(error = %e, "heartbeat failed; retrying");
+                false
+            }
+        };
+        reconciler.round(now_ms(), registered).await;
     }
 }
 
-async fn sweep_loop(mut sweeper: HealthSweeper) {
+/// Takes part in the health sweep; the sandboxes it finds lost with their nodes leave the
+/// engine's live set (the one replica of a cluster holds them all).
+async fn sweep_loop(mut sweeper: HealthSweeper, engine: Arc<Engine>) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     loop {
         tick.tick().await;
-        if let Err(e) = sweeper.round(now_ms()).await {
-            tracing::warn!(error = %e, "node health sweep failed; retrying");
+        match sweeper.round(now_ms()).await {
+            Ok(Sweep::Swept { lost, .. }) if !lost.is_empty() => {
+                let ids: Vec<String> = lost.into_iter().map(|l| l.id).collect();
+                engine.forget_lost(&ids).await;
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "node health sweep failed; retrying"),
         }
     }
 }

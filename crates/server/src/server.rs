@@ -118,6 +118,11 @@ impl Server {
         })
     }
 
+    /// Background work that ends with the server.
+    pub(crate) fn add_task(&mut self, task: JoinHandle<()>) {
+        self.tasks.push(task);
+    }
+
     pub fn engine(&self) -> &Arc<Engine> {
         &self.engine
     }

@@ -92,6 +92,39 @@ pub struct NodeTransition {
     pub epoch: u64,
 }
 
+/// Why a sandbox of a dead node ended (its `end_reason`).
+pub const NODE_LOST: &str = "node_lost";
+
+/// What one [`crate::Store::sweep_nodes`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SweepOutcome {
+    /// Status changes, by node id.
+    pub changes: Vec<NodeTransition>,
+    /// Sandboxes of dead nodes marked `dead` in this round, by id.
+    pub lost: Vec<LostSandbox>,
+}
+
+/// A sandbox that ended because its node died.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostSandbox {
+    pub id: String,
+    pub node: String,
+}
+
+/// A sandbox a node answers for, as the node reads it back ([`crate::Store::node_sandboxes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSandbox {
+    pub id: String,
+    pub state: crate::SandboxState,
+    /// Unix ms.
+    pub end_at: i64,
+    /// Its serialised handle on the node.
+    pub driver_handle: String,
+    pub end_reason: Option<String>,
+    /// Its TTL's end pauses it rather than killing it (E2B `autoPause`).
+    pub pauses_on_timeout: bool,
+}
+
 /// Why a node's heartbeat was refused ([`crate::StoreError::StaleEpoch`]); in every case the
 /// node must register again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,6 @@
-//! Durable state: API keys, sandboxes, templates, secrets, volumes, and a cluster's nodes and
-//! leases. sqlx over SQLite (default, a file in the data dir) or PostgreSQL (by URL), one set of
-//! portable migrations for both.
+//! Durable state: API keys, sandboxes, templates, secrets, volumes, a cluster's nodes and
+//! leases, and the creates' idempotency keys. sqlx over SQLite (default, a file in the data
+//! dir) or PostgreSQL (by URL), one set of portable migrations for both.
 
 use std::collections::BTreeMap;
 
@@ -185,6 +185,9 @@ pub struct SandboxRow {
     pub allow_internet: bool,
     /// The network config (allowOut, denyOut, rules) as JSON; None when none was given.
     pub network: Option<String>,
+    /// The cluster node it runs on (or, paused, whose disk holds its checkpoint); None on one
+    /// machine.
+    pub node_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -291,14 +294,16 @@ pub struct SandboxVolumeRow {
 }
 
 mod cluster;
+mod idempotency;
 mod persistence;
 pub mod secret_crypto;
 mod sql;
 mod tenancy;
 pub use cluster::{
-    LeaseEpoch, LeaseRow, NODE_HEALTH_LEASE, NodeRow, NodeStatus, NodeTransition, ReportedStatus,
-    StaleReason,
+    LeaseEpoch, LeaseRow, LostSandbox, NODE_HEALTH_LEASE, NODE_LOST, NodeRow, NodeSandbox,
+    NodeStatus, NodeTransition, ReportedStatus, StaleReason, SweepOutcome,
 };
+pub use idempotency::{ClaimOutcome, IdempotencyClaim, IdempotencyRow};
 pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};
 pub use secret_crypto::{SecretCipher, SecretsKey};
 pub use sql::{SecretsKeySource, SecretsUnlocked, Store};

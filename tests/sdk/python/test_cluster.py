@@ -53,14 +53,20 @@ class Node:
         return self.root / "data" / "images"
 
 
-def start_node(name: str, index: int, db_url: str, token: str, key_file: Path) -> Node:
+# A node stops a sandbox itself this long past its deadline when no API replica ended it.
+DEADLINE_GRACE_S = 3
+
+
+def start_node(name: str, index: int, db_url: str, token: str, key_file: Path, root: Path | None = None) -> Node:
+    """Starts node `name`; with `root`, again on the data dir of its previous process."""
     binary = os.environ.get("BULKHEAD_BIN", str(REPO / "target" / "debug" / "bulkhead"))
     image_cache = os.environ.get("BULKHEAD_IMAGE_CACHE", "/var/cache/bulkhead/images")
-    root = Path(tempfile.mkdtemp(prefix=f"bulkhead-{name}-", dir=os.environ.get("BULKHEAD_TEST_TMPDIR", "/var/tmp")))
-    root.chmod(0o711)
-    images = root / "data" / "images"
-    images.mkdir(parents=True)
-    subprocess.run(["mount", "--bind", image_cache, str(images)], check=True)
+    if root is None:
+        root = Path(tempfile.mkdtemp(prefix=f"bulkhead-{name}-", dir=os.environ.get("BULKHEAD_TEST_TMPDIR", "/var/tmp")))
+        root.chmod(0o711)
+        images = root / "data" / "images"
+        images.mkdir(parents=True)
+        subprocess.run(["mount", "--bind", image_cache, str(images)], check=True)
     log = root / "node.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("BULKHEAD_") or k == "BULKHEAD_CRIU"}
     env["BULKHEAD_NODE_TOKEN"] = token
@@ -82,6 +88,8 @@ def start_node(name: str, index: int, db_url: str, token: str, key_file: Path) -
         str(600_000_000 + index * 100_000_000),
         "--max-sandboxes",
         "64",
+        "--deadline-grace",
+        str(DEADLINE_GRACE_S),
         "--secrets-key-file",
         str(key_file),
         "--sandbox-domain",
@@ -153,7 +161,7 @@ def cluster():
             extra_env={"BULKHEAD_NODE_TOKEN": token},
         )
         os.environ.update(E2B_API_URL=api.url, E2B_SANDBOX_URL=api.url, E2B_API_KEY=api.api_key)
-        yield api, nodes, db_url
+        yield api, nodes, db_url, (token, key_file)
     finally:
         if api is not None:
             r = http("GET", f"{api.url}/v2/sandboxes?state=running&state=paused&limit=100", headers={"X-API-Key": api.api_key})
@@ -182,7 +190,7 @@ def client_of(api, sandbox_id: str) -> str:
 def test_sandboxes_land_on_every_node_and_answer_through_it(cluster):
     from e2b import Sandbox
 
-    api, _, _ = cluster
+    api = cluster[0]
     placed = []
     sandboxes = []
     try:
@@ -204,7 +212,7 @@ def test_sandboxes_land_on_every_node_and_answer_through_it(cluster):
 def test_a_silent_node_is_declared_dead_then_comes_back_under_a_new_epoch(cluster):
     from e2b import Sandbox
 
-    api, nodes, db_url = cluster
+    api, nodes, db_url, _ = cluster
     n2 = next(n for n in nodes if n.name == "n2")
     epoch_before = node_status(db_url)["n2"][1]
     os.kill(n2.proc.pid, signal.SIGSTOP)
@@ -249,3 +257,83 @@ def test_a_silent_node_is_declared_dead_then_comes_back_under_a_new_epoch(cluste
         finally:
             sbx.kill()
     assert "n2" in seen, seen
+
+
+def handle_pid(db_url: str, sandbox_id: str) -> int:
+    """The host pid of the sandbox's init, from its handle in the store."""
+    import json
+
+    return int(json.loads(psql(db_url, f"SELECT driver_handle FROM sandboxes WHERE id = '{sandbox_id}'"))["pid"])
+
+
+def get_status(api, sandbox_id: str) -> int:
+    return http("GET", f"{api.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api.api_key}).status
+
+
+def sandbox_on(api, node: str, timeout: int = 120):
+    """A new sandbox placed on `node` (others made on the way are killed)."""
+    from e2b import Sandbox
+
+    for _ in range(12):
+        sbx = Sandbox.create(TEMPLATE, timeout=timeout)
+        if client_of(api, sbx.sandbox_id) == node:
+            return sbx
+        sbx.kill()
+    raise AssertionError(f"no sandbox landed on {node} in 12 creates")
+
+
+def test_a_killed_node_s_sandboxes_are_gone_and_it_stops_them_when_it_returns(cluster):
+    from e2b import Sandbox
+
+    api, nodes, db_url, (token, key_file) = cluster
+    i = next(i for i, n in enumerate(nodes) if n.name == "n2")
+    n2 = nodes[i]
+    sbx = sandbox_on(api, "n2")
+    pid = handle_pid(db_url, sbx.sandbox_id)
+    assert Path(f"/proc/{pid}").exists()
+    n2.proc.kill()
+    n2.proc.wait()
+    t0 = time.monotonic()
+    assert wait_until(lambda: node_status(db_url)["n2"][0] == "dead", timeout=30, interval=0.2), node_status(db_url)
+    # Gone within a sweep of the death: E2B's not-found, and not listed.
+    assert wait_until(lambda: get_status(api, sbx.sandbox_id) == 404, timeout=5, interval=0.2)
+    took = time.monotonic() - t0
+    print(f"n2 killed: its sandbox reported gone after {took:.1f} s")
+    assert took <= 12, took
+    listed = [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert sbx.sandbox_id not in listed, listed
+    row = psql(db_url, f"SELECT state, end_reason FROM sandboxes WHERE id = '{sbx.sandbox_id}'")
+    assert row == "dead|node_lost", row
+    # Its processes outlive the node's (a jail sandbox is not the daemon's child) ...
+    assert Path(f"/proc/{pid}").exists()
+    # ... creates go on, elsewhere ...
+    other = Sandbox.create(TEMPLATE, timeout=60)
+    try:
+        assert client_of(api, other.sandbox_id) == "n1"
+        assert other.commands.run("echo still").stdout.strip() == "still"
+    finally:
+        other.kill()
+    # ... and the node, started again on its data dir, stops what the cluster gave up on.
+    nodes[i] = start_node("n2", i, db_url, token, key_file, root=n2.root)
+    assert wait_until(lambda: node_status(db_url)["n2"][0] == "ready", timeout=120, interval=0.5), nodes[i].log.read_text()[-3000:]
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=10, interval=0.2), nodes[i].log.read_text()[-3000:]
+    assert psql(db_url, f"SELECT driver_handle IS NULL FROM sandboxes WHERE id = '{sbx.sandbox_id}'") == "t"
+
+
+def test_a_node_ends_a_sandbox_past_its_deadline_when_no_api_replica_does(cluster):
+    api, _, db_url, _ = cluster
+    sbx = sandbox_on(api, "n1", timeout=4)
+    pid = handle_pid(db_url, sbx.sandbox_id)
+    os.kill(api.proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        gone = wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=4 + DEADLINE_GRACE_S + 15, interval=0.2)
+        took = time.monotonic() - t0
+        assert gone, "the node did not stop the sandbox"
+        print(f"with the API stopped, the node ended the sandbox {took:.1f} s after the create")
+        assert took >= 4 + DEADLINE_GRACE_S - 1, took  # not before the deadline and the grace
+        row = psql(db_url, f"SELECT state, end_reason FROM sandboxes WHERE id = '{sbx.sandbox_id}'")
+        assert row == "dead|timeout", row
+    finally:
+        os.kill(api.proc.pid, signal.SIGCONT)
+    assert wait_until(lambda: get_status(api, sbx.sandbox_id) == 404, timeout=10, interval=0.2)

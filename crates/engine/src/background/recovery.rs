@@ -159,7 +159,9 @@ impl Engine {
                         self.store
                             .set_sandbox_state(&row.id, SandboxState::Paused.into(), None)
                             .await?;
-                        self.store.set_sandbox_driver_handle(&row.id, None).await?;
+                        self.store
+                            .set_sandbox_driver_handle(&row.id, None, None)
+                            .await?;
                         row.state = SandboxState::Paused.into();
                     }
                     extra.paused = Some(Paused {
@@ -189,7 +191,9 @@ impl Engine {
                             Some("lost on restart"),
                         )
                         .await?;
-                    self.store.set_sandbox_driver_handle(&row.id, None).await?;
+                    self.store
+                        .set_sandbox_driver_handle(&row.id, None, None)
+                        .await?;
                 }
             }
         }

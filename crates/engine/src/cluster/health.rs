@@ -2,11 +2,14 @@
 //! tries to take or renew the `node-health` lease, and only its holder sweeps, with the lease's
 //! epoch as the fencing token (a holder that lost the lease without knowing is refused by the
 //! store). Thresholds follow the issue: a heartbeat older than 3 s makes a node suspect (no
-//! new placements), 5 s dead (its epoch bumped, so its old incarnation is refused).
+//! new placements), 5 s dead (its epoch bumped, so its old incarnation is refused), and the
+//! sandboxes it ran are gone (E2B's not-found from then on; paused ones stay paused).
 
 use std::time::Duration;
 
-use bulkhead_store::{LeaseEpoch, NODE_HEALTH_LEASE, NodeTransition, Store, StoreError};
+use bulkhead_store::{
+    LeaseEpoch, LostSandbox, NODE_HEALTH_LEASE, NodeTransition, Store, StoreError,
+};
 
 /// The sweep's timing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,10 +45,12 @@ pub struct HealthSweeper {
 pub enum Sweep {
     /// Another replica holds the lease.
     NotHolder,
-    /// Swept under this epoch; status changes made.
+    /// Swept under this epoch; status changes made, and the sandboxes of dead nodes marked
+    /// gone (the engine forgets them: [`crate::Engine::forget_lost`]).
     Swept {
         epoch: u64,
         changes: Vec<NodeTransition>,
+        lost: Vec<LostSandbox>,
     },
 }
 
@@ -89,13 +94,17 @@ impl HealthSweeper {
             .sweep_nodes(now_ms, self.cfg.suspect_after, self.cfg.dead_after, epoch)
             .await
         {
-            Ok(changes) => {
-                for c in &changes {
+            Ok(out) => {
+                for c in &out.changes {
                     tracing::warn!(node = %c.id, from = %c.from, to = %c.to, epoch = c.epoch, "node status changed by the health sweep");
+                }
+                for l in &out.lost {
+                    tracing::warn!(sandbox = %l.id, node = %l.node, "sandbox lost with its node");
                 }
                 Ok(Sweep::Swept {
                     epoch: epoch.0,
-                    changes,
+                    changes: out.changes,
+                    lost: out.lost,
                 })
             }
             Err(StoreError::Fenced { .. }) => {

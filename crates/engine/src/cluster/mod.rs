@@ -2,18 +2,21 @@
 //! itself ([`report`]), the node-side heartbeat that registers and re-registers it
 //! ([`heartbeat`]), the one-owner sweep that marks silent nodes suspect and then dead under a
 //! lease ([`health`]), where a sandbox goes ([`placement`]), and the [`router`] that makes many
-//! nodes one for the engine. PostgreSQL is the only shared state: nodes push a heartbeat every
+//! nodes one for the engine; on the node, the [`reconcile`]r that stops what the cluster gave
+//! up on or what ran past its deadline. PostgreSQL is the only shared state: nodes push a heartbeat every
 //! second; no replica polls nodes.
 
 pub mod health;
 pub mod heartbeat;
 mod local;
 pub mod placement;
+pub mod reconcile;
 pub mod report;
 pub mod router;
 
 pub use health::{HealthConfig, HealthSweeper, Sweep};
 pub use heartbeat::{Beat, Heartbeat};
+pub use reconcile::{ReconcileConfig, Reconciled, Reconciler};
 pub use report::NodeReport;
 pub use router::{
     ClusterNode, Member, NodeDirectory, StaticDirectory, StaticMember, StoreDirectory,

@@ -348,6 +348,7 @@ impl Engine {
             driver_handle: Some(serde_json::to_string(&handle).expect("handle serializes")),
             end_reason: None,
             allow_internet: plan.allow_internet,
+            node_id: handle.node.clone(),
             network: req
                 .network
                 .as_ref()

@@ -23,6 +23,44 @@ impl Engine {
             Err(EngineError::SandboxNotFound(id.to_string()))
         }
     }
+
+    /// Sandboxes whose node died ([`bulkhead_store::LostSandbox`], marked gone in the store by
+    /// the health sweep): out of the live set without a call to the node, which is gone (if it
+    /// comes back it stops what it still runs: their handles stay in the store for it). From
+    /// then on they are E2B's not-found. A pause or resume in flight settles its sandbox
+    /// itself, as the sweep leaves those alone too. Returns how many were forgotten.
+    pub async fn forget_lost(&self, ids: &[String]) -> usize {
+        let mut forgotten = 0;
+        for id in ids {
+            let cancel = {
+                let mut live = self.live.lock();
+                let Some(l) = live.get_mut(id) else { continue };
+                if !matches!(
+                    l.state,
+                    SandboxState::Starting
+                        | SandboxState::Running
+                        | SandboxState::Snapshotting
+                        | SandboxState::Killing
+                ) {
+                    continue;
+                }
+                l.state = SandboxState::Killing;
+                l.cancel.clone()
+            };
+            cancel.cancel();
+            crate::sandbox::metered::meter_one(self, id).await;
+            crate::sandbox::network::detach_link(self, id).await;
+            if let Err(e) = self.store.delete_persistence(id).await {
+                tracing::error!(sandbox = %id, error = %e, "deleting the sandbox's lifecycle record failed");
+            }
+            self.live.lock().remove(id);
+            self.live.notify();
+            tracing::warn!(sandbox = %id, "sandbox lost with its node");
+            crate::telemetry::stopped(bulkhead_store::NODE_LOST);
+            forgotten += 1;
+        }
+        forgotten
+    }
 }
 
 /// Remove a sandbox from the live set, tear it down and record why it ended.
@@ -64,7 +102,7 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
     {
         tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
     }
-    let _ = engine.store.set_sandbox_driver_handle(id, None).await;
+    let _ = engine.store.set_sandbox_driver_handle(id, None, None).await;
     engine.live.lock().remove(id);
     engine.live.notify();
     tracing::info!(sandbox = %id, reason, "sandbox ended");

@@ -113,7 +113,7 @@ impl Engine {
         pending.paused_at = Some(paused.at_ms);
         let recorded = async {
             self.store.upsert_persistence(&pending).await?;
-            self.store.set_sandbox_driver_handle(id, None).await?;
+            self.store.set_sandbox_driver_handle(id, None, None).await?;
             self.store
                 .set_sandbox_state(id, SandboxState::Paused.into(), None)
                 .await

@@ -233,7 +233,7 @@ impl Engine {
     async fn record_resumed(&self, id: &str, handle: &DriverHandle, end_at: i64) -> Result<()> {
         let json = serde_json::to_string(handle).expect("handle serializes");
         self.store
-            .set_sandbox_driver_handle(id, Some(&json))
+            .set_sandbox_driver_handle(id, Some(&json), handle.node.as_deref())
             .await?;
         self.store.set_sandbox_end_at(id, end_at).await?;
         self.store

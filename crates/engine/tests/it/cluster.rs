@@ -52,7 +52,7 @@ async fn a_silent_node_goes_suspect_then_dead_and_comes_back_under_a_new_epoch()
     n2.beat(&report(2), false, T0).await.unwrap();
     let mut a = HealthSweeper::new(store.clone(), "api-a", HealthConfig::default());
     let mut b = HealthSweeper::new(store.clone(), "api-b", HealthConfig::default());
-    let Sweep::Swept { epoch, changes } = a.round(T0).await.unwrap() else {
+    let Sweep::Swept { epoch, changes, .. } = a.round(T0).await.unwrap() else {
         panic!("the first replica takes the lease");
     };
     assert!(changes.is_empty());
@@ -612,6 +612,141 @@ mod router {
         engine.recover().await.unwrap();
         let row = c.store.get_sandbox(&id).await.unwrap().unwrap();
         assert_eq!(row.end_reason.as_deref(), Some("lost on restart"));
+    }
+
+    /// A node stops answering: the sweep declares it dead and its sandboxes gone, the engine
+    /// forgets them (not found from then on, not listed), the others run on; when the node
+    /// comes back, its reconciler stops what it still ran of them and any leftover, keeps and
+    /// adopts what the store still has on it, and a sandbox past its deadline is ended by the
+    /// node alone.
+    #[tokio::test]
+    async fn a_dead_node_s_sandboxes_are_gone_and_stopped_when_it_returns() {
+        use bulkhead_engine::ListRequest;
+        use bulkhead_engine::cluster::{
+            HealthConfig, HealthSweeper, ReconcileConfig, Reconciled, Reconciler, Sweep,
+        };
+        use bulkhead_store::{NODE_LOST, SandboxState};
+
+        const T0: i64 = 1_800_000_000_000;
+        let c = cluster().await;
+        let r = serde_json::json!({});
+        for id in IDS {
+            c.store.register_node(id, "addr", &r, T0).await.unwrap();
+        }
+        let mut ids = Vec::new();
+        for _ in 0..9 {
+            ids.push(c.create().await.unwrap());
+        }
+        let mut on = BTreeMap::<String, Vec<String>>::new();
+        for id in &ids {
+            on.entry(c.handle(id).await.node.unwrap())
+                .or_default()
+                .push(id.clone());
+        }
+        let doomed = on.get("n1").cloned().unwrap_or_default();
+        assert!(!doomed.is_empty(), "every node got some: {on:?}");
+        let doomed_handles: Vec<DriverHandle> =
+            futures::future::join_all(doomed.iter().map(|id| c.handle(id))).await;
+        // A leftover of n1's previous life that the store does not know (a warm member, say).
+        let t = base_template();
+        let spec = SandboxSpec {
+            template_id: t.id.clone(),
+            rootfs: t.rootfs.clone(),
+            cpu_count: t.cpu_count,
+            memory_mb: t.memory_mb,
+            pids_max: t.pids_max,
+            disk_mb: 0,
+            volumes: Vec::new(),
+        };
+        let leftover = c.machines[0].local.start(&spec, false).await.unwrap();
+
+        // n2 and n3 keep reporting; n1 is silent past the dead threshold.
+        for id in ["n2", "n3"] {
+            c.store
+                .heartbeat(id, 1, bulkhead_store::ReportedStatus::Ready, &r, T0 + 5_500)
+                .await
+                .unwrap();
+        }
+        let mut sweeper = HealthSweeper::new(c.store.clone(), "api", HealthConfig::default());
+        let Sweep::Swept { lost, .. } = sweeper.round(T0 + 6_000).await.unwrap() else {
+            panic!("the only replica holds the lease");
+        };
+        let mut lost: Vec<String> = lost.into_iter().map(|l| l.id).collect();
+        lost.sort();
+        let mut want = doomed.clone();
+        want.sort();
+        assert_eq!(lost, want);
+        assert_eq!(c.engine.forget_lost(&lost).await, lost.len());
+        for id in &doomed {
+            assert!(matches!(
+                c.engine.get(&c.owner, id).await,
+                Err(EngineError::SandboxNotFound(_))
+            ));
+            let row = c.store.get_sandbox(id).await.unwrap().unwrap();
+            assert_eq!(row.end_reason.as_deref(), Some(NODE_LOST));
+        }
+        let listed = c
+            .engine
+            .list(&c.owner, &ListRequest::default())
+            .await
+            .unwrap();
+        assert_eq!(listed.items.len(), ids.len() - doomed.len());
+        assert!(listed.items.iter().all(|i| !doomed.contains(&i.id)));
+        // n1 was only silent: its sandboxes still run there.
+        for h in &doomed_handles {
+            assert!(c.machines[0].local.reachable(h).await);
+        }
+
+        // n1 registers again: it stops what the cluster gave up on and the leftover, and keeps
+        // (adopting) what the store has on it: nothing else here.
+        c.store
+            .register_node("n1", "addr", &r, T0 + 7_000)
+            .await
+            .unwrap();
+        let mut n1 = Reconciler::new(
+            c.store.clone(),
+            "n1",
+            c.machines[0].local.clone(),
+            ReconcileConfig::default(),
+        );
+        let done = n1.round(T0 + 7_000, true).await;
+        assert_eq!(
+            (done.stopped_gone, done.expired, done.orphans, done.offline),
+            (doomed.len(), 0, 1, false),
+            "{done:?}"
+        );
+        for h in doomed_handles.iter().chain([&leftover]) {
+            assert!(!c.machines[0].local.reachable(h).await);
+        }
+        // Done with them: the next round has nothing to do.
+        assert_eq!(n1.round(T0 + 8_000, false).await, Reconciled::default());
+
+        // n2's sandboxes: one is far past its deadline and no replica ended it (say none
+        // reaches n2): n2 ends it itself, and only once the grace is over.
+        let mine = on["n2"][0].clone();
+        let row = c.store.get_sandbox(&mine).await.unwrap().unwrap();
+        let h2 = c.handle(&mine).await;
+        let mut n2 = Reconciler::new(
+            c.store.clone(),
+            "n2",
+            c.machines[1].local.clone(),
+            ReconcileConfig {
+                deadline_grace: Duration::from_secs(30),
+            },
+        );
+        assert_eq!(n2.round(row.end_at + 29_000, false).await.expired, 0);
+        assert!(c.machines[1].local.reachable(&h2).await);
+        let done = n2.round(row.end_at + 31_000, false).await;
+        assert!(done.expired >= 1, "{done:?}");
+        assert!(!c.machines[1].local.reachable(&h2).await);
+        let row = c.store.get_sandbox(&mine).await.unwrap().unwrap();
+        assert_eq!(
+            (row.state, row.end_reason.as_deref()),
+            (SandboxState::Dead, Some("timeout"))
+        );
+        for id in &ids {
+            let _ = c.engine.kill(&c.owner, id).await;
+        }
     }
 
     #[tokio::test]

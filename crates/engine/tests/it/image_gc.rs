@@ -80,7 +80,7 @@ async fn unused_entries_go_and_used_ones_stay() {
     });
     assert!(
         store
-            .set_sandbox_driver_handle(&sbx.id, Some(&handle.to_string()))
+            .set_sandbox_driver_handle(&sbx.id, Some(&handle.to_string()), None)
             .await
             .unwrap()
     );
@@ -95,7 +95,7 @@ async fn unused_entries_go_and_used_ones_stay() {
 
     // Once the sandbox no longer names it, its tree goes too.
     store
-        .set_sandbox_driver_handle(&sbx.id, None)
+        .set_sandbox_driver_handle(&sbx.id, None, None)
         .await
         .unwrap();
     let report = engine.collect_image_garbage(grace).await.unwrap();

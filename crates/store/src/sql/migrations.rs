@@ -42,6 +42,14 @@ const FILES: &[(&str, &str)] = &[
         "20261201000000_nodes_and_leases.sql",
         include_str!("../../migrations/20261201000000_nodes_and_leases.sql"),
     ),
+    (
+        "20261202000000_sandbox_nodes.sql",
+        include_str!("../../migrations/20261202000000_sandbox_nodes.sql"),
+    ),
+    (
+        "20261202000100_idempotency_keys.sql",
+        include_str!("../../migrations/20261202000100_idempotency_keys.sql"),
+    ),
 ];
 
 /// `<version>_<description>.sql` → a migration, as sqlx names one.

@@ -11,8 +11,10 @@
 
 mod api_keys;
 mod egress;
+mod idempotency;
 mod leases;
 mod migrations;
+mod node_sandboxes;
 mod nodes;
 mod persistence;
 mod query;

@@ -12,8 +12,8 @@ use sqlx::{AssertSqlSafe, Row};
 use super::Store;
 use super::leases::{duration_ms, epoch_from_db, epoch_to_db, hold_fence};
 use crate::{
-    LeaseEpoch, NODE_HEALTH_LEASE, NodeRow, NodeStatus, NodeTransition, ReportedStatus, Result,
-    StaleReason, StoreError,
+    LeaseEpoch, LostSandbox, NODE_HEALTH_LEASE, NODE_LOST, NodeRow, NodeStatus, NodeTransition,
+    ReportedStatus, Result, SandboxState, StaleReason, StoreError, SweepOutcome,
 };
 
 const NODE_COLUMNS: &str = "id, epoch, addr, status, report, registered_at, heartbeat_at";
@@ -127,7 +127,12 @@ impl Store {
     /// Marks the nodes whose heartbeat stopped: `ready`, `draining` or `suspect` ones last
     /// heard more than `dead_after` before `now_ms` become `dead` with their epoch bumped;
     /// `ready` and `draining` ones last heard more than `suspect_after` before become
-    /// `suspect`. Returns the changes, by id.
+    /// `suspect`. The sandboxes a dead node was running are marked `dead` ("node_lost",
+    /// ended now; their handle kept, so the node stops them if it comes back): every round, so
+    /// a create that completed on a node after its death is caught too. Paused ones stay
+    /// paused (their checkpoint is on that node's disk), and ones in the middle of a pause or a
+    /// resume are left to the replica running that operation, which settles them. Returns the
+    /// changes, by id, and the sandboxes lost.
     ///
     /// `fence` is the caller's epoch of the [`NODE_HEALTH_LEASE`]: when the lease is at another
     /// epoch (someone took it over) nothing is changed and [`StoreError::Fenced`] is returned.
@@ -138,7 +143,7 @@ impl Store {
         suspect_after: Duration,
         dead_after: Duration,
         fence: LeaseEpoch,
-    ) -> Result<Vec<NodeTransition>> {
+    ) -> Result<SweepOutcome> {
         let suspect_cut = now_ms.saturating_sub(duration_ms(suspect_after));
         let dead_cut = now_ms.saturating_sub(duration_ms(dead_after));
         let mut tx = self.pool.begin().await?;
@@ -174,8 +179,44 @@ impl Store {
                 });
             }
         }
+        let lost = mark_lost(&mut tx, now_ms).await?;
         tx.commit().await?;
         changes.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(changes)
+        Ok(SweepOutcome { changes, lost })
     }
+}
+
+/// Marks the sandboxes whose processes were on a dead node `dead` (see `sweep_nodes`).
+async fn mark_lost(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    now_ms: i64,
+) -> Result<Vec<LostSandbox>> {
+    let rows = sqlx::query(
+        "UPDATE sandboxes SET state = $1, end_reason = $2, \
+         end_at = CASE WHEN end_at > $3 THEN $3 ELSE end_at END \
+         WHERE state IN ($4, $5, $6, $7) \
+         AND node_id IN (SELECT id FROM nodes WHERE status = $8) \
+         RETURNING id, node_id",
+    )
+    .bind(SandboxState::Dead.as_str())
+    .bind(NODE_LOST)
+    .bind(now_ms)
+    .bind(SandboxState::Starting.as_str())
+    .bind(SandboxState::Running.as_str())
+    .bind(SandboxState::Snapshotting.as_str())
+    .bind(SandboxState::Killing.as_str())
+    .bind(NodeStatus::Dead.as_str())
+    .fetch_all(&mut **tx)
+    .await?;
+    let mut lost = rows
+        .iter()
+        .map(|r| {
+            Ok(LostSandbox {
+                id: r.try_get("id")?,
+                node: r.try_get("node_id")?,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    lost.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(lost)
 }

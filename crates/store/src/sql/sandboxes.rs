@@ -17,7 +17,7 @@ impl Store {
     pub async fn insert_sandbox(&self, sb: &SandboxRow) -> Result<()> {
         let sql = format!(
             "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(sb.id.as_str())
@@ -38,6 +38,7 @@ impl Store {
             .bind(sb.end_reason.as_deref())
             .bind(i64::from(sb.allow_internet))
             .bind(sb.network.as_deref())
+            .bind(sb.node_id.as_deref())
             .execute(&self.pool)
             .await
             .map_err(|e| conflict(e, || format!("Sandbox {}", sb.id)))?;
@@ -192,11 +193,21 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
-    /// Returns false if there is no such sandbox.
-    pub async fn set_sandbox_driver_handle(&self, id: &str, handle: Option<&str>) -> Result<bool> {
-        let done = sqlx::query("UPDATE sandboxes SET driver_handle = $1 WHERE id = $2")
-            .bind(handle)
-            .bind(id)
+    /// Sets the running sandbox's handle (None once its processes are gone) and, when `node` is
+    /// given, the node it runs on; without one the node stays (a paused sandbox's checkpoint is
+    /// on the node it ran on). Returns false if there is no such sandbox.
+    pub async fn set_sandbox_driver_handle(
+        &self,
+        id: &str,
+        handle: Option<&str>,
+        node: Option<&str>,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE sandboxes SET driver_handle = $1, node_id = COALESCE($2, node_id) WHERE id = $3",
+        )
+        .bind(handle)
+        .bind(node)
+        .bind(id)
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)

@@ -5,6 +5,7 @@
 
 mod harness;
 mod suite;
+mod suite_idempotency;
 mod suite_nodes;
 mod suite_records;
 mod suite_secrets;
@@ -61,9 +62,15 @@ store_tests!(
     nodes_register_and_heartbeat,
     nodes_sweep_thresholds,
     nodes_sweep_is_fenced,
+    nodes_sweep_marks_what_a_dead_node_ran_lost,
+    node_sandboxes_expire_and_release,
     leases_acquire_renew_expire,
     leases_race_has_one_winner,
     nodes_race_register,
+    idempotency_claim_complete_and_mismatch,
+    idempotency_release_and_abandoned_claims,
+    idempotency_keys_expire,
+    idempotency_race_has_one_winner,
 );
 
 mod sqlite_only {

@@ -5,9 +5,14 @@ use bulkhead_store::{
 };
 
 use crate::harness::Harness;
+pub use crate::suite_idempotency::{
+    idempotency_claim_complete_and_mismatch, idempotency_keys_expire,
+    idempotency_race_has_one_winner, idempotency_release_and_abandoned_claims,
+};
 pub use crate::suite_nodes::{
-    leases_acquire_renew_expire, leases_race_has_one_winner, nodes_race_register,
-    nodes_register_and_heartbeat, nodes_sweep_is_fenced, nodes_sweep_thresholds,
+    leases_acquire_renew_expire, leases_race_has_one_winner, node_sandboxes_expire_and_release,
+    nodes_race_register, nodes_register_and_heartbeat, nodes_sweep_is_fenced,
+    nodes_sweep_marks_what_a_dead_node_ran_lost, nodes_sweep_thresholds,
 };
 pub use crate::suite_records::{
     egress_events, persistence_roundtrip, sandbox_for_tests, sandbox_network_updates,
@@ -58,6 +63,7 @@ pub(crate) fn sandbox(id: &str, started_at: i64) -> SandboxRow {
         end_reason: None,
         allow_internet: false,
         network: None,
+        node_id: None,
     }
 }
 
@@ -194,7 +200,7 @@ pub async fn sandbox_updates(h: &Harness) {
     assert!(!s.set_sandbox_end_at("nope", 999).await.unwrap());
 
     assert!(
-        s.set_sandbox_driver_handle("sb1", Some("{\"pid\":7}"))
+        s.set_sandbox_driver_handle("sb1", Some("{\"pid\":7}"), Some("n1"))
             .await
             .unwrap()
     );
@@ -208,6 +214,7 @@ pub async fn sandbox_updates(h: &Harness) {
     assert_eq!(got.state, SandboxState::Paused);
     assert_eq!(got.end_reason.as_deref(), Some("paused by user"));
     assert_eq!(got.driver_handle.as_deref(), Some("{\"pid\":7}"));
+    assert_eq!(got.node_id.as_deref(), Some("n1"));
 
     // Resume clears the reason; the handle can be cleared independently.
     assert!(
@@ -215,18 +222,28 @@ pub async fn sandbox_updates(h: &Harness) {
             .await
             .unwrap()
     );
-    assert!(s.set_sandbox_driver_handle("sb1", None).await.unwrap());
+    assert!(
+        s.set_sandbox_driver_handle("sb1", None, None)
+            .await
+            .unwrap()
+    );
     let got = s.get_sandbox("sb1").await.unwrap().unwrap();
     assert_eq!(got.state, SandboxState::Running);
     assert_eq!(got.end_reason, None);
     assert_eq!(got.driver_handle, None);
+    // The node stays with a paused sandbox's checkpoint.
+    assert_eq!(got.node_id.as_deref(), Some("n1"));
 
     assert!(
         !s.set_sandbox_state("nope", SandboxState::Dead, Some("killed"))
             .await
             .unwrap()
     );
-    assert!(!s.set_sandbox_driver_handle("nope", None).await.unwrap());
+    assert!(
+        !s.set_sandbox_driver_handle("nope", None, None)
+            .await
+            .unwrap()
+    );
 }
 
 pub async fn sandbox_filters_and_counts(h: &Harness) {

@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bulkhead_store::{
-    LeaseEpoch, NODE_HEALTH_LEASE, NodeStatus, NodeTransition, ReportedStatus, StaleReason, Store,
-    StoreError,
+    LeaseEpoch, LostSandbox, NODE_HEALTH_LEASE, NODE_LOST, NodeStatus, NodeTransition,
+    PersistenceRow, ReportedStatus, SandboxState, StaleReason, Store, StoreError,
 };
 use serde_json::json;
 
 use crate::harness::Harness;
+use crate::suite::sandbox;
 
 const SUSPECT: Duration = Duration::from_secs(3);
 const DEAD: Duration = Duration::from_secs(5);
@@ -133,20 +134,20 @@ pub async fn nodes_sweep_thresholds(h: &Harness) {
     let sweep = |now: i64| s.sweep_nodes(now, SUSPECT, DEAD, fence);
 
     // Exactly at the threshold is not older than it.
-    assert_eq!(sweep(12_000).await.unwrap(), []);
-    assert_eq!(sweep(13_000).await.unwrap(), []);
+    assert_eq!(sweep(12_000).await.unwrap().changes, []);
+    assert_eq!(sweep(13_000).await.unwrap().changes, []);
     s.heartbeat("b", 1, ReportedStatus::Ready, &r, 12_500)
         .await
         .unwrap();
     assert_eq!(
-        sweep(13_500).await.unwrap(),
+        sweep(13_500).await.unwrap().changes,
         [
             moved("a", NodeStatus::Ready, NodeStatus::Suspect, 1),
             moved("c", NodeStatus::Draining, NodeStatus::Suspect, 1),
         ]
     );
     // Swept again, a suspect node stays suspect until the dead threshold.
-    assert_eq!(sweep(14_000).await.unwrap(), []);
+    assert_eq!(sweep(14_000).await.unwrap().changes, []);
 
     // A suspect node that reports is what it reports again.
     s.heartbeat("a", 1, ReportedStatus::Ready, &r, 14_000)
@@ -159,7 +160,7 @@ pub async fn nodes_sweep_thresholds(h: &Harness) {
 
     // Past the dead threshold: dead, with the epoch bumped.
     assert_eq!(
-        sweep(15_500).await.unwrap(),
+        sweep(15_500).await.unwrap().changes,
         [moved("c", NodeStatus::Suspect, NodeStatus::Dead, 2)]
     );
     let c = s.get_node("c").await.unwrap().unwrap();
@@ -187,7 +188,7 @@ pub async fn nodes_sweep_thresholds(h: &Harness) {
     // A ready node whose heartbeat stopped long ago goes straight to dead; dead nodes are
     // not swept again.
     assert_eq!(
-        sweep(19_600).await.unwrap(),
+        sweep(19_600).await.unwrap().changes,
         [
             moved("a", NodeStatus::Ready, NodeStatus::Dead, 2),
             moved("b", NodeStatus::Ready, NodeStatus::Dead, 2),
@@ -195,10 +196,10 @@ pub async fn nodes_sweep_thresholds(h: &Harness) {
         ]
     );
     assert_eq!(
-        sweep(40_000).await.unwrap(),
+        sweep(40_000).await.unwrap().changes,
         [moved("c", NodeStatus::Suspect, NodeStatus::Dead, 4)]
     );
-    assert_eq!(sweep(90_000).await.unwrap(), []);
+    assert_eq!(sweep(90_000).await.unwrap().changes, []);
     assert!(
         s.list_nodes()
             .await
@@ -261,9 +262,141 @@ pub async fn nodes_sweep_is_fenced(h: &Harness) {
 
     // The new holder's does.
     assert_eq!(
-        s.sweep_nodes(60_000, SUSPECT, DEAD, new).await.unwrap(),
+        s.sweep_nodes(60_000, SUSPECT, DEAD, new)
+            .await
+            .unwrap()
+            .changes,
         [moved("n", NodeStatus::Ready, NodeStatus::Dead, 2)]
     );
+}
+
+/// A sandbox row on `node` in `state` with a handle there.
+async fn on_node(s: &Store, id: &str, node: &str, state: SandboxState, end_at: i64) {
+    let mut row = sandbox(id, 0);
+    row.state = state;
+    row.end_at = end_at;
+    row.node_id = Some(node.into());
+    row.driver_handle = Some(format!("{{\"pid\":1,\"id\":\"{id}\"}}"));
+    s.insert_sandbox(&row).await.unwrap();
+}
+
+pub async fn nodes_sweep_marks_what_a_dead_node_ran_lost(h: &Harness) {
+    let s = &h.store;
+    let fence = s
+        .acquire_lease(NODE_HEALTH_LEASE, "api-1", Duration::from_secs(3600), 0)
+        .await
+        .unwrap()
+        .unwrap();
+    let r = json!({});
+    s.register_node("a", "addr", &r, 10_000).await.unwrap();
+    s.register_node("b", "addr", &r, 10_000).await.unwrap();
+    on_node(s, "run-a", "a", SandboxState::Running, 99_000).await;
+    on_node(s, "paused-a", "a", SandboxState::Paused, 99_000).await;
+    on_node(s, "pausing-a", "a", SandboxState::Pausing, 99_000).await;
+    on_node(s, "run-b", "b", SandboxState::Running, 99_000).await;
+    s.heartbeat("b", 1, ReportedStatus::Ready, &r, 15_000)
+        .await
+        .unwrap();
+
+    // Suspect loses nothing.
+    let out = s.sweep_nodes(13_500, SUSPECT, DEAD, fence).await.unwrap();
+    assert_eq!(out.lost, []);
+    // Dead: what ran there is gone, ended now, its handle kept for the node to stop it.
+    let out = s.sweep_nodes(15_500, SUSPECT, DEAD, fence).await.unwrap();
+    assert_eq!(
+        out.changes,
+        [moved("a", NodeStatus::Suspect, NodeStatus::Dead, 2)]
+    );
+    assert_eq!(
+        out.lost,
+        [LostSandbox {
+            id: "run-a".into(),
+            node: "a".into()
+        }]
+    );
+    let gone = s.get_sandbox("run-a").await.unwrap().unwrap();
+    assert_eq!(
+        (gone.state, gone.end_reason.as_deref(), gone.end_at),
+        (SandboxState::Dead, Some(NODE_LOST), 15_500)
+    );
+    assert!(gone.driver_handle.is_some());
+    // A paused one stays paused, one being paused is left to its operation, the other node's
+    // runs on.
+    for (id, state) in [
+        ("paused-a", SandboxState::Paused),
+        ("pausing-a", SandboxState::Pausing),
+        ("run-b", SandboxState::Running),
+    ] {
+        assert_eq!(
+            s.get_sandbox(id).await.unwrap().unwrap().state,
+            state,
+            "{id}"
+        );
+    }
+    // A create that completes on the dead node afterwards is caught by the next round.
+    on_node(s, "late-a", "a", SandboxState::Running, 99_000).await;
+    let out = s.sweep_nodes(16_000, SUSPECT, DEAD, fence).await.unwrap();
+    assert_eq!((out.changes.len(), out.lost.len()), (0, 1));
+    assert_eq!(out.lost[0].id, "late-a");
+    // Once the node registers again, its sandboxes are no longer swept.
+    s.register_node("a", "addr", &r, 17_000).await.unwrap();
+    on_node(s, "new-a", "a", SandboxState::Running, 99_000).await;
+    let out = s.sweep_nodes(17_500, SUSPECT, DEAD, fence).await.unwrap();
+    assert_eq!(out.lost, []);
+}
+
+pub async fn node_sandboxes_expire_and_release(h: &Harness) {
+    let s = &h.store;
+    on_node(s, "due", "a", SandboxState::Running, 10_000).await;
+    on_node(s, "later", "a", SandboxState::Running, 50_000).await;
+    on_node(s, "pauses", "a", SandboxState::Running, 10_000).await;
+    on_node(s, "lost", "a", SandboxState::Dead, 10_000).await;
+    on_node(s, "elsewhere", "b", SandboxState::Running, 10_000).await;
+    s.upsert_persistence(&PersistenceRow {
+        sandbox_id: "pauses".into(),
+        on_timeout: "pause".into(),
+        auto_resume: false,
+        pause_memory: true,
+        timeout_ms: 1_000,
+        checkpoint_dir: None,
+        checkpoint_memory: false,
+        generation: 0,
+        paused_at: None,
+    })
+    .await
+    .unwrap();
+    let mine = s.node_sandboxes("a").await.unwrap();
+    let ids: Vec<&str> = mine.iter().map(|n| n.id.as_str()).collect();
+    assert_eq!(ids, ["due", "later", "lost", "pauses"]);
+    assert!(mine[3].pauses_on_timeout && !mine[0].pauses_on_timeout);
+    assert_eq!(mine[2].state, SandboxState::Dead);
+
+    // The row decides: only a running sandbox of this node past the cut.
+    assert!(!s.expire_on_node("due", "a", 10_000).await.unwrap());
+    assert!(!s.expire_on_node("due", "b", 20_000).await.unwrap());
+    assert!(!s.expire_on_node("lost", "a", 20_000).await.unwrap());
+    assert!(s.expire_on_node("due", "a", 20_000).await.unwrap());
+    let due = s.get_sandbox("due").await.unwrap().unwrap();
+    assert_eq!(
+        (due.state, due.end_reason.as_deref(), due.driver_handle),
+        (SandboxState::Dead, Some("timeout"), None)
+    );
+    // An API replica extended it meanwhile: not expired.
+    s.set_sandbox_end_at("later", 90_000).await.unwrap();
+    assert!(!s.expire_on_node("later", "a", 60_000).await.unwrap());
+
+    // A dead one's handle goes once the node stopped it; a running one's stays.
+    assert!(s.release_dead_handle("lost", "a").await.unwrap());
+    assert!(!s.release_dead_handle("lost", "a").await.unwrap());
+    assert!(!s.release_dead_handle("later", "a").await.unwrap());
+    let ids: Vec<String> = s
+        .node_sandboxes("a")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.id)
+        .collect();
+    assert_eq!(ids, ["later", "pauses"]);
 }
 
 pub async fn leases_acquire_renew_expire(h: &Harness) {
