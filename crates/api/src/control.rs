@@ -1,7 +1,7 @@
 //! Control-plane handlers (E2B REST, both SDK generations).
 
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -109,62 +109,89 @@ pub(crate) async fn require_api_key(
     }
 }
 
-async fn create(st: &AppState, owner: &Caller, body: &Bytes, v2: bool) -> ApiResult<Response> {
+/// The `Idempotency-Key` header of a create, as text: the engine checks it (1 to 255 visible
+/// ASCII characters), so bytes that are not text reach it as replacement characters and are
+/// refused there with the same message. Two headers are refused here (a proxy may have joined
+/// them into one value, which the engine would refuse as well).
+fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::bad_request(
+            "Invalid Idempotency-Key header: send it once per request",
+        ));
+    }
+    Ok(Some(String::from_utf8_lossy(value.as_bytes()).into_owned()))
+}
+
+/// The header that makes a create idempotent (see `Engine::create_idempotent`).
+const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+async fn create(
+    st: &AppState,
+    owner: &Caller,
+    headers: &HeaderMap,
+    body: &Bytes,
+    v2: bool,
+) -> ApiResult<Response> {
+    let key = idempotency_key(headers)?;
     let req: NewSandbox = parse_body(body)?;
     if req.template_id.trim().is_empty() {
         return Err(ApiError::bad_request("templateID is required"));
     }
     let lifecycle = req.lifecycle()?;
     let network = req.network.map(NetworkConfig::into_engine).transpose()?;
-    let info = st
-        .engine
-        .create(
-            owner,
-            CreateRequest {
-                template: req.template_id,
-                timeout: timeout_secs(req.timeout)?,
-                metadata: req.metadata.unwrap_or_default(),
-                env_vars: req.env_vars.unwrap_or_default(),
-                secure: req.secure,
-                generation: if v2 {
-                    CreateGeneration::V2
-                } else {
-                    CreateGeneration::V1
-                },
-                allow_internet_access: req.allow_internet_access,
-                network,
-                volume_mounts: req
-                    .volume_mounts
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|m| bulkhead_engine::MountRequest {
-                        name: m.name,
-                        path: m.path,
-                    })
-                    .collect(),
-                lifecycle,
-            },
-        )
-        .await?;
+    let req = CreateRequest {
+        template: req.template_id,
+        timeout: timeout_secs(req.timeout)?,
+        metadata: req.metadata.unwrap_or_default(),
+        env_vars: req.env_vars.unwrap_or_default(),
+        secure: req.secure,
+        generation: if v2 {
+            CreateGeneration::V2
+        } else {
+            CreateGeneration::V1
+        },
+        allow_internet_access: req.allow_internet_access,
+        network,
+        volume_mounts: req
+            .volume_mounts
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| bulkhead_engine::MountRequest {
+                name: m.name,
+                path: m.path,
+            })
+            .collect(),
+        lifecycle,
+    };
+    let info = match key {
+        Some(key) => st.engine.create_idempotent(owner, req, &key).await?,
+        None => st.engine.create(owner, req).await?,
+    };
     Ok((StatusCode::CREATED, Json(Sandbox::from(&info))).into_response())
 }
 
-#[utoipa::path(post, path = "/sandboxes", request_body = NewSandbox, responses((status = 201, description = "The sandbox is running", body = Sandbox)))]
+#[utoipa::path(post, path = "/sandboxes", params(("Idempotency-Key" = Option<String>, Header, description = "Makes the create idempotent: 1 to 255 visible ASCII characters, scoped to the caller's team and kept 24 h. A retry with the same key and body answers 201 with the same sandbox (waiting while the first attempt is still creating); the same key with another body is refused (422); after the sandbox ended, or while the first attempt still runs after 5 minutes, the answer is 409. A failed create frees the key.")), request_body = NewSandbox, responses((status = 201, description = "The sandbox is running", body = Sandbox)))]
 async fn create_v1(
     State(st): State<AppState>,
     Extension(owner): Extension<Caller>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    create(&st, &owner, &body, false).await
+    create(&st, &owner, &headers, &body, false).await
 }
 
-#[utoipa::path(post, path = "/v2/sandboxes", request_body = NewSandbox, responses((status = 201, description = "The sandbox is running", body = Sandbox)))]
+#[utoipa::path(post, path = "/v2/sandboxes", params(("Idempotency-Key" = Option<String>, Header, description = "Makes the create idempotent: 1 to 255 visible ASCII characters, scoped to the caller's team and kept 24 h. A retry with the same key and body answers 201 with the same sandbox (waiting while the first attempt is still creating); the same key with another body is refused (422); after the sandbox ended, or while the first attempt still runs after 5 minutes, the answer is 409. A failed create frees the key.")), request_body = NewSandbox, responses((status = 201, description = "The sandbox is running", body = Sandbox)))]
 async fn create_v2(
     State(st): State<AppState>,
     Extension(owner): Extension<Caller>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Response> {
-    create(&st, &owner, &body, true).await
+    create(&st, &owner, &headers, &body, true).await
 }
 
 #[utoipa::path(get, path = "/sandboxes/{id}", params(("id" = String, Path, description = "The sandbox ID")), responses((status = 200, description = "The sandbox", body = SandboxDetail)))]

@@ -7,7 +7,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bulkhead_engine::driver::DriverError;
 use bulkhead_engine::volume_fs::VolumeFsError;
-use bulkhead_engine::{ChangesError, EngineError, Limit, Operation, VolumeError};
+use bulkhead_engine::{ChangesError, EngineError, IdempotencyError, Limit, Operation, VolumeError};
 
 /// An error in E2B's shape: `{"code": <status>, "message": "...", "error_code"?: "..."}`.
 #[derive(Debug, thiserror::Error)]
@@ -149,6 +149,15 @@ fn classify(e: &EngineError) -> (StatusCode, Option<&'static str>) {
                 (StatusCode::FORBIDDEN, Some("team_quota"))
             }
         },
+        // 422 for a key reused with another body (the IETF Idempotency-Key draft's answer);
+        // 409 while the first attempt still runs or after its sandbox ended.
+        EngineError::Idempotency(i) => match i {
+            IdempotencyError::InvalidKey { .. } => (StatusCode::BAD_REQUEST, None),
+            IdempotencyError::Mismatch { .. } => (StatusCode::UNPROCESSABLE_ENTITY, None),
+            IdempotencyError::InProgress { .. } | IdempotencyError::Ended { .. } => {
+                (StatusCode::CONFLICT, None)
+            }
+        },
         EngineError::TemplateBuild(t) => {
             use bulkhead_engine::template_builds::TemplateBuildError as T;
             match t {
@@ -283,5 +292,45 @@ mod tests {
         });
         assert_eq!(other.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(other.error_code, Some("sandbox_create_failed"));
+    }
+
+    #[test]
+    fn idempotency_refusals_are_client_errors_that_say_what_to_do() {
+        let key = || "k-1".to_string();
+        for (e, status, hint) in [
+            (
+                IdempotencyError::InvalidKey {
+                    reason: "it is empty".into(),
+                },
+                StatusCode::BAD_REQUEST,
+                "1 to 255 visible ASCII characters",
+            ),
+            (
+                IdempotencyError::Mismatch { key: key() },
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "was used with a different request",
+            ),
+            (
+                IdempotencyError::InProgress {
+                    key: key(),
+                    waited_secs: 300,
+                },
+                StatusCode::CONFLICT,
+                "retry with the same key later",
+            ),
+            (
+                IdempotencyError::Ended {
+                    key: key(),
+                    sandbox_id: "sb".into(),
+                },
+                StatusCode::CONFLICT,
+                "use a new key",
+            ),
+        ] {
+            let api = ApiError::from(EngineError::from(e));
+            assert_eq!(api.status, status, "{}", api.message);
+            assert!(api.message.contains(hint), "{}", api.message);
+            assert_eq!((api.error_code, api.request_id), (None, None));
+        }
     }
 }

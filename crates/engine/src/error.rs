@@ -33,6 +33,29 @@ pub enum ChangesError {
     SnapshotNotFound(String),
 }
 
+/// Why a create carrying an `Idempotency-Key` was refused (see `sandbox::idempotency`). Kept
+/// here rather than beside the verb so that module can return [`EngineError`] without an
+/// import loop.
+#[derive(Debug, thiserror::Error)]
+pub enum IdempotencyError {
+    #[error(
+        "Invalid Idempotency-Key header: {reason}; use 1 to 255 visible ASCII characters (letters, digits and punctuation, no spaces), e.g. a UUID"
+    )]
+    InvalidKey { reason: String },
+    #[error(
+        "Idempotency-Key '{key}' was used with a different request: resend the original request unchanged to get its sandbox, or use a new key for a new request"
+    )]
+    Mismatch { key: String },
+    #[error(
+        "A create with Idempotency-Key '{key}' is still in progress after {waited_secs} s: retry with the same key later to get its sandbox"
+    )]
+    InProgress { key: String, waited_secs: u64 },
+    #[error(
+        "Idempotency-Key '{key}' already created sandbox {sandbox_id}, which has ended (killed, timed out or removed): use a new key to create another sandbox"
+    )]
+    Ended { key: String, sandbox_id: String },
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("Sandbox {0} not found: it may have timed out or been killed; create a new one")]
@@ -158,6 +181,10 @@ pub enum EngineError {
     /// A team limit (credits, create rate, a quota) refused the request.
     #[error(transparent)]
     Quota(#[from] crate::tenancy::quota::QuotaError),
+    /// A create's `Idempotency-Key` was invalid, reused with another request, still in use, or
+    /// its sandbox has ended.
+    #[error(transparent)]
+    Idempotency(#[from] IdempotencyError),
 }
 
 impl EngineError {

@@ -45,7 +45,7 @@ pub use config::{
     MIN_SANDBOX_DISK_MB,
 };
 pub use engine::Engine;
-pub use error::{ChangesError, EngineError, NetworkError};
+pub use error::{ChangesError, EngineError, IdempotencyError, NetworkError};
 pub use lifecycle::{Operation, Refusal, SandboxState};
 pub use metering::{ExhaustedAction, MeteringConfig, Prices, UsageFilter, UsageReport};
 pub use network::{NetworkRule, NetworkTransform, SandboxNetwork};

@@ -68,6 +68,7 @@ pub(crate) fn error_kind(e: &EngineError) -> &'static str {
         EngineError::Store(_) => "store",
         EngineError::Volume(_) | EngineError::VolumeFs(_) => "volume",
         EngineError::Quota(_) => "quota",
+        EngineError::Idempotency(_) => "idempotency",
         EngineError::RestoreFailed { .. } | EngineError::Checkpoint { .. } => "checkpoint",
         _ => "other",
     }

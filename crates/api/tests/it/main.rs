@@ -6,6 +6,7 @@ mod common;
 mod api;
 mod console;
 mod errors;
+mod idempotency;
 mod network;
 mod openapi;
 mod persistence;

@@ -8,6 +8,7 @@ pub(crate) mod changes;
 pub(crate) mod connect;
 pub(crate) mod create;
 pub(crate) mod fork;
+pub(crate) mod idempotency;
 pub(crate) mod kill;
 pub mod lifecycle;
 pub(crate) mod live;

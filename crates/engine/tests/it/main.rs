@@ -4,6 +4,7 @@
 mod bursts;
 mod cluster;
 mod engine;
+mod idempotency;
 mod image_gc;
 mod network;
 mod persistence;
