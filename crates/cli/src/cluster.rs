@@ -25,13 +25,50 @@ pub struct ApiArgs {
     pub token: String,
 }
 
+/// `bulkhead node [FLAGS]` runs a node; `bulkhead node drain …` drains one.
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct NodeCommand {
+    #[command(subcommand)]
+    pub cmd: Option<NodeCmd>,
+    #[command(flatten)]
+    pub run: NodeArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum NodeCmd {
+    /// Drain a node: no new sandboxes there, and the API replicas pause what runs on it (each
+    /// resumes on its next request once the node is back). The node keeps running; stop it
+    /// (SIGTERM drains too) or roll it afterwards. `--cancel` takes sandboxes there again.
+    Drain(DrainArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct DrainArgs {
+    /// The node's --node-id.
+    pub node_id: String,
+    /// The cluster's database (`postgres://…`).
+    #[arg(long, env = "BULKHEAD_DATABASE_URL")]
+    pub database_url: String,
+    /// Wait until nothing runs on the node, showing progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// With --wait: give up after this many seconds (exit status 1).
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Take sandboxes there again (a restarted node takes them anyway).
+    #[arg(long, conflicts_with = "wait")]
+    pub cancel: bool,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct NodeArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
     /// This node's name, stable across restarts (E2B's `clientID` of its sandboxes).
-    #[arg(long, env = "BULKHEAD_NODE_ID")]
-    pub node_id: String,
+    // Required unless a subcommand is given (`Option` only so that `node drain` parses).
+    #[arg(long, env = "BULKHEAD_NODE_ID", required = true)]
+    pub node_id: Option<String>,
     /// The URL the API replicas call this node at; default: `http://` and --listen.
     #[arg(long, env = "BULKHEAD_NODE_ADVERTISE")]
     pub advertise: Option<String>,
@@ -39,13 +76,18 @@ pub struct NodeArgs {
     /// API replica ended it), in seconds.
     #[arg(long, env = "BULKHEAD_DEADLINE_GRACE", default_value_t = 30)]
     pub deadline_grace: u64,
+    /// On SIGTERM, how long to wait (seconds) for the sandboxes here to be paused or to end
+    /// before stopping anyway (they keep running; see docs/cluster.md).
+    #[arg(long, env = "BULKHEAD_DRAIN_TIMEOUT", default_value_t = 300)]
+    pub drain_timeout: u64,
     /// The cluster's join secret (the same on every api and node).
     #[arg(
         long = "node-token",
         env = "BULKHEAD_NODE_TOKEN",
+        required = true,
         hide_env_values = true
     )]
-    pub token: String,
+    pub token: Option<String>,
 }
 
 pub async fn run_api(args: ApiArgs) -> anyhow::Result<ExitCode> {
@@ -68,7 +110,61 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<ExitCode> {
     .await
 }
 
-pub async fn run_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+pub async fn run_node_command(cmd: NodeCommand) -> anyhow::Result<ExitCode> {
+    match cmd.cmd {
+        Some(NodeCmd::Drain(args)) => drain(args).await,
+        None => run_node(cmd.run).await,
+    }
+}
+
+/// `bulkhead node drain`: asks through the store; with --wait, follows it there.
+async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
+    let store = bulkhead_store::Store::open(&args.database_url).await?;
+    if !store.set_node_drain(&args.node_id, !args.cancel).await? {
+        anyhow::bail!(
+            "no node {:?} is registered in this database; `bulkhead node` registers it at its start",
+            args.node_id
+        );
+    }
+    if args.cancel {
+        eprintln!("Node {} takes sandboxes again.", args.node_id);
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "Node {} is draining: no new sandboxes; the API replicas pause what runs there.",
+        args.node_id
+    );
+    if !args.wait {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.timeout);
+    let mut said = None;
+    loop {
+        let running = bulkhead_server::running_on(&store, &args.node_id).await?;
+        if running == 0 {
+            eprintln!("Node {} is drained: nothing runs there.", args.node_id);
+            return Ok(ExitCode::SUCCESS);
+        }
+        if said != Some(running) {
+            eprintln!("  {running} sandbox(es) still running on {}", args.node_id);
+            said = Some(running);
+        }
+        if std::time::Instant::now() >= deadline {
+            eprintln!(
+                "Gave up after {} s: {running} sandbox(es) still run on {} (ones that cannot be paused end at their timeout).",
+                args.timeout, args.node_id
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+async fn run_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
+    // The parser requires both when no subcommand is given.
+    let (Some(node_id), Some(token)) = (args.node_id.clone(), args.token.clone()) else {
+        anyhow::bail!("`bulkhead node` needs --node-id and --node-token (or BULKHEAD_NODE_TOKEN)");
+    };
     init_logging(&args.serve.log_level, args.serve.log_format);
     let mut config = args.serve.config();
     config.registry = args.serve.registry.config()?;
@@ -81,9 +177,9 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
         .start_node(
             templates,
             NodeSettings {
-                node_id: args.node_id.clone(),
+                node_id: node_id.clone(),
                 advertise: advertise.clone(),
-                token: args.token,
+                token,
                 deadline_grace: std::time::Duration::from_secs(args.deadline_grace),
             },
         )
@@ -91,10 +187,27 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<ExitCode> {
     let listener = node.bind().await?;
     eprintln!(
         "Node {} serving bulkhead.node.v1 on http://{} (advertised as {advertise})",
-        args.node_id,
+        node_id,
         listener.local_addr()?
     );
-    let served = node.serve(listener, shutdown_signal()).await;
+    // SIGTERM drains first (no new sandboxes, what runs is paused by the API replicas); a
+    // second signal stops at once.
+    let drainer = node.drainer();
+    let timeout = std::time::Duration::from_secs(args.drain_timeout);
+    let stop = async move {
+        shutdown_signal().await;
+        eprintln!("Draining (a second signal stops at once)…");
+        tokio::select! {
+            drained = drainer.drain(timeout) => match drained {
+                bulkhead_server::Drained::Empty => eprintln!("Drained."),
+                bulkhead_server::Drained::TimedOut { running } => eprintln!(
+                    "Drain timed out with {running} sandbox(es) running; they keep running."
+                ),
+            },
+            () = shutdown_signal() => eprintln!("Stopping without waiting."),
+        }
+    };
+    let served = node.serve(listener, stop).await;
     node.shutdown().await;
     served?;
     Ok(ExitCode::SUCCESS)
@@ -115,7 +228,7 @@ mod tests {
     #[derive(Parser)]
     struct NodeCli {
         #[command(flatten)]
-        node: NodeArgs,
+        node: NodeCommand,
     }
 
     #[derive(Parser)]
@@ -138,9 +251,10 @@ mod tests {
             "postgres://db/bulkhead",
         ])
         .unwrap()
-        .node;
-        assert_eq!(n.node_id, "n1");
-        assert_eq!(n.token, "s3cret");
+        .node
+        .run;
+        assert_eq!(n.node_id.as_deref(), Some("n1"));
+        assert_eq!(n.token.as_deref(), Some("s3cret"));
         assert_eq!(
             n.advertise, None,
             "defaults to http:// and --listen at run time"
@@ -163,6 +277,29 @@ mod tests {
                 .to_string();
             assert!(e.contains("--node-id"), "{e}");
         }
+        // `node drain` needs none of a running node's flags.
+        let d = NodeCli::try_parse_from([
+            "node",
+            "drain",
+            "n2",
+            "--database-url",
+            "postgres://db/bulkhead",
+            "--wait",
+        ])
+        .unwrap()
+        .node;
+        match d.cmd {
+            Some(NodeCmd::Drain(d)) => assert_eq!(
+                (d.node_id.as_str(), d.wait, d.cancel, d.timeout),
+                ("n2", true, false, 600)
+            ),
+            other => panic!("expected drain, got {other:?}"),
+        }
+        let e = NodeCli::try_parse_from(["node", "drain", "n2", "--cancel", "--wait"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("--cancel") || e.contains("--wait"), "{e}");
         let a = ApiCli::try_parse_from(["api", "--node-token", "s3cret", "--replica-id", "r1"])
             .unwrap()
             .api;

@@ -37,7 +37,7 @@ enum Cmd {
     /// (`--database-url postgres://…`, `BULKHEAD_NODE_TOKEN`).
     Api(Box<cluster::ApiArgs>),
     /// A cluster node: this machine's sandboxes, served to the API replicas.
-    Node(Box<cluster::NodeArgs>),
+    Node(Box<cluster::NodeCommand>),
     /// Manage API keys.
     Keys {
         #[command(flatten)]
@@ -106,7 +106,7 @@ fn main() -> std::process::ExitCode {
         match cli.cmd {
             Cmd::Serve(args) => serve::run(*args).await,
             Cmd::Api(args) => cluster::run_api(*args).await,
-            Cmd::Node(args) => cluster::run_node(*args).await,
+            Cmd::Node(args) => cluster::run_node_command(*args).await,
             Cmd::Keys { data, cmd } => keys::run(data, cmd).await,
             Cmd::Teams { data, cmd } => teams::run(data, cmd).await,
             Cmd::Usage(args) => teams::usage(args).await,

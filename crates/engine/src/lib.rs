@@ -55,6 +55,7 @@ pub use pool::policy::{PoolConfig, PoolLimits};
 pub use pool::source::{KERNELS_MANIFEST, PoolSource, PoolSourceError};
 pub use quota::{Limit, QuotaError};
 pub use sandbox::admission::AdmissionLimits;
+pub use sandbox::evacuate::Evacuated;
 pub use sandbox::fork::{DEFAULT_FORK_TIMEOUT_SECS, MAX_FORKS};
 pub use tenancy::admin::Admin;
 pub use tenancy::teams::{Team, TeamLimits};

@@ -217,6 +217,8 @@ rpcs! {
     "Reachable": ReachableRequest => ReachableResponse,
     "Checkpoint": CheckpointRequest => CheckpointResponse,
     "CheckpointInfo": CheckpointInfoRequest => CheckpointInfoResponse,
+    "RemoveCheckpoint": RemoveCheckpointRequest => RemoveCheckpointResponse,
+    "CopyCheckpoint": CopyCheckpointRequest => CopyCheckpointResponse,
     "Restore": RestoreRequest => RestoreResponse,
     "Changes": ChangesRequest => ChangesResponse,
     "ExportChanges": ExportChangesRequest => ExportChangesResponse,

@@ -6,7 +6,8 @@
 //!   which the server then requires of every call).
 //! - **api** ([`Prepared::start_cluster`]): the engine over a `ClusterNode` whose members are
 //!   the nodes registered in the store, each reached by a `RemoteNode`; every replica also
-//!   takes part in the health sweep (one at a time, under the `node-health` lease).
+//!   takes part in the health sweep (one at a time, under the `node-health` lease) and pauses
+//!   what it drives on draining nodes (`drain`).
 //!
 //! Paths on the wire are relative to a node's data directory: the API's template cache,
 //! checkpoints and built templates stand for `images/`, `checkpoints/` and `templates/` there,
@@ -27,6 +28,7 @@ use bulkhead_node::{NodeServer, PathMap, RemoteNode};
 use bulkhead_store::{NodeRow, Store};
 use tokio::task::JoinHandle;
 
+use crate::drain::Drainer;
 use crate::error::{ClusterError, StartError};
 use crate::server::{BuiltTemplate, Prepared, Server};
 
@@ -54,6 +56,7 @@ pub struct NodeDaemon {
     jail: Option<Arc<bulkhead_jail::JailDriver>>,
     heartbeat: JoinHandle<()>,
     listen: SocketAddr,
+    drainer: Drainer,
 }
 
 impl Prepared {
@@ -99,9 +102,11 @@ impl Prepared {
             },
         );
         reconciler.round(now_ms(), true).await;
+        let drainer = Drainer::new(self.store().clone(), &settings.node_id);
         let heartbeat = tokio::spawn(heartbeat_loop(
             hb,
             reconciler,
+            drainer.clone(),
             side.node.clone(),
             server.clone(),
             cached,
@@ -112,6 +117,7 @@ impl Prepared {
             jail: side.jail,
             heartbeat,
             listen: config.listen,
+            drainer,
         })
     }
 
@@ -141,12 +147,15 @@ impl Prepared {
         let directory = StoreDirectory::new(store.clone(), move |row| lookup.get(row));
         let cluster = ClusterNode::new(Arc::new(directory), PlacementConfig::default()).await;
         let connector = {
-            let (clients, store) = (clients.clone(), store.clone());
+            let (clients, store, cluster) = (clients.clone(), store.clone(), cluster.clone());
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(HEARTBEAT);
                 loop {
                     tick.tick().await;
                     clients.connect_all(&store, &token, &paths).await;
+                    // Calls about running sandboxes use the router's last view: a node that
+                    // came back (a new epoch, maybe a new address) is reached within a second.
+                    cluster.refresh().await;
                 }
             })
         };
@@ -159,16 +168,26 @@ impl Prepared {
                 vec![connector],
             )
             .await?;
+        let evacuation = tokio::spawn(crate::drain::evacuate_loop(
+            store.clone(),
+            server.engine().clone(),
+        ));
         let sweeper = tokio::spawn(sweep_loop(
             HealthSweeper::new(store, replica, HealthConfig::default()),
             server.engine().clone(),
         ));
         server.add_task(sweeper);
+        server.add_task(evacuation);
         Ok(server)
     }
 }
 
 impl NodeDaemon {
+    /// Its drain (SIGTERM): report `draining`, wait for the sandboxes here to go.
+    pub fn drainer(&self) -> Drainer {
+        self.drainer.clone()
+    }
+
     pub async fn bind(&self) -> Result<tokio::net::TcpListener, StartError> {
         tokio::net::TcpListener::bind(self.listen)
             .await
@@ -212,6 +231,7 @@ impl NodeDaemon {
 async fn heartbeat_loop(
     mut hb: Heartbeat,
     mut reconciler: Reconciler,
+    drainer: Drainer,
     node: Arc<LocalNode>,
     server: NodeServer,
     cached: BTreeSet<String>,
@@ -220,7 +240,7 @@ async fn heartbeat_loop(
     loop {
         tick.tick().await;
         let report = NodeReport::of_local(&node, cached.clone(), 0);
-        let registered = match hb.beat(&report, false, now_ms()).await {
+        let registered = match hb.beat(&report, drainer.is_draining(), now_ms()).await {
             Ok(Beat::Registered { epoch, previous }) => {
                 tracing::warn!(epoch, ?previous, "node registered again under a new epoch");
                 server.set_epoch(epoch);

@@ -9,6 +9,7 @@
 
 mod cluster;
 mod config;
+mod drain;
 mod error;
 mod limits;
 mod listener;
@@ -22,6 +23,7 @@ pub use config::{
     ConfigError, DriverKind, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize,
     default_pools,
 };
+pub use drain::{Drained, Drainer, running_on};
 pub use error::{ClusterError, StartError};
 pub use limits::{ConnectionLimits, LimitsError, Resolved as ResolvedLimits};
 pub use listener::serve;

@@ -80,6 +80,8 @@ pub struct NodeRow {
     pub registered_at: i64,
     /// Unix milliseconds of its last registration or accepted heartbeat.
     pub heartbeat_at: i64,
+    /// An operator asked it to drain (`bulkhead node drain`); cleared by a registration.
+    pub drain: bool,
 }
 
 /// One status change made by [`crate::Store::sweep_nodes`].

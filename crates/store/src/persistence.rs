@@ -17,6 +17,8 @@ pub struct PersistenceRow {
     pub generation: i64,
     /// Unix milliseconds.
     pub paused_at: Option<i64>,
+    /// The pause was a node drain's: the next request resumes it (whatever `auto_resume` says).
+    pub resume_on_traffic: bool,
 }
 
 /// A snapshot: a checkpoint sandboxes can be created from.

@@ -174,6 +174,8 @@ def cluster():
                 os.environ[k] = v
         if api is not None:
             api.stop()
+            if os.environ.get("BULKHEAD_TEST_LOG_DIR") and api.log_path and api.log_path.exists():
+                shutil.copy(api.log_path, Path(os.environ["BULKHEAD_TEST_LOG_DIR"]) / "cluster-api.log")
             api.cleanup_files()
         for n in nodes:
             stop_node(n)
@@ -337,3 +339,113 @@ def test_a_node_ends_a_sandbox_past_its_deadline_when_no_api_replica_does(cluste
     finally:
         os.kill(api.proc.pid, signal.SIGCONT)
     assert wait_until(lambda: get_status(api, sbx.sandbox_id) == 404, timeout=10, interval=0.2)
+
+
+def node_binary() -> str:
+    return os.environ.get("BULKHEAD_BIN", str(REPO / "target" / "debug" / "bulkhead"))
+
+
+def counter(sbx) -> int:
+    return int(sbx.files.read("/tmp/count").strip() or 0)
+
+
+def start_counter(sbx):
+    """A process whose memory is the test: it counts on from where it was, or from 0 if it
+    started afresh."""
+    sbx.commands.run("sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done'", background=True)
+    assert wait_until(lambda: sbx.files.exists("/tmp/count") and counter(sbx) > 3, timeout=10, interval=0.2)
+
+
+def read_resuming(sbx, within: float = 10) -> int:
+    """The counter, read by a request that resumes the sandbox (retried while its node is not
+    reachable yet)."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return counter(sbx)
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+def info(api, sandbox_id: str) -> dict:
+    r = http("GET", f"{api.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api.api_key})
+    assert r.status == 200, r.body
+    return r.json()
+
+
+def test_a_drained_node_s_sandboxes_are_paused_and_resume_on_their_next_request_after_it_restarts(cluster):
+    """`bulkhead node drain --wait`: no new sandboxes on the node, the API pauses what runs there
+    (with memory); SIGTERM then stops the drained node at once; started again on its data dir it
+    takes sandboxes again, and the paused one resumes on its next request, its process counting
+    on from where it was."""
+    from e2b import Sandbox
+
+    api, nodes, db_url, (token, key_file) = cluster
+    i = next(i for i, n in enumerate(nodes) if n.name == "n1")
+    n1 = nodes[i]
+    sbx = sandbox_on(api, "n1", timeout=300)
+    try:
+        start_counter(sbx)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BULKHEAD_")}
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [node_binary(), "node", "drain", "n1", "--database-url", db_url, "--wait", "--timeout", "60"],
+            env=env, capture_output=True, text=True, timeout=90,
+        )
+        assert out.returncode == 0, out.stderr
+        print(f"drain --wait: {time.monotonic() - t0:.1f} s; {out.stderr.strip()}")
+        assert "drained" in out.stderr, out.stderr
+        assert node_status(db_url)["n1"][0] == "draining"
+        assert info(api, sbx.sandbox_id)["state"] == "paused"
+        # New sandboxes go elsewhere while it drains.
+        for _ in range(2):
+            other = Sandbox.create(TEMPLATE, timeout=60)
+            try:
+                assert client_of(api, other.sandbox_id) == "n2"
+            finally:
+                other.kill()
+        # Drained: SIGTERM stops it at once.
+        t0 = time.monotonic()
+        n1.proc.send_signal(signal.SIGTERM)
+        n1.proc.wait(timeout=30)
+        print(f"drained node stopped {time.monotonic() - t0:.1f} s after SIGTERM")
+        nodes[i] = start_node("n1", i, db_url, token, key_file, root=n1.root)
+        assert wait_until(lambda: node_status(db_url)["n1"][0] == "ready", timeout=120, interval=0.5), nodes[i].log.read_text()[-3000:]
+        # Its next request resumes it, on n1, with its memory: the counter goes on. (The API
+        # reaches a returning node within a second; a request before that is refused, and the
+        # sandbox stays paused for the next one.)
+        before = read_resuming(sbx)
+        assert before > 3
+        assert wait_until(lambda: counter(sbx) > before, timeout=10, interval=0.2)
+        got = info(api, sbx.sandbox_id)
+        assert (got["state"], got["clientID"]) == ("running", "n1"), got
+    finally:
+        sbx.kill()
+
+
+def test_sigterm_drains_a_node_pausing_what_runs_there(cluster):
+    """SIGTERM alone: the node reports draining, the API pauses its sandbox, the node exits; the
+    sandbox comes back on its next request once the node runs again."""
+    api, nodes, db_url, (token, key_file) = cluster
+    i = next(i for i, n in enumerate(nodes) if n.name == "n2")
+    n2 = nodes[i]
+    sbx = sandbox_on(api, "n2", timeout=300)
+    try:
+        start_counter(sbx)
+        t0 = time.monotonic()
+        n2.proc.send_signal(signal.SIGTERM)
+        n2.proc.wait(timeout=60)
+        took = time.monotonic() - t0
+        print(f"SIGTERM with a sandbox running: node drained and stopped in {took:.1f} s")
+        assert info(api, sbx.sandbox_id)["state"] == "paused"
+        log = n2.log.read_text()
+        assert "drained: nothing runs here" in log, log[-3000:]
+        nodes[i] = start_node("n2", i, db_url, token, key_file, root=n2.root)
+        assert wait_until(lambda: node_status(db_url)["n2"][0] == "ready", timeout=120, interval=0.5), nodes[i].log.read_text()[-3000:]
+        before = read_resuming(sbx)
+        assert wait_until(lambda: counter(sbx) > before, timeout=10, interval=0.2)
+        assert info(api, sbx.sandbox_id)["clientID"] == "n2"
+    finally:
+        sbx.kill()

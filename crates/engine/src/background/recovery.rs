@@ -86,7 +86,7 @@ impl Engine {
                     // and adopting gave back whatever an unfinished one had taken; a resume
                     // that got this far is done.
                     if let Some(dir) = &checkpoint {
-                        checkpoints::remove(dir);
+                        self.node.remove_checkpoint(dir).await;
                     }
                     if self.node.capabilities().freeze
                         && let Err(e) = self.node.thaw(&h).await
@@ -130,18 +130,13 @@ impl Engine {
             // its completion marker, or a resume that consumed it, left nothing to resume).
             let complete = match (SandboxState::from(row.state), &checkpoint) {
                 (SandboxState::Running, _) | (_, None) => None,
-                (_, Some(dir)) => match checkpoints::completed(dir) {
-                    Some(info) => Some((dir.clone(), info)),
-                    // The driver finished the pause but the server died before it wrote its
-                    // marker: the driver's own record says the checkpoint is whole.
-                    None => match self.node.checkpoint_info(dir).await {
-                        Some(info) if checkpoints::mark_complete(&info).is_ok() => {
-                            tracing::info!(sandbox = %row.id, "checkpoint completed by the driver before the restart");
-                            Some((dir.clone(), info))
-                        }
-                        _ => None,
-                    },
-                },
+                // Marked complete, or finished by the driver before the server died (which
+                // the node marks now).
+                (_, Some(dir)) => self
+                    .node
+                    .checkpoint_info(dir)
+                    .await
+                    .map(|info| (dir.clone(), info)),
             };
             match complete {
                 Some((dir, info)) => {
@@ -168,6 +163,7 @@ impl Engine {
                         dir,
                         memory: info.memory,
                         at_ms,
+                        resume_on_traffic: persist.as_ref().is_some_and(|p| p.resume_on_traffic),
                     });
                     tracing::info!(sandbox = %row.id, "paused sandbox kept");
                     crate::sandbox::lookup::track(
@@ -182,7 +178,7 @@ impl Engine {
                 None => {
                     tracing::info!(sandbox = %row.id, state = %row.state, "sandbox did not survive the restart");
                     if let Some(dir) = &checkpoint {
-                        checkpoints::remove(dir);
+                        self.node.remove_checkpoint(dir).await;
                     }
                     self.store
                         .set_sandbox_state(

@@ -14,6 +14,8 @@ pub struct Heartbeat {
     id: String,
     addr: String,
     epoch: Option<u64>,
+    /// The last accepted heartbeat said an operator asked this node to drain.
+    drain_requested: bool,
 }
 
 /// What a beat did.
@@ -40,11 +42,18 @@ impl Heartbeat {
             id: id.into(),
             addr: addr.into(),
             epoch: None,
+            drain_requested: false,
         }
     }
 
     pub fn epoch(&self) -> Option<u64> {
         self.epoch
+    }
+
+    /// Whether an operator asked this node to drain (`bulkhead node drain`), as of the last
+    /// accepted heartbeat (a registration clears it).
+    pub fn drain_requested(&self) -> bool {
+        self.drain_requested
     }
 
     /// Reports `report` (registering when needed). `draining` nodes take nothing new.
@@ -66,7 +75,10 @@ impl Heartbeat {
                 .heartbeat(&self.id, epoch, status, &json, now_ms)
                 .await
             {
-                Ok(()) => return Ok(Beat::Reported { epoch }),
+                Ok(drain) => {
+                    self.drain_requested = drain;
+                    return Ok(Beat::Reported { epoch });
+                }
                 Err(StoreError::StaleEpoch { reason, .. }) => {
                     tracing::warn!(node = %self.id, epoch, %reason, "heartbeat refused; registering again");
                 }
@@ -74,6 +86,7 @@ impl Heartbeat {
             }
         }
         let previous = self.epoch;
+        self.drain_requested = false;
         let row = self
             .store
             .register_node(&self.id, &self.addr, &json, now_ms)

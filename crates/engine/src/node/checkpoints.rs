@@ -110,14 +110,6 @@ pub(crate) fn completed(dir: &Path) -> Option<CheckpointInfo> {
     serde_json::from_slice(&bytes).ok()
 }
 
-/// Delete a checkpoint nobody needs any more in the background (tens of MB of images take
-/// tens of milliseconds to unlink; a resume does not wait for that). If the server stops
-/// first, the directory stays until the sandbox is killed (a kill removes all its checkpoints).
-pub(crate) fn remove_later(dir: &Path) {
-    let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || remove(&dir));
-}
-
 /// Delete a checkpoint directory (idempotent; failures are logged, not fatal: a leftover
 /// directory wastes space but breaks nothing).
 pub(crate) fn remove(dir: &Path) {
@@ -126,6 +118,18 @@ pub(crate) fn remove(dir: &Path) {
     {
         tracing::warn!(dir = %dir.display(), error = &e as &dyn std::error::Error, "could not delete a checkpoint");
     }
+}
+
+/// A checkpoint directory's failure as a node reports it.
+pub(crate) fn into_driver_error(e: CheckpointError) -> crate::node::driver::DriverError {
+    let context = e.to_string();
+    let source = match e {
+        CheckpointError::Prepare { source, .. }
+        | CheckpointError::Mark { source, .. }
+        | CheckpointError::Copy { source, .. } => source,
+        CheckpointError::Incomplete(_) => std::io::Error::other("incomplete checkpoint"),
+    };
+    crate::node::driver::DriverError::io(context, source)
 }
 
 /// Copy a complete checkpoint to a fresh directory (a snapshot of a paused sandbox); the copy

@@ -10,7 +10,6 @@ use bulkhead_envd::protocol::AgentInfo;
 use bulkhead_envd::rest::InitRequest;
 
 use crate::error::NetworkError;
-use crate::node::agent_client;
 use crate::node::driver::{
     AgentStream, Capabilities, ChangeSource, CheckpointInfo, CheckpointOptions, Driver,
     DriverError, DriverHandle, FileChange, ResourceUsage, RestoreOptions, SandboxSpec,
@@ -20,6 +19,7 @@ use crate::node::network::{EgressControl, StoreAuditSink};
 use crate::node::pools::Pools;
 use crate::node::tally::{Allocation, Tally};
 use crate::node::{AgentCallError, AgentPath, Node};
+use crate::node::{agent_client, checkpoints};
 
 pub struct LocalNode {
     driver: Arc<dyn Driver>,
@@ -156,11 +156,27 @@ impl Node for LocalNode {
         dir: &Path,
         opts: CheckpointOptions,
     ) -> Result<CheckpointInfo, DriverError> {
-        self.driver.checkpoint(handle, dir, opts).await
+        checkpoints::prepare(dir).map_err(checkpoints::into_driver_error)?;
+        let written = match self.driver.checkpoint(handle, dir, opts).await {
+            Ok(info) => checkpoints::mark_complete(&info)
+                .map(|()| info)
+                .map_err(checkpoints::into_driver_error),
+            Err(e) => Err(e),
+        };
+        if written.is_err() {
+            checkpoints::remove(dir);
+        }
+        written
     }
 
     async fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
-        self.driver.checkpoint_info(dir)
+        if let Some(info) = checkpoints::completed(dir) {
+            return Some(info);
+        }
+        // The driver finished but its caller stopped before marking it: complete it now.
+        let info = self.driver.checkpoint_info(dir)?;
+        checkpoints::mark_complete(&info).ok()?;
+        Some(info)
     }
 
     async fn restore(

@@ -85,14 +85,33 @@ pub trait Node: Send + Sync + 'static {
     /// Does the sandbox's agent still accept connections?
     async fn reachable(&self, handle: &DriverHandle) -> bool;
 
-    // Checkpoints (directories on the node).
+    // Checkpoints: directories on the node's disk that the engine names (see `checkpoints`).
+    /// Write a complete checkpoint of `handle` into `dir`, fresh (a leftover is replaced), with
+    /// the completion marker last; on failure nothing of it is left.
     async fn checkpoint(
         &self,
         handle: &DriverHandle,
         dir: &Path,
         opts: CheckpointOptions,
     ) -> Result<CheckpointInfo, DriverError>;
+    /// The complete checkpoint in `dir`, if it is one: marked complete, or written whole by the
+    /// driver before its caller could mark it (which marks it now).
     async fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo>;
+    /// Delete a checkpoint directory, or a directory of them (idempotent). By default on this
+    /// machine's disk, where a node in process keeps them.
+    async fn remove_checkpoint(&self, dir: &Path) {
+        let dir = dir.to_path_buf();
+        let _ = tokio::task::spawn_blocking(move || checkpoints::remove(&dir)).await;
+    }
+    /// Copy the complete checkpoint in `from` to a fresh `to` (a snapshot of a paused sandbox),
+    /// on the node that holds it. By default on this machine's disk.
+    async fn copy_checkpoint(&self, from: &Path, to: &Path) -> Result<CheckpointInfo, DriverError> {
+        let (from, to) = (from.to_path_buf(), to.to_path_buf());
+        tokio::task::spawn_blocking(move || checkpoints::copy(&from, &to))
+            .await
+            .map_err(|e| DriverError::io("copying a checkpoint", std::io::Error::other(e)))?
+            .map_err(checkpoints::into_driver_error)
+    }
     async fn restore(
         &self,
         spec: &SandboxSpec,

@@ -11,7 +11,6 @@ use std::path::PathBuf;
 
 use crate::engine::Engine;
 use crate::error::{ChangesError, EngineError};
-use crate::node::checkpoints;
 use crate::node::driver::{ChangeSource, FileChange};
 use crate::sandbox::lifecycle::Operation;
 use crate::types::Caller;
@@ -87,7 +86,7 @@ impl Engine {
             .await?
             .ok_or_else(missing)?;
         let dir = PathBuf::from(row.checkpoint_dir);
-        match checkpoints::completed(&dir) {
+        match self.node.checkpoint_info(&dir).await {
             Some(_) => Ok(dir),
             None => Err(missing().into()),
         }

@@ -81,9 +81,11 @@ impl Engine {
                 }) => {
                     let extra = self.live.extra(id).unwrap_or_default();
                     // A filesystem-only checkpoint is never resumed by traffic (E2B: it
-                    // reboots, so only an explicit connect may do that).
-                    let resumable = extra.lifecycle.auto_resume
-                        && extra.paused.as_ref().is_some_and(|p| p.memory);
+                    // reboots, so only an explicit connect may do that). A node drain's pause
+                    // is resumed like an auto-resume one: its user never paused it.
+                    let resumable = extra.paused.as_ref().is_some_and(|p| {
+                        p.memory && (extra.lifecycle.auto_resume || p.resume_on_traffic)
+                    });
                     if !resumable {
                         return Err(EngineError::refused(
                             id,

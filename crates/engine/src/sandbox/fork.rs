@@ -47,7 +47,7 @@ impl Engine {
         let results = self
             .start_forks(caller, id, &dir, info.memory, count, secs)
             .await;
-        checkpoints::remove(&dir);
+        self.node.remove_checkpoint(&dir).await;
         results
     }
 

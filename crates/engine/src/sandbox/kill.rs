@@ -68,7 +68,7 @@ impl Engine {
 pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
     // The sandbox stays in the live set as `killing` until it is torn down, so a second
     // kill, the watcher and the reaper all see it is on its way out (and get a refusal).
-    let (handle, cancel) = {
+    let (handle, cancel, paused) = {
         let mut live = engine.live.lock();
         let Some(l) = live.get_mut(id) else {
             return false;
@@ -77,7 +77,7 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
             return false;
         };
         l.state = step.during;
-        (l.handle.clone(), l.cancel.clone())
+        (l.handle.clone(), l.cancel.clone(), l.extra.paused.is_some())
     };
     cancel.cancel();
     // Its last partial interval, while it is still in the live set.
@@ -91,7 +91,19 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
     {
         tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
     }
-    checkpoints::remove(&checkpoints::sandbox_root(&engine.cfg.checkpoint_dir, id));
+    // Its checkpoints, if it ever paused (one whose resume's cleanup did not finish included).
+    let paused_once = paused
+        || engine
+            .store
+            .get_persistence(id)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|p| p.generation > 0);
+    if paused_once {
+        let root = checkpoints::sandbox_root(&engine.cfg.checkpoint_dir, id);
+        engine.node.remove_checkpoint(&root).await;
+    }
     if let Err(e) = engine.store.delete_persistence(id).await {
         tracing::error!(sandbox = %id, error = %e, "deleting the sandbox's lifecycle record failed");
     }

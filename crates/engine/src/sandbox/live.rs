@@ -60,6 +60,8 @@ pub(crate) struct Paused {
     pub(crate) memory: bool,
     /// Unix ms; retention counts from here.
     pub(crate) at_ms: i64,
+    /// A node drain paused it: its next request resumes it (see `connect`).
+    pub(crate) resume_on_traffic: bool,
 }
 
 /// Sandbox id → [`Live`]. A sandbox absent from the set is, to the lifecycle, dead.
@@ -164,5 +166,6 @@ pub(crate) fn persistence_row(id: &str, extra: &LiveExtra) -> bulkhead_store::Pe
         checkpoint_memory: extra.paused.as_ref().is_some_and(|p| p.memory),
         generation: 0,
         paused_at: extra.paused.as_ref().map(|p| p.at_ms),
+        resume_on_traffic: extra.paused.as_ref().is_some_and(|p| p.resume_on_traffic),
     }
 }

@@ -102,6 +102,8 @@ impl Engine {
                 (l.end_at_ms, l.state.into(), l.extra.clone(), node)
             },
         );
+        // Paused, or driven by another replica: the node the store has for it.
+        let node = node.or_else(|| row.node_id.clone());
         SandboxInfo {
             id: row.id.clone(),
             template_id: row.template_id.clone(),

@@ -1,5 +1,6 @@
 //! Sandboxes: the verbs (create, kill, timeout, connect, pause, resume, fork, snapshots,
-//! restore, changes, network, metrics, signed URLs) and the lifecycle state machine
+//! restore, changes, network, metrics, signed URLs, a node drain's evacuation) and the
+//! lifecycle state machine
 //! (`lifecycle`: which operation may run in which state; `live`: the sandboxes this server drives
 //! now, whose state only `LiveSet::enter`/`settle` write).
 
@@ -7,6 +8,7 @@ pub(crate) mod admission;
 pub(crate) mod changes;
 pub(crate) mod connect;
 pub(crate) mod create;
+pub(crate) mod evacuate;
 pub(crate) mod fork;
 pub(crate) mod idempotency;
 pub(crate) mod kill;

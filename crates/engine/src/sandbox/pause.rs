@@ -57,8 +57,8 @@ impl Engine {
             .await?
             .map_or(0, |p| p.generation)
             + 1;
+        // The node makes the directory (on its disk) and marks the checkpoint complete.
         let dir = checkpoints::pause_dir(&self.cfg.checkpoint_dir, id, generation);
-        checkpoints::prepare(&dir).map_err(|source| EngineError::Checkpoint { op, source })?;
         // Recorded before the checkpoint starts: a server that dies mid-pause finds the
         // directory on restart and decides by its completion marker (see recovery).
         let mut pending = persistence_row(id, &extra);
@@ -85,21 +85,15 @@ impl Engine {
             crate::sandbox::network::detach_link(self, id).await;
         }
         let info = match written {
-            Ok(info) => checkpoints::mark_complete(&info)
-                .map(|()| info)
-                .map_err(|source| EngineError::Checkpoint { op, source }),
-            Err(source) => Err(EngineError::CheckpointFailed {
-                id: id.to_string(),
-                op,
-                source,
-            }),
-        };
-        let info = match info {
             Ok(info) => info,
-            Err(e) => {
-                checkpoints::remove(&dir);
+            Err(source) => {
+                self.node.remove_checkpoint(&dir).await;
                 self.back_to_running(id, &handle, net_attached).await;
-                return Err(e);
+                return Err(EngineError::CheckpointFailed {
+                    id: id.to_string(),
+                    op,
+                    source,
+                });
             }
         };
         let _ = self.node.stop(&handle).await;
@@ -108,6 +102,7 @@ impl Engine {
             dir: dir.clone(),
             memory: info.memory,
             at_ms: now_ms(),
+            resume_on_traffic: false,
         };
         pending.checkpoint_memory = info.memory;
         pending.paused_at = Some(paused.at_ms);
@@ -137,7 +132,7 @@ impl Engine {
         };
         if !still_ours {
             // Killed while pausing: the kill already deleted the sandbox's checkpoints.
-            checkpoints::remove(&dir);
+            self.node.remove_checkpoint(&dir).await;
             return Err(EngineError::SandboxNotFound(id.to_string()));
         }
         self.live.settle(id, SandboxState::Paused);

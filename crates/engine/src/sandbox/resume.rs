@@ -13,7 +13,7 @@ use crate::clock::now_ms;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::ids;
-use crate::node::checkpoints::{self, CheckpointError};
+use crate::node::checkpoints::CheckpointError;
 use crate::node::driver::{DriverHandle, RestoreOptions};
 use crate::sandbox::lifecycle::{Operation, Refusal};
 use crate::sandbox::live::Paused;
@@ -137,7 +137,7 @@ impl Engine {
         if running >= self.cfg.max_sandboxes {
             return Err(EngineError::Capacity);
         }
-        if checkpoints::completed(&paused.dir).is_none() {
+        if self.node.checkpoint_info(&paused.dir).await.is_none() {
             return Err(EngineError::Checkpoint {
                 op: Operation::Resume,
                 source: CheckpointError::Incomplete(paused.dir.clone()),
@@ -223,7 +223,10 @@ impl Engine {
         if let Some(l) = self.live.lock().get_mut(id) {
             l.net_attached = attached;
         }
-        checkpoints::remove_later(&paused.dir);
+        // Unlinking tens of MB of images takes tens of milliseconds: not on the resume's path.
+        // If the server stops first, the directory stays until the sandbox is killed.
+        let (node, dir) = (self.node.clone(), paused.dir.clone());
+        tokio::spawn(async move { node.remove_checkpoint(&dir).await });
         self.live.settle(id, SandboxState::Running);
         tracing::info!(sandbox = %id, fresh_boot, "sandbox resumed");
         Ok(())
@@ -241,6 +244,7 @@ impl Engine {
             .await?;
         if let Some(mut p) = self.store.get_persistence(id).await? {
             p.checkpoint_dir = None;
+            p.resume_on_traffic = false;
             p.paused_at = None;
             self.store.upsert_persistence(&p).await?;
         }

@@ -78,7 +78,7 @@ impl Engine {
         let row = match self.store.get_sandbox(id).await? {
             Some(r) => r,
             None => {
-                checkpoints::remove(&dir);
+                self.node.remove_checkpoint(&dir).await;
                 return Err(EngineError::SandboxNotFound(id.to_string()));
             }
         };
@@ -99,18 +99,20 @@ impl Engine {
         {
             // Names are server-wide: another team's snapshot is never replaced.
             if old.team_id != row.team_id {
-                checkpoints::remove(&dir);
+                self.node.remove_checkpoint(&dir).await;
                 return Err(EngineError::Conflict(format!(
                     "Snapshot name '{n}' (of another team: choose another name)"
                 )));
             }
             // The name keeps its template id; the new checkpoint replaces the old one.
             self.store.delete_snapshot(&old.id).await?;
-            checkpoints::remove(&PathBuf::from(&old.checkpoint_dir));
+            self.node
+                .remove_checkpoint(&PathBuf::from(&old.checkpoint_dir))
+                .await;
             snap.id = old.id;
         }
         if let Err(e) = self.store.insert_snapshot(&snap).await {
-            checkpoints::remove(&dir);
+            self.node.remove_checkpoint(&dir).await;
             return Err(e.into());
         }
         tracing::info!(sandbox = %id, snapshot = %snap.id, memory = snap.memory, "snapshot taken");
@@ -148,9 +150,16 @@ impl Engine {
                 .ok_or_else(|| EngineError::SandboxNotFound(id.to_string()))?;
             (l.handle.clone(), l.extra.paused.clone())
         };
-        let failed = |source| EngineError::Checkpoint { op, source };
         if let Some(p) = paused {
-            let mut info = checkpoints::copy(&p.dir, dir).map_err(failed)?;
+            let mut info = self
+                .node
+                .copy_checkpoint(&p.dir, dir)
+                .await
+                .map_err(|source| EngineError::CheckpointFailed {
+                    id: id.to_string(),
+                    op,
+                    source,
+                })?;
             // Asked for the filesystem only: the copy is restored that way.
             info.memory = info.memory && memory;
             return Ok(info);
@@ -162,7 +171,6 @@ impl Engine {
                 op,
             });
         }
-        checkpoints::prepare(dir).map_err(failed)?;
         let opts = CheckpointOptions {
             leave_running: true,
             filesystem_only: !memory,
@@ -185,22 +193,11 @@ impl Engine {
                 l.net_attached = attached;
             }
         }
-        let info = match written {
-            Ok(info) => info,
-            Err(source) => {
-                checkpoints::remove(dir);
-                return Err(EngineError::CheckpointFailed {
-                    id: id.to_string(),
-                    op,
-                    source,
-                });
-            }
-        };
-        if let Err(e) = checkpoints::mark_complete(&info) {
-            checkpoints::remove(dir);
-            return Err(failed(e));
-        }
-        Ok(info)
+        written.map_err(|source| EngineError::CheckpointFailed {
+            id: id.to_string(),
+            op,
+            source,
+        })
     }
 
     /// `GET /snapshots`: newest first, optionally of one sandbox or with one name.
@@ -240,7 +237,9 @@ impl Engine {
             .await?
             .ok_or_else(|| EngineError::SnapshotNotFound(reference.to_string()))?;
         self.store.delete_snapshot(&row.id).await?;
-        checkpoints::remove(&PathBuf::from(&row.checkpoint_dir));
+        self.node
+            .remove_checkpoint(&PathBuf::from(&row.checkpoint_dir))
+            .await;
         tracing::info!(snapshot = %row.id, "snapshot deleted");
         Ok(())
     }
@@ -260,7 +259,10 @@ impl Engine {
         let template = crate::template::registry::template(self, &row.template_id)
             .ok_or_else(|| EngineError::TemplateNotFound(row.template_id.clone()))?;
         let dir = PathBuf::from(&row.checkpoint_dir);
-        let memory = checkpoints::completed(&dir)
+        let memory = self
+            .node
+            .checkpoint_info(&dir)
+            .await
             .ok_or_else(|| EngineError::Checkpoint {
                 op: Operation::Create,
                 source: checkpoints::CheckpointError::Incomplete(dir.clone()),

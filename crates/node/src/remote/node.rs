@@ -362,6 +362,35 @@ impl Node for RemoteNode {
         })
     }
 
+    async fn remove_checkpoint(&self, dir: &Path) {
+        let asked = async {
+            let req = v1::RemoveCheckpointRequest {
+                context: None,
+                dir: self.wire_path(dir)?,
+            };
+            self.call(req, self.slow())
+                .await
+                .map_err(|e| self.driver_err(e))
+        };
+        if let Err(e) = asked.await {
+            // A leftover directory wastes space on the node but breaks nothing.
+            self.log("RemoveCheckpoint", &e);
+        }
+    }
+
+    async fn copy_checkpoint(&self, from: &Path, to: &Path) -> Result<CheckpointInfo, DriverError> {
+        let req = v1::CopyCheckpointRequest {
+            context: None,
+            from: self.wire_path(from)?,
+            to: self.wire_path(to)?,
+        };
+        let answer = self
+            .call(req, self.slow())
+            .await
+            .map_err(|e| self.driver_err(e))?;
+        self.local_checkpoint("CopyCheckpoint", answer.info)
+    }
+
     async fn restore(
         &self,
         spec: &SandboxSpec,

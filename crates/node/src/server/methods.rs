@@ -40,6 +40,20 @@ fn resolve(s: &Shared, wire: &Path, field: &'static str) -> Answer<PathBuf> {
         .map_err(|source| RequestError::Path { field, source }.into())
 }
 
+/// A path under the checkpoints tree of the data directory: the only one a caller may delete or
+/// copy into.
+fn checkpoint_path(s: &Shared, wire: &Path, field: &'static str) -> Answer<PathBuf> {
+    let under = wire
+        .components()
+        .next()
+        .is_some_and(|c| c.as_os_str() == "checkpoints")
+        && wire.components().count() > 1;
+    if !under {
+        return Err(RequestError::NotCheckpoint { field }.into());
+    }
+    resolve(s, wire, field)
+}
+
 /// A spec with its rootfs and volumes resolved under the data directory.
 fn spec(s: &Shared, value: Option<v1::SandboxSpec>) -> Answer<SandboxSpec> {
     let mut spec = SandboxSpec::try_from(required(value, "spec")?).map_err(RequestError::from)?;
@@ -219,6 +233,27 @@ pub(crate) async fn checkpoint_info(
         None => None,
     };
     Ok(v1::CheckpointInfoResponse { info })
+}
+
+pub(crate) async fn remove_checkpoint(
+    s: Arc<Shared>,
+    r: v1::RemoveCheckpointRequest,
+) -> Answer<v1::RemoveCheckpointResponse> {
+    let dir = checkpoint_path(&s, Path::new(&r.dir), "dir")?;
+    s.node.remove_checkpoint(&dir).await;
+    Ok(v1::RemoveCheckpointResponse {})
+}
+
+pub(crate) async fn copy_checkpoint(
+    s: Arc<Shared>,
+    r: v1::CopyCheckpointRequest,
+) -> Answer<v1::CopyCheckpointResponse> {
+    let from = resolve(&s, Path::new(&r.from), "from")?;
+    let to = checkpoint_path(&s, Path::new(&r.to), "to")?;
+    let info = s.node.copy_checkpoint(&from, &to).await.map_err(driver)?;
+    Ok(v1::CopyCheckpointResponse {
+        info: Some(checkpoint_out(&s, info).map_err(driver)?),
+    })
 }
 
 pub(crate) async fn restore(s: Arc<Shared>, r: v1::RestoreRequest) -> Answer<v1::RestoreResponse> {

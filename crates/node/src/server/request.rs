@@ -19,6 +19,10 @@ pub(crate) enum RequestError {
         #[source]
         source: PathError,
     },
+    #[error(
+        "{field} cannot be used: send a directory under checkpoints/ of the node's data directory"
+    )]
+    NotCheckpoint { field: &'static str },
 }
 
 impl From<ConvertError> for RequestError {

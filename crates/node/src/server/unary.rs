@@ -69,6 +69,8 @@ pub(crate) async fn call(
         "Reachable" => call.run(m::reachable, true).await,
         "Checkpoint" => call.run(m::checkpoint, true).await,
         "CheckpointInfo" => call.run(m::checkpoint_info, true).await,
+        "RemoveCheckpoint" => call.run(m::remove_checkpoint, true).await,
+        "CopyCheckpoint" => call.run(m::copy_checkpoint, true).await,
         "Restore" => call.run(m::restore, true).await,
         "Changes" => call.run(m::changes, true).await,
         "ExportChanges" => call.run(m::export_changes, true).await,

@@ -215,7 +215,64 @@ async fn a_path_leaving_the_data_directory_is_refused() {
         .await
         .unwrap();
     assert_eq!(info.dir, dir);
-    assert_eq!(h.remote.checkpoint_info(&dir).await, Some(info));
+    assert_eq!(h.remote.checkpoint_info(&dir).await, Some(info.clone()));
+    // The node marked it complete on its disk.
+    assert!(dir.join("bulkhead-checkpoint.json").is_file());
+
+    // Copied on the node (a snapshot of a paused sandbox), complete under its own path.
+    let copy = h.checkpoints().join("snapshots/s1");
+    let copied = h.remote.copy_checkpoint(&dir, &copy).await.unwrap();
+    assert_eq!(copied.dir, copy);
+    assert!(h.remote.checkpoint_info(&copy).await.is_some());
+
+    // Deleting or copying into anything but the checkpoints tree is refused.
+    std::fs::create_dir_all(h.dir.path().join("templates/keep")).unwrap();
+    for dir in [
+        "templates",
+        "templates/keep",
+        "checkpoints",
+        "images/x",
+        "../x",
+        "escape",
+    ] {
+        let req = v1::RemoveCheckpointRequest {
+            context: None,
+            dir: dir.into(),
+        };
+        let (status, _, body) = post(
+            h.addr,
+            "RemoveCheckpoint",
+            Some(TOKEN),
+            "application/proto",
+            &req.encode_to_vec(),
+        )
+        .await;
+        assert_eq!(status, 400, "{dir:?}: {}", String::from_utf8_lossy(&body));
+        assert_eq!(detail_code(&body, status), NodeCode::InvalidArgument);
+        let req = v1::CopyCheckpointRequest {
+            context: None,
+            from: "checkpoints/sandboxes/sb/1".into(),
+            to: dir.into(),
+        };
+        let (status, ..) = post(
+            h.addr,
+            "CopyCheckpoint",
+            Some(TOKEN),
+            "application/proto",
+            &req.encode_to_vec(),
+        )
+        .await;
+        assert_eq!(status, 400, "{dir:?}");
+    }
+    assert!(h.dir.path().join("templates/keep").is_dir());
+
+    // A sandbox's checkpoints go with its root directory.
+    h.remote
+        .remove_checkpoint(&h.checkpoints().join("sandboxes/sb"))
+        .await;
+    assert!(!dir.exists());
+    assert_eq!(h.remote.checkpoint_info(&dir).await, None);
+    assert!(h.remote.checkpoint_info(&copy).await.is_some());
 }
 
 #[test]

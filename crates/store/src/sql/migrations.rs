@@ -47,6 +47,10 @@ const FILES: &[(&str, &str)] = &[
         include_str!("../../migrations/20261202000000_sandbox_nodes.sql"),
     ),
     (
+        "20261202000200_node_drain.sql",
+        include_str!("../../migrations/20261202000200_node_drain.sql"),
+    ),
+    (
         "20261202000100_idempotency_keys.sql",
         include_str!("../../migrations/20261202000100_idempotency_keys.sql"),
     ),

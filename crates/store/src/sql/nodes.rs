@@ -16,7 +16,7 @@ use crate::{
     ReportedStatus, Result, SandboxState, StaleReason, StoreError, SweepOutcome,
 };
 
-const NODE_COLUMNS: &str = "id, epoch, addr, status, report, registered_at, heartbeat_at";
+const NODE_COLUMNS: &str = "id, epoch, addr, status, report, registered_at, heartbeat_at, drain";
 
 fn node_from_row(row: &AnyRow) -> Result<NodeRow> {
     let id: String = row.try_get("id")?;
@@ -32,6 +32,7 @@ fn node_from_row(row: &AnyRow) -> Result<NodeRow> {
         report,
         registered_at: row.try_get("registered_at")?,
         heartbeat_at: row.try_get("heartbeat_at")?,
+        drain: row.try_get::<i64, _>("drain")? != 0,
         id,
     })
 }
@@ -39,7 +40,8 @@ fn node_from_row(row: &AnyRow) -> Result<NodeRow> {
 impl Store {
     /// Registers the node `id`: a new one at epoch 1, a known one (whatever its status, `dead`
     /// included) at its epoch + 1, so whatever its previous incarnation still sends is refused.
-    /// Either way it is `ready` and heartbeated at `now_ms`.
+    /// Either way it is `ready` (a drain asked of an earlier incarnation is over) and
+    /// heartbeated at `now_ms`.
     pub async fn register_node(
         &self,
         id: &str,
@@ -48,10 +50,11 @@ impl Store {
         now_ms: i64,
     ) -> Result<NodeRow> {
         let sql = format!(
-            "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, 1, $2, $3, $4, $5, $5) \
+            "INSERT INTO nodes ({NODE_COLUMNS}) VALUES ($1, 1, $2, $3, $4, $5, $5, 0) \
              ON CONFLICT (id) DO UPDATE SET epoch = nodes.epoch + 1, addr = excluded.addr, \
              status = excluded.status, report = excluded.report, \
-             registered_at = excluded.registered_at, heartbeat_at = excluded.heartbeat_at \
+             registered_at = excluded.registered_at, heartbeat_at = excluded.heartbeat_at, \
+             drain = 0 \
              RETURNING {NODE_COLUMNS}"
         );
         let row = sqlx::query(AssertSqlSafe(sql))
@@ -66,7 +69,8 @@ impl Store {
     }
 
     /// Records a heartbeat of the node's incarnation `epoch`: its status (a `suspect` node that
-    /// reports becomes what it reports), its report, and `now_ms` as its last heartbeat.
+    /// reports becomes what it reports; one asked to drain is `draining` whatever it reports),
+    /// its report, and `now_ms` as its last heartbeat. Returns whether it is asked to drain.
     ///
     /// Refused with [`StoreError::StaleEpoch`], writing nothing, when the node is unknown,
     /// registered again since, or dead: it must [`Store::register_node`] again.
@@ -77,10 +81,10 @@ impl Store {
         status: ReportedStatus,
         report: &serde_json::Value,
         now_ms: i64,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let done = sqlx::query(
-            "UPDATE nodes SET status = $3, report = $4, heartbeat_at = $5 \
-             WHERE id = $1 AND epoch = $2 AND status <> $6",
+            "UPDATE nodes SET status = CASE WHEN drain <> 0 THEN $7 ELSE $3 END, report = $4, \
+             heartbeat_at = $5 WHERE id = $1 AND epoch = $2 AND status <> $6 RETURNING drain",
         )
         .bind(id)
         .bind(epoch_to_db(epoch))
@@ -88,10 +92,11 @@ impl Store {
         .bind(report.to_string())
         .bind(now_ms)
         .bind(NodeStatus::Dead.as_str())
-        .execute(&self.pool)
+        .bind(NodeStatus::Draining.as_str())
+        .fetch_optional(&self.pool)
         .await?;
-        if done.rows_affected() > 0 {
-            return Ok(());
+        if let Some(row) = done {
+            return Ok(row.try_get::<i64, _>("drain")? != 0);
         }
         // Why it was refused, for the node's log; the refusal itself was the UPDATE's guard.
         let reason = match self.get_node(id).await? {
@@ -104,6 +109,17 @@ impl Store {
             epoch,
             reason,
         })
+    }
+
+    /// Asks node `id` to drain (`on`) or to take sandboxes again: from its next heartbeat on it
+    /// is `draining` and learns it. Returns false when no such node is registered.
+    pub async fn set_node_drain(&self, id: &str, on: bool) -> Result<bool> {
+        let done = sqlx::query("UPDATE nodes SET drain = $1 WHERE id = $2")
+            .bind(i64::from(on))
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Every registered node, dead ones included, by id.

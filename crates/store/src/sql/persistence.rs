@@ -10,7 +10,7 @@ use super::rows::{from_json, to_json};
 use crate::{PersistenceRow, Result, SnapshotFilter, SnapshotRow};
 
 const PERSISTENCE_COLUMNS: &str = "sandbox_id, on_timeout, auto_resume, pause_memory, \
-     timeout_ms, checkpoint_dir, checkpoint_memory, generation, paused_at";
+     timeout_ms, checkpoint_dir, checkpoint_memory, generation, paused_at, resume_on_traffic";
 
 const SNAPSHOT_COLUMNS: &str = "id, name, sandbox_id, template_id, checkpoint_dir, memory, env_vars, envd_access_token, \
      created_at, team_id";
@@ -20,12 +20,12 @@ impl Store {
     pub async fn upsert_persistence(&self, p: &PersistenceRow) -> Result<()> {
         let sql = format!(
             "INSERT INTO sandbox_persistence ({PERSISTENCE_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (sandbox_id) DO UPDATE SET on_timeout = excluded.on_timeout, \
              auto_resume = excluded.auto_resume, pause_memory = excluded.pause_memory, \
              timeout_ms = excluded.timeout_ms, checkpoint_dir = excluded.checkpoint_dir, \
              checkpoint_memory = excluded.checkpoint_memory, generation = excluded.generation, \
-             paused_at = excluded.paused_at"
+             paused_at = excluded.paused_at, resume_on_traffic = excluded.resume_on_traffic"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(p.sandbox_id.as_str())
@@ -37,6 +37,7 @@ impl Store {
             .bind(i64::from(p.checkpoint_memory))
             .bind(p.generation)
             .bind(p.paused_at)
+            .bind(i64::from(p.resume_on_traffic))
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -158,6 +159,7 @@ fn persistence_from_row(row: &AnyRow) -> Result<PersistenceRow> {
         checkpoint_memory: row.try_get::<i64, _>("checkpoint_memory")? != 0,
         generation: row.try_get("generation")?,
         paused_at: row.try_get("paused_at")?,
+        resume_on_traffic: row.try_get::<i64, _>("resume_on_traffic")? != 0,
     })
 }
 

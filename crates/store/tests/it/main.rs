@@ -64,6 +64,7 @@ store_tests!(
     nodes_sweep_is_fenced,
     nodes_sweep_marks_what_a_dead_node_ran_lost,
     node_sandboxes_expire_and_release,
+    nodes_drain_through_the_store,
     leases_acquire_renew_expire,
     leases_race_has_one_winner,
     nodes_race_register,

@@ -11,8 +11,8 @@ pub use crate::suite_idempotency::{
 };
 pub use crate::suite_nodes::{
     leases_acquire_renew_expire, leases_race_has_one_winner, node_sandboxes_expire_and_release,
-    nodes_race_register, nodes_register_and_heartbeat, nodes_sweep_is_fenced,
-    nodes_sweep_marks_what_a_dead_node_ran_lost, nodes_sweep_thresholds,
+    nodes_drain_through_the_store, nodes_race_register, nodes_register_and_heartbeat,
+    nodes_sweep_is_fenced, nodes_sweep_marks_what_a_dead_node_ran_lost, nodes_sweep_thresholds,
 };
 pub use crate::suite_records::{
     egress_events, persistence_roundtrip, sandbox_for_tests, sandbox_network_updates,

@@ -362,6 +362,7 @@ pub async fn node_sandboxes_expire_and_release(h: &Harness) {
         checkpoint_memory: false,
         generation: 0,
         paused_at: None,
+        resume_on_traffic: false,
     })
     .await
     .unwrap();
@@ -397,6 +398,54 @@ pub async fn node_sandboxes_expire_and_release(h: &Harness) {
         .map(|n| n.id)
         .collect();
     assert_eq!(ids, ["later", "pauses"]);
+}
+
+pub async fn nodes_drain_through_the_store(h: &Harness) {
+    let s = &h.store;
+    let r = json!({});
+    assert!(!s.set_node_drain("n", true).await.unwrap(), "no such node");
+    s.register_node("n", "addr", &r, 0).await.unwrap();
+    assert!(
+        !s.heartbeat("n", 1, ReportedStatus::Ready, &r, 1_000)
+            .await
+            .unwrap()
+    );
+    assert!(s.set_node_drain("n", true).await.unwrap());
+    // The node learns it from its next heartbeat and is draining whatever it reports.
+    assert!(
+        s.heartbeat("n", 1, ReportedStatus::Ready, &r, 2_000)
+            .await
+            .unwrap()
+    );
+    let n = s.get_node("n").await.unwrap().unwrap();
+    assert_eq!((n.status, n.drain), (NodeStatus::Draining, true));
+    // Cancelled: it reports ready again.
+    assert!(s.set_node_drain("n", false).await.unwrap());
+    assert!(
+        !s.heartbeat("n", 1, ReportedStatus::Ready, &r, 3_000)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.get_node("n").await.unwrap().unwrap().status,
+        NodeStatus::Ready
+    );
+    // A node draining on its own (SIGTERM) reports it; a registration ends an operator's drain.
+    assert!(
+        !s.heartbeat("n", 1, ReportedStatus::Draining, &r, 4_000)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        s.get_node("n").await.unwrap().unwrap().status,
+        NodeStatus::Draining
+    );
+    s.set_node_drain("n", true).await.unwrap();
+    let again = s.register_node("n", "addr", &r, 5_000).await.unwrap();
+    assert_eq!(
+        (again.status, again.drain, again.epoch),
+        (NodeStatus::Ready, false, 2)
+    );
 }
 
 pub async fn leases_acquire_renew_expire(h: &Harness) {

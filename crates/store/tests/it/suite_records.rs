@@ -108,11 +108,13 @@ pub async fn persistence_roundtrip(h: &Harness) {
         checkpoint_memory: false,
         generation: 0,
         paused_at: None,
+        resume_on_traffic: false,
     };
     s.upsert_persistence(&p).await.unwrap();
     assert_eq!(s.get_persistence("p1").await.unwrap(), Some(p.clone()));
     p.checkpoint_dir = Some("/data/checkpoints/sandboxes/p1/1".into());
     p.checkpoint_memory = true;
+    p.resume_on_traffic = true;
     p.generation = 1;
     p.paused_at = Some(1234);
     s.upsert_persistence(&p).await.unwrap();

@@ -59,8 +59,8 @@ pub struct ClusterNode {
     cfg: PlacementConfig,
     view: Mutex<View>,
     ledger: Ledger,
-    /// Checkpoint directory → the member holding it. A consumed one (a resumed pause) is
-    /// forgotten; a snapshot's stays (a path and an id) for as long as the router runs.
+    /// Checkpoint directory → the member holding it, until it is removed (a snapshot's stays,
+    /// a path and an id, for as long as the router runs).
     checkpoints: Mutex<HashMap<PathBuf, String>>,
     /// Sandbox id → the member holding its network link.
     links: Mutex<HashMap<String, String>>,
@@ -291,6 +291,20 @@ impl ClusterNode {
             .lock()
             .expect("checkpoints lock")
             .insert(dir.to_path_buf(), member.to_string());
+    }
+
+    /// Forgets `dir` and every checkpoint remembered under it; the members that held them.
+    fn forget_under(&self, dir: &Path) -> BTreeSet<String> {
+        let mut map = self.checkpoints.lock().expect("checkpoints lock");
+        let mut holders = BTreeSet::new();
+        map.retain(|d, member| {
+            let under = d.starts_with(dir);
+            if under {
+                holders.insert(member.clone());
+            }
+            !under
+        });
+        holders
     }
 
     fn forget_checkpoint(&self, dir: &Path) {

@@ -10,7 +10,7 @@ use bulkhead_envd::protocol::AgentInfo;
 use bulkhead_envd::rest::InitRequest;
 use futures::future::join_all;
 
-use super::{ClusterNode, Scope, common_capabilities};
+use super::{ClusterNode, Route, Scope, common_capabilities};
 use crate::cluster::placement::NodeStatus;
 use crate::error::NetworkError;
 use crate::node::driver::{
@@ -208,6 +208,30 @@ impl Node for ClusterNode {
         info
     }
 
+    /// On the members holding it or checkpoints under it; when none is remembered (after a
+    /// restart), on every member that may hold one.
+    async fn remove_checkpoint(&self, dir: &Path) {
+        let holders = self.forget_under(dir);
+        let targets: Vec<Route> = if holders.is_empty() {
+            self.members()
+                .iter()
+                .filter(|m| m.load.status != NodeStatus::Dead)
+                .filter_map(|m| self.route_to(&m.id))
+                .collect()
+        } else {
+            holders.iter().filter_map(|id| self.route_to(id)).collect()
+        };
+        join_all(targets.iter().map(|r| r.node.remove_checkpoint(dir))).await;
+    }
+
+    /// On the member holding `from`, which then holds `to` too.
+    async fn copy_checkpoint(&self, from: &Path, to: &Path) -> Result<CheckpointInfo, DriverError> {
+        let holder = self.holder(from).await.ok_or_else(|| no_holder(from))?;
+        let info = holder.node.copy_checkpoint(from, to).await?;
+        self.remember_checkpoint(to, &holder.id);
+        Ok(info)
+    }
+
     /// On the member holding the checkpoint, or nowhere (see the module docs).
     async fn restore(
         &self,
@@ -227,17 +251,12 @@ impl Node for ClusterNode {
             .find(|m| m.id == holder.id)
             .and_then(|m| m.load.checkpoint_key.clone());
         req.preferred = Some(holder.id.clone());
-        let consume = opts.consume;
-        let restored = self
-            .place(&req, Scope::Holder(&holder.id), |node| {
-                let opts = opts.clone();
-                async move { node.restore(spec, dir, opts).await }
-            })
-            .await?;
-        if consume {
-            self.forget_checkpoint(dir);
-        }
-        Ok(restored)
+        // A consumed checkpoint stays remembered until its removal (the resume's cleanup).
+        self.place(&req, Scope::Holder(&holder.id), |node| {
+            let opts = opts.clone();
+            async move { node.restore(spec, dir, opts).await }
+        })
+        .await
     }
 
     async fn changes(
