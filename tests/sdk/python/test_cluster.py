@@ -449,3 +449,130 @@ def test_sigterm_drains_a_node_pausing_what_runs_there(cluster):
         assert info(api, sbx.sandbox_id)["clientID"] == "n2"
     finally:
         sbx.kill()
+
+
+class Load:
+    """Creates (each checked on its node, then killed) from `threads` client threads until
+    stopped; every outcome with its start and end time."""
+
+    def __init__(self, api, threads: int = 3):
+        import threading
+
+        self.api, self.results, self.stop_flag = api, [], threading.Event()
+        self.threads = [threading.Thread(target=self.run, daemon=True) for _ in range(threads)]
+
+    def run(self):
+        from e2b import Sandbox
+
+        while not self.stop_flag.is_set():
+            t0 = time.monotonic()
+            try:
+                sbx = Sandbox.create(TEMPLATE, timeout=60)
+                try:
+                    node = client_of(self.api, sbx.sandbox_id)
+                finally:
+                    sbx.kill()
+                self.results.append((t0, time.monotonic(), True, node))
+            except Exception as e:  # noqa: BLE001 - every failure is an outcome to report
+                self.results.append((t0, time.monotonic(), False, f"{type(e).__name__}: {e}"))
+                time.sleep(0.2)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop_flag.set()
+        for t in self.threads:
+            t.join(timeout=120)
+
+    def summary(self, since: float) -> str:
+        ok = [r for r in self.results if r[2]]
+        rate = len(ok) / max(1e-9, max(r[1] for r in self.results) - since) if self.results else 0
+        return f"{len(self.results)} creates, {len(ok)} ok ({rate:.1f}/s), failures: {[r[3] for r in self.results if not r[2]][:5]}"
+
+
+def test_creates_under_load_go_on_when_a_node_is_killed(cluster):
+    """`kill -9` of a node while three clients create sandboxes: a start in flight there moves
+    on to the other node, every create after the kill succeeds, the node is declared dead; its
+    leftovers are stopped when it starts again."""
+    api, nodes, db_url, (token, key_file) = cluster
+    i = next(i for i, n in enumerate(nodes) if n.name == "n2")
+    n2 = nodes[i]
+    t_start = time.monotonic()
+    # Two client threads: what one node of this 2-core machine holds (4 `base` sandboxes, the
+    # warm pool's included) once the other is gone.
+    try:
+        with Load(api, threads=2) as load:
+            time.sleep(4)
+            t_kill = time.monotonic()
+            n2.proc.kill()
+            n2.proc.wait()
+            dead = wait_until(lambda: node_status(db_url)["n2"][0] == "dead", timeout=15, interval=0.2)
+            t_dead = time.monotonic()
+            time.sleep(3)
+    finally:
+        if n2.proc.poll() is not None:
+            nodes[i] = start_node("n2", i, db_url, token, key_file, root=n2.root)
+    print(f"kill -9 under load: {load.summary(t_start)}; dead after {t_dead - t_kill:.1f} s")
+    assert dead, node_status(db_url)
+    assert t_dead - t_kill <= 8, t_dead - t_kill
+    before = [r for r in load.results if r[1] < t_kill]
+    assert {r[3] for r in before if r[2]} == {"n1", "n2"}, before
+    after = [r for r in load.results if r[0] >= t_kill]
+    assert after and all(r[2] for r in after), [r[3] for r in after if not r[2]]
+    assert all(r[3] == "n1" for r in after), [r[3] for r in after]
+    # In flight at the kill: moved on (or, at worst, a clear error in E2B's shape).
+    for r in load.results:
+        if r[0] < t_kill < r[1] and not r[2]:
+            assert "Exception" in r[3] or "Error" in r[3], r
+    assert wait_until(lambda: node_status(db_url)["n2"][0] == "ready", timeout=120, interval=0.5), nodes[i].log.read_text()[-3000:]
+
+
+def restart_postgresql() -> float:
+    """Restarts the PostgreSQL the tests use (the packaged cluster, or .ci/postgres.sh's own);
+    how long it took."""
+    t0 = time.monotonic()
+    clusters = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True).stdout.split()
+    if clusters:
+        subprocess.run(["pg_ctlcluster", clusters[0], clusters[1], "restart"], check=True)
+    else:
+        bindir = sorted(Path("/usr/lib/postgresql").glob("*/bin"))[-1]
+        subprocess.run(["runuser", "-u", "postgres", "--", str(bindir / "pg_ctl"), "-D", "/var/tmp/bulkhead-postgres", "-w", "restart"], check=True)
+    return time.monotonic() - t0
+
+
+def test_creates_resume_after_postgresql_restarts_and_nothing_is_lost(cluster):
+    """PostgreSQL restarted under load: creates may fail while it is down and succeed again within
+    10 s of its return; a sandbox created before runs on and is listed; no node is declared
+    dead for the store's silence."""
+    from e2b import Sandbox
+
+    api, _, db_url, _ = cluster
+    kept = Sandbox.create(TEMPLATE, timeout=300)
+    try:
+        kept.commands.run("echo before > /tmp/mark")
+        epochs = {k: v[1] for k, v in node_status(db_url).items()}
+        t_start = time.monotonic()
+        with Load(api, threads=2) as load:
+            time.sleep(3)
+            t_down = time.monotonic()
+            took = restart_postgresql()
+            t_back = time.monotonic()
+            time.sleep(12)
+        print(f"PostgreSQL restart ({took:.1f} s) under load: {load.summary(t_start)}")
+        late = [r for r in load.results if r[0] >= t_back + 10]
+        assert late and all(r[2] for r in late), [r[3] for r in late if not r[2]]
+        first_ok = min((r[1] for r in load.results if r[2] and r[0] >= t_down), default=None)
+        assert first_ok is not None
+        print(f"first create after the restart completed {first_ok - t_back:.1f} s after PostgreSQL was back")
+        assert first_ok - t_back <= 10
+        # Nothing lost: the earlier sandbox runs on and is listed; the nodes kept their epochs.
+        assert kept.commands.run("cat /tmp/mark").stdout.strip() == "before"
+        assert kept.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]
+        status = node_status(db_url)
+        assert all(s == "ready" for s, _ in status.values()), status
+        assert {k: v[1] for k, v in status.items()} == epochs, (epochs, status)
+    finally:
+        kept.kill()

@@ -38,6 +38,11 @@ pub struct HealthSweeper {
     holder: String,
     cfg: HealthConfig,
     held: Option<LeaseEpoch>,
+    /// When this replica last reached the store (unix ms).
+    last_ok: Option<i64>,
+    /// No node is declared anything before this (unix ms): after the store was out of reach,
+    /// the nodes' heartbeats were too, and they get a full dead threshold to report again.
+    quiet_until: i64,
 }
 
 /// What one round did.
@@ -61,11 +66,33 @@ impl HealthSweeper {
             holder: holder.into(),
             cfg,
             held: None,
+            last_ok: None,
+            quiet_until: 0,
         }
     }
 
     /// One round at `now_ms`: hold the lease (renew it, or take it if free), then sweep.
     pub async fn round(&mut self, now_ms: i64) -> Result<Sweep, StoreError> {
+        let result = self.round_inner(now_ms).await;
+        if result.is_ok() {
+            self.last_ok = Some(now_ms);
+        }
+        result
+    }
+
+    async fn round_inner(&mut self, now_ms: i64) -> Result<Sweep, StoreError> {
+        // Back after the store was out of reach (restarted, cut off) for longer than a node
+        // may be silent: every heartbeat looks late, through no fault of the nodes.
+        let outage = self
+            .last_ok
+            .is_some_and(|at| now_ms - at > duration_ms(self.cfg.suspect_after));
+        if outage {
+            self.quiet_until = now_ms + duration_ms(self.cfg.dead_after);
+            tracing::warn!(
+                quiet_ms = duration_ms(self.cfg.dead_after),
+                "the store was out of reach: no node is declared suspect or dead until they had time to report again"
+            );
+        }
         let ttl = self.cfg.lease_ttl;
         let mut held = None;
         if let Some(epoch) = self.held {
@@ -89,6 +116,13 @@ impl HealthSweeper {
         let Some(epoch) = held else {
             return Ok(Sweep::NotHolder);
         };
+        if now_ms < self.quiet_until {
+            return Ok(Sweep::Swept {
+                epoch: epoch.0,
+                changes: Vec::new(),
+                lost: Vec::new(),
+            });
+        }
         match self
             .store
             .sweep_nodes(now_ms, self.cfg.suspect_after, self.cfg.dead_after, epoch)
@@ -124,4 +158,8 @@ impl HealthSweeper {
         }
         Ok(())
     }
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

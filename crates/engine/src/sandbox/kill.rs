@@ -107,11 +107,7 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
     if let Err(e) = engine.store.delete_persistence(id).await {
         tracing::error!(sandbox = %id, error = %e, "deleting the sandbox's lifecycle record failed");
     }
-    if let Err(e) = engine
-        .store
-        .set_sandbox_state(id, SandboxState::Dead.into(), Some(reason))
-        .await
-    {
+    if let Err(e) = engine.store.end_sandbox(id, reason).await {
         tracing::error!(sandbox = %id, error = %e, "recording sandbox end failed");
     }
     let _ = engine.store.set_sandbox_driver_handle(id, None, None).await;

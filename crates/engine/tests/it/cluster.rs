@@ -142,6 +142,44 @@ async fn the_sweep_moves_to_another_replica_when_its_holder_stops() {
     ));
 }
 
+/// The store was out of reach (restarted, cut off): when the sweeper reaches it again every
+/// heartbeat looks late, and no node is declared dead before it had a dead threshold to report.
+#[tokio::test]
+async fn after_a_store_outage_nodes_get_time_to_report_before_any_is_declared_dead() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_sqlite_in(dir.path()).await.unwrap();
+    let mut n1 = Heartbeat::new(store.clone(), "n1", "10.0.0.1:7001");
+    let mut n2 = Heartbeat::new(store.clone(), "n2", "10.0.0.2:7001");
+    n1.beat(&report(0), false, T0).await.unwrap();
+    n2.beat(&report(0), false, T0).await.unwrap();
+    let mut a = HealthSweeper::new(store.clone(), "api-a", HealthConfig::default());
+    a.round(T0).await.unwrap();
+    // 20 s with no round that reached the store (it was down); then rounds again. Both nodes'
+    // heartbeats are 20 s old, but n1 reports within the quiet period and n2 does not.
+    let back = T0 + 20_000;
+    assert!(
+        matches!(a.round(back).await.unwrap(), Sweep::Swept { ref changes, .. } if changes.is_empty())
+    );
+    assert_eq!(status_of(&store, "n1").await, NodeStatus::Ready);
+    n1.beat(&report(0), false, back + 1_000).await.unwrap();
+    for t in [2_000, 3_000, 4_000] {
+        a.round(back + t).await.unwrap();
+        n1.beat(&report(0), false, back + t).await.unwrap();
+    }
+    assert_eq!(
+        status_of(&store, "n2").await,
+        NodeStatus::Ready,
+        "quiet for 5 s"
+    );
+    a.round(back + 5_000).await.unwrap();
+    assert_eq!(status_of(&store, "n1").await, NodeStatus::Ready);
+    assert_eq!(
+        status_of(&store, "n2").await,
+        NodeStatus::Dead,
+        "silent past the quiet"
+    );
+}
+
 #[tokio::test]
 async fn a_node_reports_what_its_sandboxes_were_promised_and_its_warm_pools() {
     use bulkhead_engine::testing::{FakeEngine, fake_engine};
@@ -425,6 +463,55 @@ mod router {
         assert_eq!(spread.get("n2"), None, "{spread:?}");
         assert_eq!(c.machines[1].driver.started.load(Ordering::SeqCst), 0);
         assert_eq!(spread.values().sum::<usize>(), 12);
+    }
+
+    /// A node that stops answering while it starts a sandbox (partitioned, stopped) and is
+    /// declared dead: the create moves on to another node instead of waiting for it.
+    #[tokio::test]
+    async fn a_start_in_flight_on_a_node_declared_dead_moves_on() {
+        let c = cluster().await;
+        for (i, m) in c.machines.iter().enumerate() {
+            // n1 hangs; the others start at once.
+            *m.driver.start_delay.lock().unwrap() = if i == 0 {
+                Duration::from_secs(3600)
+            } else {
+                Duration::ZERO
+            };
+        }
+        // Only n1 is ready, so placement picks it.
+        for id in ["n2", "n3"] {
+            c.directory.set_status(id, NodeStatus::Draining);
+        }
+        let engine = c.engine.clone();
+        let owner = c.owner.clone();
+        let create = tokio::spawn(async move {
+            engine
+                .create(
+                    &owner,
+                    CreateRequest {
+                        template: "base".into(),
+                        timeout: Some(600),
+                        ..Default::default()
+                    },
+                )
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!create.is_finished(), "n1 holds the start");
+        // The sweep declares n1 dead and the others ready again; the router sees it.
+        c.directory.set_status("n1", NodeStatus::Dead);
+        for id in ["n2", "n3"] {
+            c.directory.set_status(id, NodeStatus::Ready);
+        }
+        c.router.refresh().await;
+        let info = tokio::time::timeout(Duration::from_secs(5), create)
+            .await
+            .expect("the create moved on")
+            .unwrap()
+            .expect("and succeeded elsewhere");
+        let node = c.handle(&info.id).await.node.unwrap();
+        assert_ne!(node, "n1");
+        c.engine.kill(&c.owner, &info.id).await.unwrap();
     }
 
     #[tokio::test]

@@ -193,6 +193,20 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
+    /// Records a sandbox's end with `reason`, unless it has ended already (its node or the
+    /// health sweep may have recorded why first). Returns whether it did.
+    pub async fn end_sandbox(&self, id: &str, reason: &str) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE sandboxes SET state = $1, end_reason = $2 WHERE id = $3 AND state <> $1",
+        )
+        .bind(SandboxState::Dead.as_str())
+        .bind(reason)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Sets the running sandbox's handle (None once its processes are gone) and, when `node` is
     /// given, the node it runs on; without one the node stays (a paused sandbox's checkpoint is
     /// on the node it ran on). Returns false if there is no such sandbox.

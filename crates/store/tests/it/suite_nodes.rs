@@ -382,6 +382,21 @@ pub async fn node_sandboxes_expire_and_release(h: &Harness) {
         (due.state, due.end_reason.as_deref(), due.driver_handle),
         (SandboxState::Dead, Some("timeout"), None)
     );
+    // Whoever ends it later keeps the node's reason.
+    assert!(!s.end_sandbox("due", "exited").await.unwrap());
+    assert_eq!(
+        s.get_sandbox("due")
+            .await
+            .unwrap()
+            .unwrap()
+            .end_reason
+            .as_deref(),
+        Some("timeout")
+    );
+    assert!(s.end_sandbox("later", "killed").await.unwrap());
+    s.set_sandbox_state("later", SandboxState::Running, None)
+        .await
+        .unwrap();
     // An API replica extended it meanwhile: not expired.
     s.set_sandbox_end_at("later", 90_000).await.unwrap();
     assert!(!s.expire_on_node("later", "a", 60_000).await.unwrap());

@@ -228,7 +228,14 @@ impl<'a> Placer<'a> {
     }
 
     fn nothing_fits(&self) -> PlacementError {
-        if self.failures > 0 {
+        // Nodes failed and none is left untried: the failure is the answer. If ready nodes
+        // are left but full, capacity is what stops the create (a 503 the client may retry),
+        // not the node that failed.
+        let untried_ready = self
+            .nodes
+            .iter()
+            .any(|n| !self.tried.contains(&n.id) && n.may_take(self.req));
+        if self.failures > 0 && !untried_ready {
             return PlacementError::CreateFailed {
                 failures: self.failures,
             };

@@ -169,6 +169,34 @@ fn a_refusal_moves_on_without_counting_and_failures_give_up_after_three() {
     );
 }
 
+/// A node failed and the only other is full: capacity is what stops the create (503, which
+/// clients retry), not the failed node's error.
+#[test]
+fn a_failure_then_only_full_nodes_is_a_capacity_answer() {
+    let cfg = PlacementConfig::default();
+    let r = req();
+    let mut full = node("full");
+    full.cpu_allocated = full.cpus * cfg.cpu_overcommit;
+    let nodes = [node("failing"), full];
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut placer = Placer::new(&cfg, &nodes, &r);
+    assert_eq!(placer.next(&mut rng).unwrap().id, "failing");
+    placer.failed();
+    assert_eq!(
+        placer.next(&mut rng).unwrap_err(),
+        PlacementError::CapacityUnavailable
+    );
+    // With no other node at all, the failure is the answer.
+    let nodes = [node("failing")];
+    let mut placer = Placer::new(&cfg, &nodes, &r);
+    placer.next(&mut rng).unwrap();
+    placer.failed();
+    assert_eq!(
+        placer.next(&mut rng).unwrap_err(),
+        PlacementError::CreateFailed { failures: 1 }
+    );
+}
+
 #[test]
 fn a_resume_goes_to_its_node_first_and_only_where_the_checkpoint_fits() {
     let cfg = PlacementConfig::default();

@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 use super::placement::{NodeLoad, NodeStatus, PlacementConfig, PlacementError, Placer, Request};
 use crate::node::driver::{
@@ -54,6 +55,9 @@ pub use directory::{
 };
 use ledger::Ledger;
 
+/// How many times one placement starts over because a node it was starting on was lost.
+const MAX_LOST: usize = 3;
+
 pub struct ClusterNode {
     directory: Arc<dyn NodeDirectory>,
     cfg: PlacementConfig,
@@ -64,6 +68,10 @@ pub struct ClusterNode {
     checkpoints: Mutex<HashMap<PathBuf, String>>,
     /// Sandbox id → the member holding its network link.
     links: Mutex<HashMap<String, String>>,
+    /// Member id → cancelled when the directory stops listing it as alive (dead, or gone), so
+    /// that a start in flight there moves on instead of waiting out a node that will not
+    /// answer (see `place`).
+    alive: Mutex<HashMap<String, CancellationToken>>,
 }
 
 /// The directory's last answer.
@@ -101,6 +109,7 @@ impl ClusterNode {
             ledger: Ledger::default(),
             checkpoints: Mutex::new(HashMap::new()),
             links: Mutex::new(HashMap::new()),
+            alive: Mutex::new(HashMap::new()),
         };
         router.refresh().await;
         Arc::new(router)
@@ -109,11 +118,31 @@ impl ClusterNode {
     /// Ask the directory again.
     pub async fn refresh(&self) -> Arc<[Member]> {
         let members: Arc<[Member]> = Arc::from(self.directory.members().await);
+        self.alive.lock().expect("alive lock").retain(|id, token| {
+            let listed = members
+                .iter()
+                .any(|m| &m.id == id && m.load.status != NodeStatus::Dead);
+            if !listed {
+                tracing::warn!(node = %id, "node left the cluster: calls in flight there give up");
+                token.cancel();
+            }
+            listed
+        });
         let mut view = self.view.lock().expect("view lock");
         view.members = members.clone();
         view.at = Some(Instant::now());
         self.ledger.refreshed();
         members
+    }
+
+    /// Cancelled once the directory no longer lists `member` as alive.
+    fn lost(&self, member: &str) -> CancellationToken {
+        self.alive
+            .lock()
+            .expect("alive lock")
+            .entry(member.to_string())
+            .or_default()
+            .clone()
     }
 
     /// The members as the directory last named them.
@@ -171,44 +200,70 @@ impl ClusterNode {
         F: FnMut(Arc<dyn Node>) -> Fut,
         Fut: Future<Output = Result<DriverHandle, DriverError>>,
     {
-        let members = self.current().await;
-        let mut loads = self.loads(&members);
-        if let Scope::Holder(id) = scope {
-            loads.retain(|l| l.id == id);
-        }
-        let mut placer = Placer::new(&self.cfg, &loads, req);
         let mut last_failure = None;
-        loop {
-            let chosen = placer.next(&mut rand::rng());
-            let load = match chosen {
-                Ok(load) => load,
-                Err(e) => return Err(gave_up(e, &scope, last_failure)),
-            };
-            let Some(member) = members.iter().find(|m| m.id == load.id) else {
-                placer.refused();
-                continue;
-            };
-            let ticket = self.ledger.reserve(&member.id, req);
-            match attempt(member.node.clone()).await {
-                Ok(mut h) => {
-                    h.node = Some(member.id.clone());
-                    self.ledger.started(ticket, &h);
-                    tracing::debug!(node = %member.id, template = %req.template, "placed");
-                    return Ok(h);
-                }
-                Err(e) if is_refusal(&e) => {
-                    self.ledger.release(ticket);
-                    tracing::info!(node = %member.id, template = %req.template, error = &e as &dyn std::error::Error, "node refused the sandbox for capacity; trying another");
+        // A member lost mid-start means the directory changed: plan again over its new answer
+        // (a bounded number of times).
+        for _ in 0..=MAX_LOST {
+            let members = self.current().await;
+            let mut loads = self.loads(&members);
+            if let Scope::Holder(id) = scope {
+                loads.retain(|l| l.id == id);
+            }
+            let mut placer = Placer::new(&self.cfg, &loads, req);
+            loop {
+                let chosen = placer.next(&mut rand::rng());
+                let load = match chosen {
+                    Ok(load) => load,
+                    Err(e) => return Err(gave_up(e, &scope, last_failure)),
+                };
+                let Some(member) = members.iter().find(|m| m.id == load.id) else {
                     placer.refused();
-                }
-                Err(e) => {
-                    self.ledger.release(ticket);
-                    tracing::warn!(node = %member.id, template = %req.template, error = &e as &dyn std::error::Error, "node failed to start the sandbox; trying another");
-                    placer.failed();
-                    last_failure = Some(e);
+                    continue;
+                };
+                let ticket = Reservation {
+                    ledger: &self.ledger,
+                    ticket: Some(self.ledger.reserve(&member.id, req)),
+                };
+                let lost = self.lost(&member.id);
+                // A node declared dead (or gone) while it starts the sandbox will not answer
+                // in time: move on. If it ever finishes, the sandbox is nobody's and the node
+                // stops it when it registers again (see `reconcile`).
+                let outcome = tokio::select! {
+                    done = attempt(member.node.clone()) => done,
+                    () = lost.cancelled() => {
+                        drop(ticket);
+                        tracing::warn!(node = %member.id, template = %req.template, "node lost while starting a sandbox; placing it again");
+                        last_failure = Some(DriverError::io(
+                            format!("node {} was lost while starting the sandbox", member.id),
+                            std::io::Error::from(std::io::ErrorKind::ConnectionAborted),
+                        ));
+                        break;
+                    }
+                };
+                match outcome {
+                    Ok(mut h) => {
+                        h.node = Some(member.id.clone());
+                        ticket.started(&h);
+                        tracing::debug!(node = %member.id, template = %req.template, "placed");
+                        return Ok(h);
+                    }
+                    Err(e) if is_refusal(&e) => {
+                        drop(ticket);
+                        tracing::info!(node = %member.id, template = %req.template, error = &e as &dyn std::error::Error, "node refused the sandbox for capacity; trying another");
+                        placer.refused();
+                    }
+                    Err(e) => {
+                        drop(ticket);
+                        tracing::warn!(node = %member.id, template = %req.template, error = &e as &dyn std::error::Error, "node failed to start the sandbox; trying another");
+                        placer.failed();
+                        last_failure = Some(e);
+                    }
                 }
             }
         }
+        Err(last_failure.unwrap_or_else(|| DriverError::NoCapacity {
+            reason: "nodes kept leaving the cluster during the start; try again".to_string(),
+        }))
     }
 
     /// Take a warm member of `template`'s pool: from the member placement prefers among those
@@ -322,6 +377,29 @@ impl ClusterNode {
             memory_mib: spec.memory_mb,
             checkpoint_key: None,
             preferred: None,
+        }
+    }
+}
+
+/// A start's reservation in the ledger: released unless the start succeeded, also when the
+/// placement is dropped mid-start (its client went away), so no start counts forever.
+struct Reservation<'a> {
+    ledger: &'a Ledger,
+    ticket: Option<u64>,
+}
+
+impl Reservation<'_> {
+    fn started(mut self, handle: &DriverHandle) {
+        if let Some(t) = self.ticket.take() {
+            self.ledger.started(t, handle);
+        }
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            self.ledger.release(t);
         }
     }
 }
