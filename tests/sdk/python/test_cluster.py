@@ -216,6 +216,11 @@ def test_a_silent_node_is_declared_dead_then_comes_back_under_a_new_epoch(cluste
 
     api, nodes, db_url, _ = cluster
     n2 = next(n for n in nodes if n.name == "n2")
+    # A sandbox on n2 runs on through its silence (as through a partition), but the cluster
+    # gives it up; n2 stops it within a heartbeat of coming back, so two live copies of a
+    # sandbox can never exist.
+    stranded = sandbox_on(api, "n2", timeout=300)
+    pid = handle_pid(db_url, stranded.sandbox_id)
     epoch_before = node_status(db_url)["n2"][1]
     os.kill(n2.proc.pid, signal.SIGSTOP)
     t0 = time.monotonic()
@@ -237,10 +242,15 @@ def test_a_silent_node_is_declared_dead_then_comes_back_under_a_new_epoch(cluste
                 assert sbx.commands.run("echo ok").stdout.strip() == "ok"
             finally:
                 sbx.kill()
+        assert wait_until(lambda: get_status(api, stranded.sandbox_id) == 404, timeout=5, interval=0.2)
+        assert Path(f"/proc/{pid}").exists(), "n2 was only silent"
     finally:
         os.kill(n2.proc.pid, signal.SIGCONT)
     back = wait_until(lambda: node_status(db_url)["n2"][0] == "ready", timeout=30, interval=0.2)
     assert back, node_status(db_url)
+    t_back = time.monotonic()
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=10, interval=0.1), n2.log.read_text()[-3000:]
+    print(f"n2 back: the sandbox the cluster gave up on was stopped {time.monotonic() - t_back:.1f} s after it registered again")
     status, epoch = node_status(db_url)["n2"]
     assert epoch > epoch_before + 1, (epoch_before, epoch)  # dead bumped it, the return again
     # The API reaches it under its new epoch: creates land there again.
