@@ -3,7 +3,9 @@
 # print the path of the binary. Debian 12's CRIU 3.17 cannot run on kernels >= 6.x with the
 # vvar_vclock vDSO, and trixie's 4.1.1 cannot dump a TCP socket on kernels >= 6.16 (the
 # SO_PASSCRED change; fixed in 4.2), so 4.2.1 is built from Debian sid's source, fetched and
-# verified by apt through a private configuration (the system's sources stay untouched).
+# verified by apt through a private configuration (the system's sources stay untouched). Sid
+# drops old versions: when 4.2.1 is gone, the newest version sid has is built instead, if it is
+# 4.2 or later (checked), so a fresh machine does not break when the mirror moves on.
 #
 # The binary is cached outside the clone, keyed by this script's content hash:
 #   $BULKHEAD_CACHE_DIR/criu-<hash>/criu        (default cache dir /var/cache/bulkhead)
@@ -14,8 +16,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-VERSION=4.2.1
-DEB_VERSION=4.2.1-1
+DEB_VERSION="${BULKHEAD_CRIU_DEB_VERSION:-4.2.1-1}"
 MIRROR="${BULKHEAD_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 CACHE="${BULKHEAD_CACHE_DIR:-/var/cache/bulkhead}"
 KEY=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
@@ -48,8 +49,20 @@ mkdir -p "$WORK"/apt/{lists/partial,cache/archives/partial}
 printf 'deb-src %s sid main\n' "$MIRROR" >"$WORK/apt/sources.list"
 A=(-o "Dir::Etc::SourceList=$WORK/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
     -o "Dir::State::Lists=$WORK/apt/lists" -o "Dir::Cache=$WORK/apt/cache")
-log "fetching the CRIU $VERSION source from $MIRROR (sid, signature-checked by apt)"
 apt-get "${A[@]}" update -q >&2
+available=$(apt-cache "${A[@]}" showsrc criu 2>/dev/null | awk '/^Version:/ {print $2}' | sort -V -r -u)
+if ! grep -qxF "$DEB_VERSION" <<<"$available"; then
+    newest=$(head -n 1 <<<"$available")
+    if [ -z "$newest" ] || ! dpkg --compare-versions "$newest" ge 4.2; then
+        log "no CRIU 4.2 or later on $MIRROR (sid has: ${available:-nothing}); set BULKHEAD_DEBIAN_MIRROR to a Debian mirror with CRIU >= 4.2 in sid"
+        exit 1
+    fi
+    log "CRIU $DEB_VERSION is no longer on $MIRROR (sid); building $newest, the newest it has"
+    DEB_VERSION=$newest
+fi
+VERSION=${DEB_VERSION#*:}
+VERSION=${VERSION%-*}
+log "fetching the CRIU $VERSION source from $MIRROR (sid, signature-checked by apt)"
 # The .dsc and .debian.tar.xz may 404 on the mirror; the verified orig tarball is what we need.
 (cd "$WORK" && apt-get "${A[@]}" source --download-only "criu=$DEB_VERSION" >&2) || true
 TARBALL="$WORK/criu_$VERSION.orig.tar.gz"

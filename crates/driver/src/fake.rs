@@ -129,6 +129,8 @@ pub struct FakeDriver {
     pub restores_started: AtomicI32,
     /// How long `restore` takes (to let tests overlap concurrent resumes).
     pub restore_delay: Mutex<std::time::Duration>,
+    /// How long `checkpoint` takes (to let tests act while a pause is in flight).
+    pub checkpoint_delay: Mutex<std::time::Duration>,
     /// How long `start` takes (to let tests overlap concurrent creates).
     pub start_delay: Mutex<std::time::Duration>,
     /// What [`Driver::checkpoint_key`] answers (a test changes it to stand for a new agent).
@@ -168,6 +170,7 @@ impl FakeDriver {
             restores: AtomicI32::new(0),
             restores_started: AtomicI32::new(0),
             restore_delay: Mutex::default(),
+            checkpoint_delay: Mutex::default(),
             start_delay: Mutex::default(),
             checkpoint_key: Mutex::new(Some("fake-agent-1".into())),
             old_agent: std::sync::atomic::AtomicBool::new(false),
@@ -562,6 +565,10 @@ impl Driver for FakeDriver {
     ) -> Result<CheckpointInfo, DriverError> {
         if let Some(fail) = *self.fail_checkpoint.lock().unwrap() {
             return Err(fail());
+        }
+        let delay = *self.checkpoint_delay.lock().unwrap();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
         if !self.live(h) {
             return Err(DriverError::NotRunning);

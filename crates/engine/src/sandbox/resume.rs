@@ -23,6 +23,8 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// How long a request waits for another request's resume of the same sandbox.
 const COALESCE_WAIT: Duration = Duration::from_secs(300);
+/// How long a connect or resume waits for a pause or snapshot in flight to finish.
+const PAUSE_WAIT: Duration = Duration::from_secs(120);
 
 impl Engine {
     /// The older `POST /sandboxes/{id}/resume`: a running sandbox is a 409 (as E2B).
@@ -65,6 +67,16 @@ impl Engine {
                         .wait_while(nid, SandboxState::Resuming, COALESCE_WAIT)
                         .await;
                     op = Operation::Connect;
+                }
+                Err(EngineError::Refused {
+                    reason:
+                        Refusal::Busy(busy @ (SandboxState::Pausing | SandboxState::Snapshotting)),
+                    ..
+                }) => {
+                    // E2B: a connect (or resume) right after a pause waits for the pause and
+                    // then resumes, rather than answering that the sandbox is busy.
+                    let nid = ids::normalize_sandbox_id(id);
+                    self.live.wait_while(nid, busy, PAUSE_WAIT).await;
                 }
                 Err(e) => return Err(e),
             }

@@ -279,6 +279,28 @@ async fn concurrent_resumes_coalesce_into_one_restore() {
     assert_eq!(s.driver.restores.load(Ordering::SeqCst), 1);
 }
 
+/// E2B: `pause()` then at once `Sandbox.connect()` (from another client): the connect waits
+/// for the pause and resumes the sandbox, instead of answering that it is busy.
+#[tokio::test]
+async fn a_connect_during_a_pause_waits_for_it_then_resumes() {
+    let s = setup().await;
+    let sb = s.base().await;
+    let pid = s.pid(&sb.id).await;
+    s.driver.set_var(pid, "x", "kept");
+    *s.driver.checkpoint_delay.lock().unwrap() = Duration::from_millis(300);
+    let connect = async {
+        // Once the pause is in flight.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.engine.connect(&s.owner, &sb.id, resume()).await
+    };
+    let (paused, connected) = tokio::join!(s.engine.pause(&s.owner, &sb.id, true), connect);
+    paused.unwrap();
+    let (info, resumed) = connected.expect("the connect waited for the pause");
+    assert!(resumed, "it resumed the paused sandbox (E2B: 201)");
+    assert_eq!(info.state, "running");
+    assert_eq!(s.driver.restores.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test]
 async fn on_timeout_pause_pauses_at_the_ttl_and_connect_resumes() {
     let s = setup().await;
