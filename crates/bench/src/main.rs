@@ -1,11 +1,14 @@
 //! `bulkhead-bench`: create→first-command latency through the HTTP API of a running server
 //! (sequential and a concurrent burst), against baselines measured in the same run: the same
 //! command run bare on the host and under bubblewrap over the same template rootfs. With
-//! `--mode persistence`: pause, resume, fork and create-from-snapshot ([`persist`]).
+//! `--mode persistence`: pause, resume, fork and create-from-snapshot ([`persist`]). With
+//! `--mode cluster`: the control plane's scaling over fake nodes, in process ([`cluster`]).
 //!
 //! A measuring tool, not part of the product: it ships apart from the `bulkhead` binary and
-//! talks to the server only through its HTTP API (the client of `bulkhead_cli`).
+//! talks to the server only through its HTTP API (the client of `bulkhead_cli`), except in
+//! `--mode cluster`, which runs the engine itself.
 
+mod cluster;
 mod cpu;
 mod persist;
 mod stats;
@@ -49,10 +52,13 @@ struct BenchArgs {
     image_cache: PathBuf,
     #[arg(long, default_value = "base")]
     template: String,
-    /// `create` (create→first command, with host and bwrap baselines) or `persistence`
-    /// (pause, resume, fork, create from a snapshot; against a cold create in the same run).
+    /// `create` (create→first command, with host and bwrap baselines), `persistence`
+    /// (pause, resume, fork, create from a snapshot; against a cold create in the same run) or
+    /// `cluster` (the control plane over fake nodes, in this process; no server needed).
     #[arg(long, value_enum, default_value_t = Mode::Create)]
     mode: Mode,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Pid of the server, for the CPU-per-create breakdown; default: the process listening on
     /// the API URL's port (the server must run on this machine).
     #[arg(long)]
@@ -70,6 +76,42 @@ struct BenchArgs {
 enum Mode {
     Create,
     Persistence,
+    Cluster,
+}
+
+/// The flags of `--mode cluster`.
+#[derive(clap::Args, Debug)]
+struct ClusterArgs {
+    /// Nodes of the larger cluster, measured against 1.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// Offered creates per second (Poisson arrivals). A node absorbs max-starting ÷ start
+    /// time (60/s with the defaults); with random arrivals a cluster reaches that only when
+    /// offered several times more (a create arriving while every slot starts is refused), so
+    /// the default is 10× one node and 3.3× three.
+    #[arg(long, default_value_t = 600.0)]
+    rate: f64,
+    /// How long creates arrive, on each cluster size.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// How long a fake node's start takes (a sleep, no CPU).
+    #[arg(long, default_value_t = 50)]
+    start_ms: u64,
+    /// Starts a fake node runs at once; one more is refused for capacity.
+    #[arg(long, default_value_t = 3)]
+    max_starting: u32,
+    /// Creates held on the equal nodes to measure the spread.
+    #[arg(long, default_value_t = 300)]
+    spread: usize,
+    /// Creates with one node draining, and again with one node full.
+    #[arg(long, default_value_t = 60)]
+    probes: usize,
+    /// PostgreSQL URL for the store; default: SQLite in a temporary directory.
+    #[arg(long, env = "BULKHEAD_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Exit non-zero when a target is missed.
+    #[arg(long)]
+    check: bool,
 }
 
 const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -103,6 +145,24 @@ fn main() -> ExitCode {
 }
 
 async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.mode == Mode::Cluster {
+        let c = &args.cluster;
+        anyhow::ensure!(
+            c.seconds.is_finite() && c.seconds > 0.0,
+            "--seconds must be positive"
+        );
+        let cfg = cluster::Config {
+            nodes: c.nodes,
+            start: Duration::from_millis(c.start_ms),
+            max_starting: c.max_starting,
+            rate: c.rate,
+            duration: Duration::from_secs_f64(c.seconds),
+            spread: c.spread,
+            probes: c.probes,
+            database_url: c.database_url.clone(),
+        };
+        return cluster::run(cfg, c.check).await;
+    }
     let client = Arc::new(args.client.client()?);
     if args.mode == Mode::Persistence {
         return persist::run(&client, args.n).await;
