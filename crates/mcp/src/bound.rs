@@ -120,6 +120,14 @@ impl HttpService {
         let resp = self.inner.handle(req).await;
         if closing && resp.status().is_success() {
             self.owners.forget(&id);
+            // rmcp answers 202; the official clients take only 200 or 204 for a session that
+            // ended ("Session termination failed: 202" otherwise). Nothing else comes with it.
+            if resp.status() == http::StatusCode::ACCEPTED {
+                return http::Response::builder()
+                    .status(http::StatusCode::NO_CONTENT)
+                    .body(Full::new(Bytes::new()).boxed())
+                    .expect("a static response is valid");
+            }
         }
         resp
     }
@@ -298,7 +306,11 @@ mod tests {
             send(&s.service, http::Method::POST, &s.a, Some(&id), LIST_TOOLS).await;
         assert_eq!(status, http::StatusCode::OK);
         let (status, _, _) = send(&s.service, http::Method::DELETE, &s.a, Some(&id), "").await;
-        assert!(status.is_success(), "{status}");
+        assert_eq!(
+            status,
+            http::StatusCode::NO_CONTENT,
+            "what the official clients take"
+        );
         let (status, _, _) =
             send(&s.service, http::Method::POST, &s.a, Some(&id), LIST_TOOLS).await;
         assert_eq!(status, http::StatusCode::NOT_FOUND);
