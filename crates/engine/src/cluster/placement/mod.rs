@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use rand::Rng;
-use rand::seq::IteratorRandom;
+use rand::seq::{IteratorRandom, SliceRandom};
 
 #[cfg(test)]
 mod tests;
@@ -205,8 +205,11 @@ impl<'a> Placer<'a> {
         let fits = open
             .into_iter()
             .filter_map(|n| n.score(req, cfg).map(|s| (s, n)));
-        let best = fits
-            .choose_multiple(rng, cfg.k.max(1))
+        // The sample comes in the nodes' order; shuffled, a tie goes to a random one of them
+        // (idle nodes score alike, and the first would otherwise take every sandbox).
+        let mut sample = fits.choose_multiple(rng, cfg.k.max(1));
+        sample.shuffle(rng);
+        let best = sample
             .into_iter()
             .min_by(|a, b| a.0.total_cmp(&b.0))
             .map(|(_, n)| n);

@@ -171,6 +171,28 @@ fn a_refusal_moves_on_without_counting_and_failures_give_up_after_three() {
 
 /// A node failed and the only other is full: capacity is what stops the create (503, which
 /// clients retry), not the failed node's error.
+/// Idle nodes score alike: the tie goes to a random one, not always the first listed.
+#[test]
+fn a_tie_between_idle_nodes_is_broken_at_random() {
+    let cfg = PlacementConfig::default();
+    let r = req();
+    let nodes = [node("a"), node("b")];
+    let mut firsts = BTreeMap::new();
+    for seed in 0..200 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let id = Placer::new(&cfg, &nodes, &r)
+            .next(&mut rng)
+            .unwrap()
+            .id
+            .clone();
+        *firsts.entry(id).or_insert(0) += 1;
+    }
+    assert!(
+        firsts.get("a").copied().unwrap_or(0) > 60 && firsts.get("b").copied().unwrap_or(0) > 60,
+        "{firsts:?}"
+    );
+}
+
 #[test]
 fn a_failure_then_only_full_nodes_is_a_capacity_answer() {
     let cfg = PlacementConfig::default();
