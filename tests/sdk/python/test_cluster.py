@@ -57,8 +57,18 @@ class Node:
 DEADLINE_GRACE_S = 3
 
 
-def start_node(name: str, index: int, db_url: str, token: str, key_file: Path, root: Path | None = None) -> Node:
-    """Starts node `name`; with `root`, again on the data dir of its previous process."""
+def start_node(
+    name: str,
+    index: int,
+    db_url: str,
+    token: str,
+    key_file: Path,
+    root: Path | None = None,
+    listen_port: int | None = None,
+    advertise: str | None = None,
+) -> Node:
+    """Starts node `name`; with `root`, again on the data dir of its previous process; with
+    `advertise`, reached by the API there (a forwarder in front of `listen_port`)."""
     binary = os.environ.get("BULKHEAD_BIN", str(REPO / "target" / "debug" / "bulkhead"))
     image_cache = os.environ.get("BULKHEAD_IMAGE_CACHE", "/var/cache/bulkhead/images")
     if root is None:
@@ -74,7 +84,8 @@ def start_node(name: str, index: int, db_url: str, token: str, key_file: Path, r
         binary,
         "node",
         "--listen",
-        f"127.0.0.1:{free_port()}",
+        f"127.0.0.1:{listen_port or free_port()}",
+        *(["--advertise", advertise] if advertise else []),
         "--data-dir",
         str(root / "data"),
         "--database-url",
@@ -282,16 +293,16 @@ def get_status(api, sandbox_id: str) -> int:
     return http("GET", f"{api.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api.api_key}).status
 
 
-def sandbox_on(api, node: str, timeout: int = 120):
+def sandbox_on(api, node: str, timeout: int = 120, tries: int = 12):
     """A new sandbox placed on `node` (others made on the way are killed)."""
     from e2b import Sandbox
 
-    for _ in range(12):
+    for _ in range(tries):
         sbx = Sandbox.create(TEMPLATE, timeout=timeout)
         if client_of(api, sbx.sandbox_id) == node:
             return sbx
         sbx.kill()
-    raise AssertionError(f"no sandbox landed on {node} in 12 creates")
+    raise AssertionError(f"no sandbox landed on {node} in {tries} creates")
 
 
 def test_a_killed_node_s_sandboxes_are_gone_and_it_stops_them_when_it_returns(cluster):
@@ -588,3 +599,139 @@ def test_creates_resume_after_postgresql_restarts_and_nothing_is_lost(cluster):
         assert {k: v[1] for k, v in status.items()} == epochs, (epochs, status)
     finally:
         kept.kill()
+
+
+class Link:
+    """A TCP forwarder standing for a node's network link: `cut()` stops it like a pulled cable
+    (nothing passes either way, new connections hang, nobody is told), `restore()` brings it
+    back (connections from before the cut are closed then, as a long outage leaves them)."""
+
+    def __init__(self, target_port: int):
+        import socket
+        import threading
+
+        self.target = ("127.0.0.1", target_port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.up = threading.Event()
+        self.up.set()
+        self.lock = threading.Lock()
+        self.sockets: list = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.sockets.append(client)
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client):
+        import socket
+        import threading
+
+        self.up.wait()  # a connection made during the cut hangs
+        try:
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            client.close()
+            return
+        with self.lock:
+            self.sockets.append(upstream)
+        for a, b in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                self.up.wait()  # held, not delivered, while cut
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(2)
+            except OSError:
+                pass
+
+    def cut(self):
+        self.up.clear()
+
+    def restore(self):
+        with self.lock:
+            old, self.sockets = self.sockets, []
+        for s in old:
+            try:
+                s.close()
+            except OSError:
+                pass
+        self.up.set()
+
+    def close(self):
+        self.closed = True
+        self.restore()
+        self.listener.close()
+
+
+def test_a_partitioned_node_loses_its_sandboxes_and_stops_them_within_a_heartbeat_of_its_return(cluster):
+    """A third node reached only through forwarders (to it, and from it to PostgreSQL) is cut
+    off for 30 s: it is declared dead and its sandbox reported gone while it runs on there
+    unseen (no copy of it runs anywhere else); when the link comes back the node registers
+    again and stops it within about a heartbeat."""
+    from urllib.parse import urlparse
+
+    api, nodes, db_url, (token, key_file) = cluster
+    pg_port = urlparse(PG).port or 5432
+    node_port = free_port()
+    to_node, to_db = Link(node_port), Link(pg_port)
+    n3 = start_node(
+        "n3",
+        2,
+        db_url.replace(f":{pg_port}/", f":{to_db.port}/", 1),
+        token,
+        key_file,
+        listen_port=node_port,
+        advertise=f"http://127.0.0.1:{to_node.port}",
+    )
+    nodes.append(n3)
+    try:
+        assert wait_until(lambda: node_status(db_url).get("n3", ("", 0))[0] == "ready", timeout=120, interval=0.5), n3.log.read_text()[-3000:]
+        sbx = sandbox_on(api, "n3", timeout=600, tries=40)
+        assert sbx.commands.run("echo reachable").stdout.strip() == "reachable"
+        pid = handle_pid(db_url, sbx.sandbox_id)
+        t_cut = time.monotonic()
+        to_node.cut()
+        to_db.cut()
+        assert wait_until(lambda: node_status(db_url)["n3"][0] == "dead", timeout=15, interval=0.2), node_status(db_url)
+        assert wait_until(lambda: get_status(api, sbx.sandbox_id) == 404, timeout=5, interval=0.2)
+        print(f"partition: n3 dead and its sandbox gone {time.monotonic() - t_cut:.1f} s after the cut")
+        while time.monotonic() - t_cut < 30:
+            # It runs on where nobody can reach it, and nowhere else.
+            assert Path(f"/proc/{pid}").exists()
+            assert psql(db_url, f"SELECT count(*) FROM sandboxes WHERE id = '{sbx.sandbox_id}' AND state <> 'dead'") == "0"
+            time.sleep(2)
+        t_back = time.monotonic()
+        to_db.restore()
+        to_node.restore()
+        assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=15, interval=0.1), n3.log.read_text()[-3000:]
+        took = time.monotonic() - t_back
+        print(f"link back: n3 stopped the sandbox the cluster gave up on {took:.1f} s later")
+        assert took <= 5, took
+        assert wait_until(lambda: node_status(db_url)["n3"][0] == "ready", timeout=15, interval=0.2), node_status(db_url)
+    finally:
+        to_db.restore()
+        to_node.restore()
+        stop_node(n3)
+        nodes.remove(n3)
+        to_node.close()
+        to_db.close()
