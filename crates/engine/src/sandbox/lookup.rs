@@ -164,6 +164,7 @@ impl Engine {
             started_after: req.started_after.map(|d| d.timestamp_millis()),
             owner_key_id: None,
             team_id: Some(caller.team_id.clone()),
+            owner_replica: None,
         };
         let limit = req.limit.unwrap_or(100).clamp(1, 100);
         let after = page_after(req.next_token.as_deref())?;
