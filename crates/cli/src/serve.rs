@@ -395,6 +395,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 pub(crate) struct Replica {
     pub(crate) token: String,
     pub(crate) name: String,
+    /// The URL the other replicas forward requests to.
+    pub(crate) advertise: String,
 }
 
 /// `serve`, or with `replica` an API replica of a cluster (the engine over the nodes in the
@@ -422,7 +424,11 @@ pub(crate) async fn run_as(args: ServeArgs, replica: Option<Replica>) -> anyhow:
     let templates = build_templates(&prepared).await?;
     let server = match replica {
         None => prepared.start(templates).await?,
-        Some(r) => prepared.start_cluster(templates, r.token, r.name).await?,
+        Some(r) => {
+            prepared
+                .start_cluster(templates, r.token, r.name, r.advertise)
+                .await?
+        }
     };
     if server.readopted > 0 {
         eprintln!(

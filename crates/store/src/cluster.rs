@@ -202,3 +202,11 @@ impl ReplicaRow {
         self.heartbeat_at >= now_ms.saturating_sub(ms)
     }
 }
+
+/// A sandbox's owner and state ([`crate::Store::sandbox_owners`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxOwner {
+    pub id: String,
+    pub owner_replica: Option<String>,
+    pub state: crate::SandboxState,
+}

@@ -312,7 +312,8 @@ mod sql;
 mod tenancy;
 pub use cluster::{
     LeaseEpoch, LeaseRow, LostSandbox, NODE_HEALTH_LEASE, NODE_LOST, NodeRow, NodeSandbox,
-    NodeStatus, NodeTransition, ReplicaRow, ReportedStatus, StaleReason, SweepOutcome,
+    NodeStatus, NodeTransition, ReplicaRow, ReportedStatus, SandboxOwner, StaleReason,
+    SweepOutcome,
 };
 pub use idempotency::{ClaimOutcome, IdempotencyClaim, IdempotencyRow};
 pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};

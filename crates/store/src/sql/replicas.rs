@@ -13,7 +13,7 @@ use sqlx::{AssertSqlSafe, Row};
 use super::Store;
 use super::leases::{duration_ms, epoch_from_db, epoch_to_db};
 use super::rows::{SANDBOX_COLUMNS, sandbox_from_row};
-use crate::{ReplicaRow, Result, SandboxRow, SandboxState, StoreError};
+use crate::{ReplicaRow, Result, SandboxOwner, SandboxRow, SandboxState, StoreError};
 
 const REPLICA_COLUMNS: &str = "id, addr, epoch, heartbeat_at";
 
@@ -155,5 +155,37 @@ impl Store {
         }
         taken.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(taken)
+    }
+
+    /// Who drives each of `ids` and in which state the store has it (ids with no row are left
+    /// out): a replica checks its live set against it.
+    pub async fn sandbox_owners(&self, ids: &[String]) -> Result<Vec<SandboxOwner>> {
+        let mut out = Vec::with_capacity(ids.len());
+        // Bounded IN lists: SQLite allows 32 766 parameters, PostgreSQL 65 535.
+        for chunk in ids.chunks(500) {
+            let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+            let sql = format!(
+                "SELECT id, owner_replica, state FROM sandboxes WHERE id IN ({})",
+                marks.join(", ")
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for id in chunk {
+                query = query.bind(id.as_str());
+            }
+            for row in query.fetch_all(&self.pool).await? {
+                let id: String = row.try_get("id")?;
+                let state: String = row.try_get("state")?;
+                let state = SandboxState::parse(&state).ok_or_else(|| {
+                    StoreError::Corrupt(format!("sandbox {id}: unknown state {state:?}"))
+                })?;
+                out.push(SandboxOwner {
+                    owner_replica: row.try_get("owner_replica")?,
+                    state,
+                    id,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
     }
 }

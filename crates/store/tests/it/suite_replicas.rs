@@ -139,6 +139,20 @@ pub async fn replicas_take_over_only_from_silent_owners(h: &Harness) {
         let row = s.get_sandbox(id).await.unwrap().unwrap();
         assert_eq!(row.owner_replica.as_deref(), owner, "{id}");
     }
+    let owners = s
+        .sandbox_owners(&["sa3".into(), "nothing".into(), "sa1".into()])
+        .await
+        .unwrap();
+    assert_eq!(
+        owners
+            .iter()
+            .map(|o| (o.id.as_str(), o.owner_replica.as_deref(), o.state))
+            .collect::<Vec<_>>(),
+        [
+            ("sa1", Some("b"), SandboxState::Running),
+            ("sa3", Some("a"), SandboxState::Dead)
+        ]
+    );
     // A replica never takes from itself, even when it is silent.
     assert!(
         s.take_over_sandboxes("b", 60_000, DEAD, None)
