@@ -1,7 +1,7 @@
 //! Forwarding to the API replica that drives a sandbox (`bulkhead api` with several replicas):
 //! a request naming a sandbox — a REST route under `/sandboxes/{id}`, `/v2/sandboxes/{id}` or
 //! `/bulkhead/v1/sandboxes/{id}`, or sandbox traffic addressed by E2B's headers or Host — that
-//! [`Engine::route`] sends to another replica is passed on whole: the same method, path, query
+//! [`Engine::locate`] sends to another replica is passed on whole: the same method, path, query
 //! and headers (Host included, so the owner routes it the same way), both bodies streamed.
 //! Everything else, and everything under `bulkhead serve`, goes on unchanged. The decision is
 //! the engine's; this layer only carries the bytes.
@@ -51,7 +51,7 @@ pub async fn to_owner(State(st): State<AppState>, req: Request, next: Next) -> R
     let Some(id) = sandbox_of(&req) else {
         return next.run(req).await;
     };
-    match st.engine.route(&id).await {
+    match st.engine.locate(&id).await {
         Ok(Route::Here) => next.run(req).await,
         Ok(Route::Owner { replica, addr }) => match send(&addr, req).await {
             Ok(answer) => answer,

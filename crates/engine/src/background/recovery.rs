@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::sandbox::lifecycle::SandboxState;
-use bulkhead_store::{PersistenceRow, SandboxFilter, SandboxRow};
+use bulkhead_store::{SandboxFilter, SandboxRow};
 
 use bulkhead_envd::protocol::{AgentInfo, MIN_AGENT_PROTOCOL_VERSION};
 
@@ -17,7 +17,7 @@ use crate::clock::now_ms;
 use crate::node::checkpoints;
 use crate::node::driver::DriverHandle;
 use crate::sandbox::live::{LiveExtra, Paused};
-use crate::types::{LifecyclePolicy, OnTimeout};
+use crate::types::OnTimeout;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
 
@@ -39,6 +39,17 @@ impl Engine {
     /// Re-adopt sandboxes that survived a server restart, mark the rest dead and reclaim any
     /// driver leftovers. Call once before serving.
     pub async fn recover(self: &Arc<Self>) -> Result<usize> {
+        if let Some(me) = &self.cfg.replica {
+            // A cluster's sandboxes from before API replicas registered (one replica drove
+            // them all) are this replica's to drive unless another one claims them first.
+            let claimed = self.store.claim_unowned_sandboxes(me).await?;
+            if claimed > 0 {
+                tracing::info!(
+                    sandboxes = claimed,
+                    "claimed sandboxes created before API replicas registered"
+                );
+            }
+        }
         let rows = self
             .store
             .list_sandboxes(
@@ -91,7 +102,7 @@ impl Engine {
         how: Adoption,
     ) -> Result<Option<DriverHandle>> {
         let persist = self.store.get_persistence(&row.id).await?;
-        let mut extra = live_extra(persist.as_ref());
+        let mut extra = LiveExtra::from_stored(persist.as_ref());
         let handle = row
             .driver_handle
             .as_deref()
@@ -279,22 +290,5 @@ impl Adoption {
             Adoption::Restart => "lost on restart",
             Adoption::TakeOver => "lost on take-over",
         }
-    }
-}
-
-/// The live set's persistence fields from the stored row (defaults for sandboxes created
-/// before persistence existed).
-fn live_extra(p: Option<&PersistenceRow>) -> LiveExtra {
-    let Some(p) = p else {
-        return LiveExtra::default();
-    };
-    LiveExtra {
-        lifecycle: LifecyclePolicy {
-            on_timeout: OnTimeout::parse(&p.on_timeout).unwrap_or_default(),
-            auto_resume: p.auto_resume,
-            pause_memory: p.pause_memory,
-        },
-        timeout_ms: p.timeout_ms,
-        paused: None,
     }
 }

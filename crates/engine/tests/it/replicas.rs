@@ -114,16 +114,16 @@ async fn the_creator_drives_a_sandbox_and_the_other_replica_routes_to_it() {
     assert_eq!(row.owner_replica.as_deref(), Some("a"));
 
     assert!(r.a.is_live(&id) && !r.b.is_live(&id));
-    assert_eq!(r.a.route(&id).await.unwrap(), Route::Here);
+    assert_eq!(r.a.locate(&id).await.unwrap(), Route::Here);
     // B forwards it to A (an `{id}-{client}` form names the same sandbox).
     let to_a = Route::Owner {
         replica: "a".into(),
         addr: "http://10.0.0.1:3000".into(),
     };
-    assert_eq!(r.b.route(&id).await.unwrap(), to_a);
-    assert_eq!(r.b.route(&format!("{id}-n1")).await.unwrap(), to_a);
+    assert_eq!(r.b.locate(&id).await.unwrap(), to_a);
+    assert_eq!(r.b.locate(&format!("{id}-n1")).await.unwrap(), to_a);
     // Unknown sandboxes are answered where asked (a 404 there).
-    assert_eq!(r.b.route("nosuchsandbox").await.unwrap(), Route::Here);
+    assert_eq!(r.b.locate("nosuchsandbox").await.unwrap(), Route::Here);
     // B's listing (from the store) shows A's sandbox as running, with its node.
     let page = r.b.list(&r.owner, &ListRequest::default()).await.unwrap();
     let listed: Vec<_> = page
@@ -141,7 +141,7 @@ async fn the_creator_drives_a_sandbox_and_the_other_replica_routes_to_it() {
     assert!(r.a.is_live(&id));
     // What B forwards, A does: the kill is A's.
     r.a.kill(&r.owner, &id).await.unwrap();
-    assert_eq!(r.b.route(&id).await.unwrap(), Route::Here);
+    assert_eq!(r.b.locate(&id).await.unwrap(), Route::Here);
 }
 
 #[tokio::test]
@@ -159,7 +159,7 @@ async fn a_silent_replicas_sandboxes_are_taken_over_once_and_driven_by_the_taker
     let rest = r.create_on_a().await;
     let (h_asked, h_rest) = (r.handle(&asked).await, r.handle(&rest).await);
     assert!(matches!(
-        r.b.route(&asked).await.unwrap(),
+        r.b.locate(&asked).await.unwrap(),
         Route::Owner { .. }
     ));
 
@@ -167,7 +167,7 @@ async fn a_silent_replicas_sandboxes_are_taken_over_once_and_driven_by_the_taker
     let silent = Instant::now();
     let taken = loop {
         mb.beat(now_ms()).await.unwrap();
-        if r.b.route(&asked).await.unwrap() == Route::Here {
+        if r.b.locate(&asked).await.unwrap() == Route::Here {
             break silent.elapsed();
         }
         assert!(
@@ -217,7 +217,7 @@ async fn a_silent_replicas_sandboxes_are_taken_over_once_and_driven_by_the_taker
     assert!(!r.a.is_live(&asked) && !r.a.is_live(&rest));
     assert!(r.runs(&h_asked) && r.runs(&h_rest));
     assert_eq!(
-        r.a.route(&asked).await.unwrap(),
+        r.a.locate(&asked).await.unwrap(),
         Route::Owner {
             replica: "b".into(),
             addr: "http://10.0.0.2:3000".into()

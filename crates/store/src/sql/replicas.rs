@@ -157,6 +157,21 @@ impl Store {
         Ok(taken)
     }
 
+    /// Makes replica `me` the owner of the cluster's sandboxes that have none: those a single
+    /// API replica created before replicas were registered (on a node, not ended). Returns
+    /// how many. Racing callers each get a share; a sandbox gets one owner.
+    pub async fn claim_unowned_sandboxes(&self, me: &str) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE sandboxes SET owner_replica = $1 \
+             WHERE owner_replica IS NULL AND node_id IS NOT NULL AND state <> $2",
+        )
+        .bind(me)
+        .bind(SandboxState::Dead.as_str())
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     /// Who drives each of `ids` and in which state the store has it (ids with no row are left
     /// out): a replica checks its live set against it.
     pub async fn sandbox_owners(&self, ids: &[String]) -> Result<Vec<SandboxOwner>> {

@@ -153,6 +153,19 @@ pub async fn replicas_take_over_only_from_silent_owners(h: &Harness) {
             ("sa3", Some("a"), SandboxState::Dead)
         ]
     );
+    // Sandboxes of a cluster from before replicas (on a node, no owner) go to the first
+    // replica that claims them; serve's (no node) and ended ones stay as they are.
+    let mut old = sandbox("old", 100);
+    old.node_id = Some("n1".into());
+    s.insert_sandbox(&old).await.unwrap();
+    assert_eq!(s.claim_unowned_sandboxes("b").await.unwrap(), 1);
+    assert_eq!(s.claim_unowned_sandboxes("a").await.unwrap(), 0);
+    let row = s.get_sandbox("old").await.unwrap().unwrap();
+    assert_eq!(row.owner_replica.as_deref(), Some("b"));
+    assert_eq!(
+        s.get_sandbox("plain").await.unwrap().unwrap().owner_replica,
+        None
+    );
     // A replica never takes from itself, even when it is silent.
     assert!(
         s.take_over_sandboxes("b", 60_000, DEAD, None)

@@ -24,7 +24,7 @@ pub enum Route {
 
 impl Engine {
     /// Where a request for sandbox `id` is answered (see the module doc).
-    pub async fn route(self: &Arc<Self>, id: &str) -> Result<Route, EngineError> {
+    pub async fn locate(self: &Arc<Self>, id: &str) -> Result<Route, EngineError> {
         let Some(me) = self.cfg.replica.as_deref() else {
             return Ok(Route::Here);
         };
