@@ -422,6 +422,7 @@ pub(crate) async fn run_as(args: ServeArgs, replica: Option<Replica>) -> anyhow:
     }
 
     let templates = build_templates(&prepared).await?;
+    let is_replica = replica.is_some();
     let server = match replica {
         None => prepared.start(templates).await?,
         Some(r) => {
@@ -439,7 +440,11 @@ pub(crate) async fn run_as(args: ServeArgs, replica: Option<Replica>) -> anyhow:
     let listener = server.bind().await?;
     eprintln!("Listening on http://{}", listener.local_addr()?);
     let served = server.serve_http(listener, shutdown_signal()).await;
-    if served.is_ok() {
+    if served.is_ok() && is_replica {
+        eprintln!(
+            "Shutting down; running sandboxes keep running and the other API replicas take them over."
+        );
+    } else if served.is_ok() {
         eprintln!(
             "Shutting down; running sandboxes keep running and are re-adopted on the next start."
         );

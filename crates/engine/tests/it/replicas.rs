@@ -231,3 +231,39 @@ async fn a_silent_replicas_sandboxes_are_taken_over_once_and_driven_by_the_taker
     let page = r.a.list(&r.owner, &ListRequest::default()).await.unwrap();
     assert!(page.items.is_empty(), "{:?}", page.items);
 }
+
+#[tokio::test]
+async fn a_paused_sandbox_taken_over_resumes_with_its_memory_through_the_taker() {
+    let r = replicas().await;
+    let mut ma = Membership::new(r.store.clone(), "a", "http://10.0.0.1:3000");
+    let mut mb = Membership::new(r.store.clone(), "b", "http://10.0.0.2:3000");
+    // A's heartbeat is already older than DEAD_AFTER once the sandbox is paused.
+    ma.beat(now_ms() - DEAD_AFTER.as_millis() as i64 + 300)
+        .await
+        .unwrap();
+    mb.beat(now_ms()).await.unwrap();
+    let id = r.create_on_a().await;
+    let h = r.handle(&id).await;
+    let i = usize::from(h.node.as_deref() != Some("n1"));
+    r.drivers[i].set_var(h.pid, "x", "42");
+    r.a.pause(&r.owner, &id, true).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    mb.beat(now_ms()).await.unwrap();
+    assert_eq!(r.b.take_over(None).await.unwrap(), 1);
+    assert!(r.b.is_live(&id));
+    assert_eq!(r.b.get(&r.owner, &id).await.unwrap().state, "paused");
+    let info =
+        r.b.resume(&r.owner, &id, bulkhead_engine::ResumeRequest::default())
+            .await
+            .unwrap();
+    assert_eq!(info.id, id);
+    let back = r.handle(&id).await;
+    assert_eq!(
+        back.node, h.node,
+        "resumed on the node holding its checkpoint"
+    );
+    assert_eq!(r.drivers[i].memory(back.pid).unwrap().vars["x"], "42");
+    r.b.kill(&r.owner, &id).await.unwrap();
+    assert!(!r.runs(&back));
+}
