@@ -2,7 +2,8 @@
 //! traffic to each sandbox's agent. Everything is on one port; a request goes to a sandbox when
 //! it carries `E2b-Sandbox-Id`/`E2b-Sandbox-Port` (or a `{port}-{id}.{domain}` Host), or is a
 //! signed `/files` URL; otherwise it is a control-plane call. Handlers only translate between
-//! the wire and [`bulkhead_engine::Engine`].
+//! the wire and [`bulkhead_engine::Engine`]; with several API replicas, a request for a sandbox
+//! another replica drives is forwarded there first (`forward`).
 
 mod changes;
 mod console;
@@ -10,6 +11,7 @@ mod control;
 mod docs;
 mod docs_page;
 mod error;
+mod forward;
 mod http;
 mod inspect;
 mod metrics;
@@ -92,6 +94,12 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             proxy::route_to_sandbox,
+        ))
+        // Before anything reads the sandbox: a request for one that another API replica
+        // drives is answered by that replica.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
         ))
         .layer(tower_http::catch_panic::CatchPanicLayer::new())
         .layer(axum::middleware::from_fn(metrics::count_responses))

@@ -104,6 +104,20 @@ fn target(st: &AppState, req: &Request) -> Result<Target, ApiError> {
     Ok(Target::ControlPlane)
 }
 
+/// The sandbox that sandbox traffic names by E2B's headers or its Host, if any (a signed
+/// `/files` URL names none: it is found by its signature among the live sandboxes).
+pub(crate) fn named_sandbox(req: &Request) -> Option<String> {
+    let h = req.headers();
+    if let Some(id) = h.get(HDR_ID).and_then(|v| v.to_str().ok()) {
+        return Some(id.trim().to_string());
+    }
+    let host = h
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().host())?;
+    sandbox_of_host(host)
+}
+
 /// The sandbox a `{port}-{sandboxID}.{domain}` host routes to (E2B's host scheme), as the
 /// routing proxy reads it; the listener's connection reserve asks the same question.
 pub fn sandbox_of_host(host: &str) -> Option<String> {
@@ -243,7 +257,7 @@ async fn forward(st: &AppState, id: String, port: u16, req: Request) -> Response
     }
 }
 
-const HOP_BY_HOP: &[&str] = &[
+pub(crate) const HOP_BY_HOP: &[&str] = &[
     "connection",
     "keep-alive",
     "proxy-connection",

@@ -13,9 +13,14 @@ use crate::serve::{Replica, ServeArgs, build_templates, init_logging, run_as, sh
 pub struct ApiArgs {
     #[command(flatten)]
     pub serve: ServeArgs,
-    /// This replica's name in the health sweep's lease (default: host name and process id).
+    /// This replica's name in the replicas table and the health sweep's lease (default: host
+    /// name, process id and start time).
     #[arg(long, env = "BULKHEAD_REPLICA_ID")]
     pub replica_id: Option<String>,
+    /// The URL the other API replicas forward requests for this one's sandboxes to; default:
+    /// `http://` and --listen.
+    #[arg(long, env = "BULKHEAD_API_ADVERTISE")]
+    pub advertise: Option<String>,
     /// The cluster's join secret (the same on every api and node).
     #[arg(
         long = "node-token",
@@ -100,11 +105,15 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<ExitCode> {
             chrono::Utc::now().timestamp_millis()
         )
     });
+    let advertise = args
+        .advertise
+        .unwrap_or_else(|| format!("http://{}", args.serve.listen));
     run_as(
         args.serve,
         Some(Replica {
             token: args.token,
             name,
+            advertise,
         }),
     )
     .await

@@ -395,6 +395,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 pub(crate) struct Replica {
     pub(crate) token: String,
     pub(crate) name: String,
+    /// The URL the other replicas forward requests to.
+    pub(crate) advertise: String,
 }
 
 /// `serve`, or with `replica` an API replica of a cluster (the engine over the nodes in the
@@ -420,9 +422,14 @@ pub(crate) async fn run_as(args: ServeArgs, replica: Option<Replica>) -> anyhow:
     }
 
     let templates = build_templates(&prepared).await?;
+    let is_replica = replica.is_some();
     let server = match replica {
         None => prepared.start(templates).await?,
-        Some(r) => prepared.start_cluster(templates, r.token, r.name).await?,
+        Some(r) => {
+            prepared
+                .start_cluster(templates, r.token, r.name, r.advertise)
+                .await?
+        }
     };
     if server.readopted > 0 {
         eprintln!(
@@ -433,7 +440,11 @@ pub(crate) async fn run_as(args: ServeArgs, replica: Option<Replica>) -> anyhow:
     let listener = server.bind().await?;
     eprintln!("Listening on http://{}", listener.local_addr()?);
     let served = server.serve_http(listener, shutdown_signal()).await;
-    if served.is_ok() {
+    if served.is_ok() && is_replica {
+        eprintln!(
+            "Shutting down; running sandboxes keep running and the other API replicas take them over."
+        );
+    } else if served.is_ok() {
         eprintln!(
             "Shutting down; running sandboxes keep running and are re-adopted on the next start."
         );

@@ -71,6 +71,10 @@ pub struct EngineConfig {
     pub registry: bulkhead_images::oci::RegistryConfig,
     /// Usage metering, prices and what happens when a team's credits run out.
     pub metering: MeteringConfig,
+    /// This API replica's id in the store's `replicas` table (`bulkhead api`): it owns the
+    /// sandboxes it creates and drives only what it owns (`cluster::replicas`). None under
+    /// `bulkhead serve`, where one process drives every sandbox.
+    pub replica: Option<String>,
 }
 
 /// Limits of a template build: each step's build sandbox gets the template's CPU and memory.
@@ -184,6 +188,7 @@ impl Default for EngineConfig {
             build_limits: BuildLimits::default(),
             registry: Default::default(),
             metering: MeteringConfig::default(),
+            replica: None,
         }
     }
 }

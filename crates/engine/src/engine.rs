@@ -47,6 +47,8 @@ pub struct Engine {
     pub(crate) builds: crate::template::types::TemplateBuilds,
     /// Per-team rate limits, creates in flight, key last-use and credit state (`tenancy`).
     pub(crate) tenants: crate::tenancy::state::Tenants,
+    /// Serialises take-over rounds of this API replica (`cluster::replicas`).
+    pub(crate) takeover: tokio::sync::Mutex<()>,
 }
 
 impl Engine {
@@ -89,6 +91,7 @@ impl Engine {
             volumes: Volumes::default(),
             builds: Default::default(),
             tenants: Default::default(),
+            takeover: tokio::sync::Mutex::new(()),
         })
     }
 

@@ -6,8 +6,9 @@
 //!   which the server then requires of every call).
 //! - **api** ([`Prepared::start_cluster`]): the engine over a `ClusterNode` whose members are
 //!   the nodes registered in the store, each reached by a `RemoteNode`; every replica also
-//!   takes part in the health sweep (one at a time, under the `node-health` lease) and pauses
-//!   what it drives on draining nodes (`drain`).
+//!   takes part in the health sweep (one at a time, under the `node-health` lease), pauses
+//!   what it drives on draining nodes (`drain`), and registers and heartbeats as one of the
+//!   API replicas, taking over the sandboxes of silent ones (`replica`).
 //!
 //! Paths on the wire are relative to a node's data directory: the API's template cache,
 //! checkpoints and built templates stand for `images/`, `checkpoints/` and `templates/` there,
@@ -20,8 +21,8 @@ use std::time::Duration;
 
 use bulkhead_engine::cluster::placement::PlacementConfig;
 use bulkhead_engine::cluster::{
-    Beat, ClusterNode, HealthConfig, HealthSweeper, Heartbeat, NodeReport, ReconcileConfig,
-    Reconciler, StoreDirectory, Sweep,
+    Beat, ClusterNode, HealthConfig, HealthSweeper, Heartbeat, Membership, NodeReport,
+    ReconcileConfig, Reconciler, StoreDirectory, Sweep,
 };
 use bulkhead_engine::{AgentPath, Engine, LocalNode, Node};
 use bulkhead_node::{NodeServer, PathMap, RemoteNode};
@@ -30,6 +31,7 @@ use tokio::task::JoinHandle;
 
 use crate::drain::Drainer;
 use crate::error::{ClusterError, StartError};
+use crate::replica::Replica;
 use crate::server::{BuiltTemplate, Prepared, Server};
 
 /// How often a node reports and a replica refreshes its view of the nodes.
@@ -121,12 +123,15 @@ impl Prepared {
         })
     }
 
-    /// Starts an API replica of a cluster: the engine over every node registered in the store.
+    /// Starts an API replica of a cluster: the engine over every node registered in the store,
+    /// driving the sandboxes it creates or takes over; the other replicas reach it at
+    /// `advertise`.
     pub async fn start_cluster(
         self,
         templates: Vec<BuiltTemplate>,
         token: String,
         replica: String,
+        advertise: String,
     ) -> Result<Server, StartError> {
         let config = self.config().clone();
         if self.store().backend() == "sqlite" && config.database_url.is_none() {
@@ -159,6 +164,9 @@ impl Prepared {
                 }
             })
         };
+        let membership = Replica::register(Membership::new(store.clone(), &replica, advertise))
+            .await
+            .map_err(ClusterError::from)?;
         let mut server = self
             .start_on(
                 templates,
@@ -166,6 +174,7 @@ impl Prepared {
                 cluster as Arc<dyn AgentPath>,
                 None,
                 vec![connector],
+                Some((replica.clone(), membership)),
             )
             .await?;
         let evacuation = tokio::spawn(crate::drain::evacuate_loop(
@@ -257,7 +266,8 @@ async fn heartbeat_loop(
 }
 
 /// Takes part in the health sweep; the sandboxes it finds lost with their nodes leave the
-/// engine's live set (the one replica of a cluster holds them all).
+/// engine's live set (those other replicas drive leave theirs at their next check,
+/// `Engine::release_taken`).
 async fn sweep_loop(mut sweeper: HealthSweeper, engine: Arc<Engine>) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     loop {

@@ -73,4 +73,6 @@ pub enum ClusterError {
     Paths(#[source] bulkhead_node::remote::PathMapError),
     #[error("registering this node in the store failed")]
     Register(#[source] bulkhead_store::StoreError),
+    #[error(transparent)]
+    Replica(#[from] bulkhead_engine::cluster::ReplicaError),
 }

@@ -16,6 +16,7 @@ mod listener;
 mod network;
 mod node_side;
 mod probe;
+mod replica;
 mod server;
 
 pub use cluster::{NodeDaemon, NodeSettings};

@@ -64,6 +64,8 @@ pub struct Server {
     connections: crate::ResolvedLimits,
     /// Sandboxes of the previous run that were re-adopted.
     pub readopted: usize,
+    /// An API replica of a cluster: retired at a clean stop.
+    replica: Option<crate::replica::Replica>,
 }
 
 impl Server {
@@ -183,6 +185,9 @@ impl Server {
         for t in &self.tasks {
             t.abort();
         }
+        if let Some(replica) = &self.replica {
+            replica.retire().await;
+        }
         self.engine.shutdown().await;
         if let Some(jail) = &self.jail {
             if let Err(e) = jail.prune_lowers() {
@@ -219,7 +224,7 @@ impl Prepared {
     pub async fn start(self, templates: Vec<BuiltTemplate>) -> Result<Server, StartError> {
         let crate::node_side::NodeSide { node, jail, .. } =
             crate::node_side::build(&self.config, &self.store)?;
-        self.start_on(templates, node.clone(), node, jail, Vec::new())
+        self.start_on(templates, node.clone(), node, jail, Vec::new(), None)
             .await
     }
 
@@ -232,6 +237,7 @@ impl Prepared {
         agents: Arc<dyn AgentPath>,
         jail: Option<Arc<JailDriver>>,
         tasks: Vec<JoinHandle<()>>,
+        replica: Option<(String, crate::replica::Replica)>,
     ) -> Result<Server, StartError> {
         let Prepared { config, store, .. } = self;
         let engine = Engine::with_node(
@@ -256,6 +262,7 @@ impl Prepared {
                 sandbox_domain: config.sandbox_domain.clone(),
                 registry: config.registry.clone(),
                 metering: config.metering,
+                replica: replica.as_ref().map(|(id, _)| id.clone()),
                 build_limits: bulkhead_engine::BuildLimits {
                     max_builds_per_team: config.max_builds_per_team,
                     ..Default::default()
@@ -304,6 +311,11 @@ impl Prepared {
             "client connection limits"
         );
         engine.start_background();
+        let mut tasks = tasks;
+        let replica = replica.map(|(_, r)| {
+            tasks.extend(r.start(engine.clone()));
+            r
+        });
         // The server owns its image cache; engines in tests share the default one and must
         // never collect it.
         engine.start_image_gc();
@@ -329,6 +341,7 @@ impl Prepared {
             listen: config.listen,
             connections,
             readopted,
+            replica,
         })
     }
 }

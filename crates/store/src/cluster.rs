@@ -181,3 +181,32 @@ impl LeaseRow {
         now_ms < self.expires_at
     }
 }
+
+/// An API replica as registered (the `replicas` table): it drives the sandboxes whose
+/// `owner_replica` is its id, and the others forward their requests to `addr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaRow {
+    pub id: String,
+    /// The URL the other replicas forward requests to (`http://host:port`).
+    pub addr: String,
+    /// +1 at every registration: a heartbeat of an older incarnation is refused.
+    pub epoch: u64,
+    /// Unix milliseconds of its last registration or accepted heartbeat.
+    pub heartbeat_at: i64,
+}
+
+impl ReplicaRow {
+    /// Whether it counts as running at `now_ms`: heard from within `dead_after`.
+    pub fn is_live_at(&self, now_ms: i64, dead_after: std::time::Duration) -> bool {
+        let ms = i64::try_from(dead_after.as_millis()).unwrap_or(i64::MAX);
+        self.heartbeat_at >= now_ms.saturating_sub(ms)
+    }
+}
+
+/// A sandbox's owner and state ([`crate::Store::sandbox_owners`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxOwner {
+    pub id: String,
+    pub owner_replica: Option<String>,
+    pub state: crate::SandboxState,
+}

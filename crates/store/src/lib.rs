@@ -69,6 +69,13 @@ pub enum StoreError {
         epoch: LeaseEpoch,
         current: Option<LeaseEpoch>,
     },
+    /// An API replica's heartbeat came too late (it was silent longer than `dead_after`, so
+    /// its sandboxes may have been taken over) or from an older incarnation: nothing was
+    /// written.
+    #[error(
+        "API replica {replica} (epoch {epoch}) must register again and give up the sandboxes other replicas took over"
+    )]
+    ReplicaStale { replica: String, epoch: u64 },
     /// A renewal of a lease that expired or changed hands: the caller no longer holds it.
     #[error("{holder} no longer holds the {lease} lease (epoch {epoch}): acquire it again")]
     LeaseLost {
@@ -188,6 +195,8 @@ pub struct SandboxRow {
     /// The cluster node it runs on (or, paused, whose disk holds its checkpoint); None on one
     /// machine.
     pub node_id: Option<String>,
+    /// The API replica that drives it (see the `replicas` table); None under `bulkhead serve`.
+    pub owner_replica: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -200,6 +209,8 @@ pub struct SandboxFilter {
     pub started_after: Option<i64>,
     pub owner_key_id: Option<String>,
     pub team_id: Option<String>,
+    /// Only sandboxes this API replica drives.
+    pub owner_replica: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -301,7 +312,8 @@ mod sql;
 mod tenancy;
 pub use cluster::{
     LeaseEpoch, LeaseRow, LostSandbox, NODE_HEALTH_LEASE, NODE_LOST, NodeRow, NodeSandbox,
-    NodeStatus, NodeTransition, ReportedStatus, StaleReason, SweepOutcome,
+    NodeStatus, NodeTransition, ReplicaRow, ReportedStatus, SandboxOwner, StaleReason,
+    SweepOutcome,
 };
 pub use idempotency::{ClaimOutcome, IdempotencyClaim, IdempotencyRow};
 pub use persistence::{PersistenceRow, SnapshotFilter, SnapshotRow};

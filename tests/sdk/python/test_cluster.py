@@ -735,3 +735,106 @@ def test_a_partitioned_node_loses_its_sandboxes_and_stops_them_within_a_heartbea
         nodes.remove(n3)
         to_node.close()
         to_db.close()
+
+
+class pointed_at:
+    """Points the SDK (E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY) at one API replica for a while."""
+
+    def __init__(self, api):
+        self.api, self.saved = api, {}
+
+    def __enter__(self):
+        for k, v in (("E2B_API_URL", self.api.url), ("E2B_SANDBOX_URL", self.api.url), ("E2B_API_KEY", self.api.api_key)):
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = v
+        return self.api
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def owner_of(db_url: str, sandbox_id: str) -> str:
+    return psql(db_url, f"SELECT owner_replica FROM sandboxes WHERE id = '{sandbox_id}'")
+
+
+def test_api_replicas_answer_for_each_other_and_take_over_a_killed_one(cluster):
+    """A second `bulkhead api` over the same database: each replica answers for the sandboxes
+    the other created (REST, commands and files are forwarded to the replica that drives the
+    sandbox), and when that replica is killed with `kill -9`, the other takes its sandboxes over
+    within about 6 s (5 s of silence, then at most a second) and drives them itself."""
+    from e2b import Sandbox
+
+    main, _, db_url, (token, key_file) = cluster
+    extra = BulkheadServer.start(
+        ["--templates", TEMPLATE, "--database-url", db_url, "--pool-size", "0", "--secrets-key-file", str(key_file)],
+        subcommand="api",
+        extra_env={"BULKHEAD_NODE_TOKEN": token},
+    )
+    created = []
+    try:
+        assert int(psql(db_url, "SELECT count(*) FROM replicas WHERE heartbeat_at > 0")) >= 2
+        with pointed_at(extra):
+            sbx = Sandbox.create(TEMPLATE, timeout=120)
+            created.append(sbx.sandbox_id)
+            other = Sandbox.create(TEMPLATE, timeout=120)
+            created.append(other.sandbox_id)
+            sbx.commands.run("echo made-on-extra > /tmp/where")
+        with pointed_at(main):
+            ours = Sandbox.create(TEMPLATE, timeout=120)
+            created.append(ours.sandbox_id)
+        extra_id = owner_of(db_url, sbx.sandbox_id)
+        assert extra_id and extra_id == owner_of(db_url, other.sandbox_id) != owner_of(db_url, ours.sandbox_id)
+
+        # Through the replica that did not create it: connect, commands, files, info, kill.
+        with pointed_at(main):
+            via_main = Sandbox.connect(sbx.sandbox_id)
+            assert via_main.commands.run("cat /tmp/where").stdout.strip() == "made-on-extra"
+            via_main.files.write("/tmp/from-main.txt", "hello through main")
+            assert via_main.files.read("/tmp/from-main.txt") == "hello through main"
+            streamed = []
+            via_main.commands.run("for i in 1 2 3; do echo line$i; sleep 0.2; done", on_stdout=lambda line: streamed.append(line.strip()))
+            assert streamed == ["line1", "line2", "line3"], streamed
+            assert info(main, sbx.sandbox_id)["state"] == "running"
+        with pointed_at(extra):
+            via_extra = Sandbox.connect(ours.sandbox_id)
+            assert via_extra.commands.run("echo ok").stdout.strip() == "ok"
+            Sandbox.kill(ours.sandbox_id)
+        assert get_status(main, ours.sandbox_id) == 404
+        created.remove(ours.sandbox_id)
+        # Nobody took anything over while both heartbeat.
+        assert owner_of(db_url, sbx.sandbox_id) == extra_id
+
+        # kill -9 of the replica that drives them: the other answers for them within ~6 s.
+        pids = {s: handle_pid(db_url, s) for s in (sbx.sandbox_id, other.sandbox_id)}
+        os.kill(extra.proc.pid, signal.SIGKILL)
+        extra.proc.wait()
+        t0 = time.monotonic()
+        assert wait_until(lambda: get_status(main, sbx.sandbox_id) == 200, timeout=15, interval=0.1), main.log_tail(40)
+        took = time.monotonic() - t0
+        print(f"replica killed: the other answered for its sandbox {took:.1f} s later")
+        assert took <= 7, took
+        # The other one is taken by the background round, without a request for it.
+        assert wait_until(lambda: owner_of(db_url, other.sandbox_id) != extra_id, timeout=3, interval=0.1)
+        for s, pid in pids.items():
+            assert Path(f"/proc/{pid}").exists(), f"sandbox {s} stopped with its replica"
+        with pointed_at(main):
+            again = Sandbox.connect(sbx.sandbox_id)
+            assert again.commands.run("cat /tmp/from-main.txt").stdout.strip() == "hello through main"
+            assert Sandbox.connect(other.sandbox_id).commands.run("echo alive").stdout.strip() == "alive"
+            for s in list(created):
+                Sandbox.kill(s)
+                created.remove(s)
+        for s, pid in pids.items():
+            assert get_status(main, s) == 404
+            assert wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=10, interval=0.2), f"sandbox {s} still runs"
+    finally:
+        for s in created:
+            http("DELETE", f"{main.url}/sandboxes/{s}", headers={"X-API-Key": main.api_key})
+        extra.stop()
+        if os.environ.get("BULKHEAD_TEST_LOG_DIR") and extra.log_path and extra.log_path.exists():
+            shutil.copy(extra.log_path, Path(os.environ["BULKHEAD_TEST_LOG_DIR"]) / "cluster-api-extra.log")
+        extra.cleanup_files()

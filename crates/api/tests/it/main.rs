@@ -10,4 +10,5 @@ mod idempotency;
 mod network;
 mod openapi;
 mod persistence;
+mod replicas;
 mod volumes;

@@ -124,7 +124,12 @@ impl Engine {
     /// After a restart: each re-adopted sandbox is metered on from its last record.
     pub(crate) async fn resume_metering(&self) -> Result<()> {
         let ids: Vec<String> = self.live.lock().keys().cloned().collect();
-        let until = self.store.metered_until(&ids).await?;
+        self.resume_metering_of(&ids).await
+    }
+
+    /// [`Self::resume_metering`] for sandboxes `ids` only (taken over from another replica).
+    pub(crate) async fn resume_metering_of(&self, ids: &[String]) -> Result<()> {
+        let until = self.store.metered_until(ids).await?;
         let mut live = self.live.lock();
         for (id, end) in until {
             if let Some(l) = live.get_mut(&id) {

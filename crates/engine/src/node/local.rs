@@ -170,7 +170,8 @@ impl Node for LocalNode {
     }
 
     async fn checkpoint_info(&self, dir: &Path) -> Option<CheckpointInfo> {
-        if let Some(info) = checkpoints::completed(dir) {
+        // Marked complete, by this node's driver (another driver's image is not one it restores).
+        if let Some(info) = checkpoints::completed(dir).filter(|i| i.driver == self.driver.name()) {
             return Some(info);
         }
         // The driver finished but its caller stopped before marking it: complete it now.

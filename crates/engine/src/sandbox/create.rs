@@ -349,6 +349,7 @@ impl Engine {
             end_reason: None,
             allow_internet: plan.allow_internet,
             node_id: handle.node.clone(),
+            owner_replica: self.cfg.replica.clone(),
             network: req
                 .network
                 .as_ref()

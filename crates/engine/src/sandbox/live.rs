@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::node::driver::DriverHandle;
 use crate::sandbox::lifecycle::{self, Operation, Refusal, SandboxState, Step};
 use crate::tenancy::metering::Meter;
-use crate::types::{LifecyclePolicy, Usage};
+use crate::types::{LifecyclePolicy, OnTimeout, Usage};
 
 pub(crate) struct Live {
     /// Where it is in its life; only [`lifecycle::transition`] decides the next one.
@@ -51,6 +51,25 @@ pub(crate) struct LiveExtra {
     pub(crate) timeout_ms: i64,
     /// Its checkpoint while it is paused.
     pub(crate) paused: Option<Paused>,
+}
+
+impl LiveExtra {
+    /// The fields as stored (defaults for sandboxes created before persistence existed); not
+    /// paused: the caller checks the checkpoint.
+    pub(crate) fn from_stored(p: Option<&bulkhead_store::PersistenceRow>) -> Self {
+        let Some(p) = p else {
+            return LiveExtra::default();
+        };
+        LiveExtra {
+            lifecycle: LifecyclePolicy {
+                on_timeout: OnTimeout::parse(&p.on_timeout).unwrap_or_default(),
+                auto_resume: p.auto_resume,
+                pause_memory: p.pause_memory,
+            },
+            timeout_ms: p.timeout_ms,
+            paused: None,
+        }
+    }
 }
 
 /// A completed pause: where the checkpoint is and what it kept.

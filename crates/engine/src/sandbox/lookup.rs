@@ -164,6 +164,7 @@ impl Engine {
             started_after: req.started_after.map(|d| d.timestamp_millis()),
             owner_key_id: None,
             team_id: Some(caller.team_id.clone()),
+            owner_replica: None,
         };
         let limit = req.limit.unwrap_or(100).clamp(1, 100);
         let after = page_after(req.next_token.as_deref())?;
@@ -180,11 +181,30 @@ impl Engine {
                 ..Default::default()
             })
             .await?;
+        let mut items = Vec::with_capacity(rows.len());
+        for row in &rows {
+            items.push(self.listed_info(row).await?);
+        }
         Ok(ListPage {
-            items: rows.iter().map(|r| self.info_from_row(r)).collect(),
+            items,
             next_token,
             total_running,
         })
+    }
+
+    /// A listed sandbox: from the live set when this engine drives it, else (another API
+    /// replica drives it) with its lifecycle and checkpoint as the store has them.
+    async fn listed_info(&self, row: &SandboxRow) -> Result<SandboxInfo> {
+        let mut info = self.info_from_row(row);
+        if self.cfg.replica.is_none() || self.live.lock().contains_key(&row.id) {
+            return Ok(info);
+        }
+        let persist = self.store.get_persistence(&row.id).await?;
+        info.lifecycle = LiveExtra::from_stored(persist.as_ref()).lifecycle;
+        info.pause_memory = persist
+            .filter(|p| p.checkpoint_dir.is_some())
+            .map(|p| p.checkpoint_memory);
+        Ok(info)
     }
 
     /// Every page of a listing (the deprecated v1 list returns them all at once).

@@ -145,6 +145,16 @@ pub(crate) async fn attach_link(
         .map_err(EngineError::network(op))
 }
 
+/// Whether a sandbox as stored has an egress link (its network lets anything out).
+pub(crate) fn has_link(row: &SandboxRow) -> bool {
+    let net: SandboxNetwork = row
+        .network
+        .as_deref()
+        .and_then(|n| serde_json::from_str(n).ok())
+        .unwrap_or_default();
+    network::egress_allowed(&net.policy(row.allow_internet, &row.team_id))
+}
+
 pub(crate) async fn reattach_after_restart(
     engine: &Engine,
     row: &SandboxRow,

@@ -10,4 +10,5 @@ mod network;
 mod persistence;
 mod pool_source;
 mod protocol;
+mod replicas;
 mod teams;

@@ -54,6 +54,10 @@ const FILES: &[(&str, &str)] = &[
         "20261202000100_idempotency_keys.sql",
         include_str!("../../migrations/20261202000100_idempotency_keys.sql"),
     ),
+    (
+        "20261202000300_replicas.sql",
+        include_str!("../../migrations/20261202000300_replicas.sql"),
+    ),
 ];
 
 /// `<version>_<description>.sql` → a migration, as sqlx names one.

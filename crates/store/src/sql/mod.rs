@@ -18,6 +18,7 @@ mod node_sandboxes;
 mod nodes;
 mod persistence;
 mod query;
+mod replicas;
 mod rows;
 mod sandboxes;
 mod secrets;

@@ -10,7 +10,7 @@ use crate::{ApiKeyRow, EgressEventRow, Result, SandboxRow, SandboxState, StoreEr
 
 pub(super) const SANDBOX_COLUMNS: &str = "id, template_id, alias, state, owner_key_id, \
      team_id, metadata, env_vars, envd_access_token, cpu_count, memory_mb, disk_size_mb, started_at, \
-     end_at, driver_handle, end_reason, allow_internet, network, node_id";
+     end_at, driver_handle, end_reason, allow_internet, network, node_id, owner_replica";
 
 pub(super) const EGRESS_EVENT_COLUMNS: &str =
     "sandbox_id, at, protocol, host, ip, port, allowed, rule, bytes_out, bytes_in";
@@ -73,6 +73,7 @@ pub(super) fn sandbox_from_row(row: &AnyRow) -> Result<SandboxRow> {
         allow_internet: row.try_get::<i64, _>("allow_internet")? != 0,
         network: row.try_get("network")?,
         node_id: row.try_get("node_id")?,
+        owner_replica: row.try_get("owner_replica")?,
         id,
     })
 }

@@ -17,7 +17,7 @@ impl Store {
     pub async fn insert_sandbox(&self, sb: &SandboxRow) -> Result<()> {
         let sql = format!(
             "INSERT INTO sandboxes ({SANDBOX_COLUMNS}) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)"
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(sb.id.as_str())
@@ -39,6 +39,7 @@ impl Store {
             .bind(i64::from(sb.allow_internet))
             .bind(sb.network.as_deref())
             .bind(sb.node_id.as_deref())
+            .bind(sb.owner_replica.as_deref())
             .execute(&self.pool)
             .await
             .map_err(|e| conflict(e, || format!("Sandbox {}", sb.id)))?;
@@ -288,6 +289,10 @@ fn sandbox_where(filter: &SandboxFilter) -> Where {
     if let Some(team) = &filter.team_id {
         let p = w.placeholder(Bind::Text(team.clone()));
         w.push(format!("team_id = {p}"));
+    }
+    if let Some(replica) = &filter.owner_replica {
+        let p = w.placeholder(Bind::Text(replica.clone()));
+        w.push(format!("owner_replica = {p}"));
     }
     w
 }

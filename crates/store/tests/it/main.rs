@@ -8,6 +8,7 @@ mod suite;
 mod suite_idempotency;
 mod suite_nodes;
 mod suite_records;
+mod suite_replicas;
 mod suite_secrets;
 mod suite_teams;
 
@@ -68,6 +69,9 @@ store_tests!(
     leases_acquire_renew_expire,
     leases_race_has_one_winner,
     nodes_race_register,
+    replicas_register_and_heartbeat,
+    replicas_take_over_only_from_silent_owners,
+    replicas_takeover_race_has_one_winner,
     idempotency_claim_complete_and_mismatch,
     idempotency_release_and_abandoned_claims,
     idempotency_keys_expire,

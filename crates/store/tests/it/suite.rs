@@ -18,6 +18,10 @@ pub use crate::suite_records::{
     egress_events, persistence_roundtrip, sandbox_for_tests, sandbox_network_updates,
     snapshots_crud_and_pagination, volumes_crud,
 };
+pub use crate::suite_replicas::{
+    replicas_register_and_heartbeat, replicas_take_over_only_from_silent_owners,
+    replicas_takeover_race_has_one_winner,
+};
 pub use crate::suite_secrets::{
     secrets_crud, secrets_per_team, secrets_sealed_at_rest, secrets_wrong_key,
 };
@@ -64,6 +68,7 @@ pub(crate) fn sandbox(id: &str, started_at: i64) -> SandboxRow {
         allow_internet: false,
         network: None,
         node_id: None,
+        owner_replica: None,
     }
 }
 
@@ -359,6 +364,7 @@ pub async fn sandbox_filters_and_counts(h: &Harness) {
         template_id: Some("base".to_owned()),
         started_after: Some(0),
         team_id: Some("default".to_owned()),
+        owner_replica: None,
     };
     assert_eq!(
         ids(&s

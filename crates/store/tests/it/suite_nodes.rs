@@ -574,7 +574,7 @@ pub async fn leases_acquire_renew_expire(h: &Harness) {
 
 /// `per_store` tasks on each of `stores` stores (replicas, each with its own pool) run `f` at
 /// once; returns each task's result.
-async fn race<T, F, Fut>(h: &Harness, stores: usize, per_store: usize, f: F) -> Vec<T>
+pub(crate) async fn race<T, F, Fut>(h: &Harness, stores: usize, per_store: usize, f: F) -> Vec<T>
 where
     T: Send + 'static,
     F: Fn(Store, usize) -> Fut,
