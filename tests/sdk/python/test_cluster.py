@@ -293,7 +293,7 @@ def get_status(api, sandbox_id: str) -> int:
     return http("GET", f"{api.url}/sandboxes/{sandbox_id}", headers={"X-API-Key": api.api_key}).status
 
 
-def sandbox_on(api, node: str, timeout: int = 120, tries: int = 12):
+def sandbox_on(api, node: str, timeout: int = 120, tries: int = 30):
     """A new sandbox placed on `node` (others made on the way are killed)."""
     from e2b import Sandbox
 

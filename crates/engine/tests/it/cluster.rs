@@ -647,6 +647,33 @@ mod router {
         assert!(c.handle(&id).await.node.is_some());
     }
 
+    /// Warm stock pulls creates (they claim it) but not new pool members: were it a bonus for
+    /// them too, the node that has the pool would get every refill, and so every create.
+    #[tokio::test]
+    async fn pool_members_are_not_drawn_to_the_node_that_has_the_pool() {
+        let c = cluster().await;
+        let t = base_template();
+        let spec = SandboxSpec {
+            template_id: t.id.clone(),
+            rootfs: t.rootfs.clone(),
+            cpu_count: t.cpu_count,
+            memory_mb: t.memory_mb,
+            pids_max: t.pids_max,
+            disk_mb: 0,
+            volumes: Vec::new(),
+        };
+        let h = c.machines[0].local.start(&spec, true).await.unwrap();
+        c.machines[0].local.pool_put("base", h).await;
+        let mut on = BTreeMap::<String, usize>::new();
+        for _ in 0..30 {
+            let h = c.router.start(&spec, true).await.unwrap();
+            *on.entry(h.node.clone().unwrap()).or_default() += 1;
+            c.router.stop(&h).await.unwrap();
+        }
+        assert!(on.len() == 3, "refills went to every node: {on:?}");
+        assert!(on.get("n1").copied().unwrap_or(0) < 20, "{on:?}");
+    }
+
     #[tokio::test]
     async fn a_handle_of_an_unknown_node_is_gone() {
         let c = cluster().await;

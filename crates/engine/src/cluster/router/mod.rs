@@ -91,6 +91,10 @@ struct Route {
 #[derive(Clone, Copy)]
 enum Scope<'a> {
     Any,
+    /// Any, for a warm pool member: a node's warm stock is no reason to add to it (each
+    /// claim takes from the node with stock, so pools that follow their stock end up on one
+    /// node, which then takes every create).
+    Pool,
     /// Only this one: it holds the checkpoint to restore.
     Holder(&'a str),
 }
@@ -206,8 +210,14 @@ impl ClusterNode {
         for _ in 0..=MAX_LOST {
             let members = self.current().await;
             let mut loads = self.loads(&members);
-            if let Scope::Holder(id) = scope {
-                loads.retain(|l| l.id == id);
+            match scope {
+                Scope::Holder(id) => loads.retain(|l| l.id == id),
+                Scope::Pool => {
+                    for l in &mut loads {
+                        l.warm.remove(&req.template);
+                    }
+                }
+                Scope::Any => {}
             }
             let mut placer = Placer::new(&self.cfg, &loads, req);
             loop {
@@ -423,10 +433,12 @@ fn gave_up(e: PlacementError, scope: &Scope<'_>, last_failure: Option<DriverErro
             "node {id}, which holds its checkpoint, is full, draining or unreachable; try again \
              shortly (resuming on another node is not supported yet)"
         ),
-        (PlacementError::NoCompatibleNode, Scope::Any) => "no ready node can run it (it needs \
+        (PlacementError::NoCompatibleNode, Scope::Any | Scope::Pool) => {
+            "no ready node can run it (it needs \
              the same kernel, CRIU, CPU features and template tree)"
-            .to_string(),
-        (PlacementError::CapacityUnavailable, Scope::Any) => {
+                .to_string()
+        }
+        (PlacementError::CapacityUnavailable, Scope::Any | Scope::Pool) => {
             "every ready node is full; try again shortly or add nodes".to_string()
         }
     };

@@ -79,9 +79,12 @@ impl Node for ClusterNode {
 
     async fn start(&self, spec: &SandboxSpec, warm: bool) -> Result<DriverHandle, DriverError> {
         let req = Self::request(spec);
-        self.place(&req, Scope::Any, |node| async move {
-            node.start(spec, warm).await
-        })
+        let scope = if warm { Scope::Pool } else { Scope::Any };
+        self.place(
+            &req,
+            scope,
+            |node| async move { node.start(spec, warm).await },
+        )
         .await
     }
 
