@@ -146,26 +146,23 @@ async fn drain(args: DrainArgs) -> anyhow::Result<ExitCode> {
     if !args.wait {
         return Ok(ExitCode::SUCCESS);
     }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.timeout);
-    let mut said = None;
-    loop {
-        let running = bulkhead_server::running_on(&store, &args.node_id).await?;
-        if running == 0 {
+    let timeout = std::time::Duration::from_secs(args.timeout);
+    let drained = bulkhead_server::wait_until_empty(&store, &args.node_id, timeout, |running| {
+        eprintln!("  {running} sandbox(es) still running on {}", args.node_id)
+    })
+    .await;
+    match drained {
+        bulkhead_server::Drained::Empty => {
             eprintln!("Node {} is drained: nothing runs there.", args.node_id);
-            return Ok(ExitCode::SUCCESS);
+            Ok(ExitCode::SUCCESS)
         }
-        if said != Some(running) {
-            eprintln!("  {running} sandbox(es) still running on {}", args.node_id);
-            said = Some(running);
-        }
-        if std::time::Instant::now() >= deadline {
+        bulkhead_server::Drained::TimedOut { running } => {
             eprintln!(
                 "Gave up after {} s: {running} sandbox(es) still run on {} (ones that cannot be paused end at their timeout).",
                 args.timeout, args.node_id
             );
-            return Ok(ExitCode::FAILURE);
+            Ok(ExitCode::FAILURE)
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
 

@@ -43,7 +43,8 @@ pub struct TemplateRuntime {
 }
 
 impl TemplateInfo {
-    pub(crate) fn spec(&self) -> SandboxSpec {
+    /// What a sandbox of this template is started with.
+    pub fn spec(&self) -> SandboxSpec {
         SandboxSpec {
             template_id: self.id.clone(),
             rootfs: self.rootfs.clone(),

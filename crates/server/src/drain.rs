@@ -56,34 +56,52 @@ impl Drainer {
     pub async fn drain(&self, timeout: Duration) -> Drained {
         self.flag.store(true, Ordering::SeqCst);
         tracing::warn!(node = %self.node_id, timeout_s = timeout.as_secs(), "draining: no new sandboxes; waiting for the running ones to be paused or to end");
-        let deadline = Instant::now() + timeout;
-        let mut said = None;
-        loop {
-            let running = match running_on(&self.store, &self.node_id).await {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading this node's sandboxes failed; retrying");
-                    said.unwrap_or(usize::MAX)
-                }
-            };
-            if running == 0 {
-                tracing::info!(node = %self.node_id, "drained: nothing runs here");
-                return Drained::Empty;
-            }
-            if said != Some(running) {
-                tracing::info!(node = %self.node_id, running, "draining");
-                said = Some(running);
-            }
-            if Instant::now() >= deadline {
-                return Drained::TimedOut { running };
-            }
-            tokio::time::sleep(POLL).await;
+        let node = &self.node_id;
+        let drained = wait_until_empty(&self.store, node, timeout, |running| {
+            tracing::info!(node = %node, running, "draining");
+        })
+        .await;
+        if drained == Drained::Empty {
+            tracing::info!(node = %node, "drained: nothing runs here");
         }
+        drained
+    }
+}
+
+/// Waits (at most `timeout`) until the store has nothing running on `node`, telling
+/// `progress` each new count (`bulkhead node drain --wait` follows a drain the same way).
+pub async fn wait_until_empty(
+    store: &Store,
+    node: &str,
+    timeout: Duration,
+    mut progress: impl FnMut(usize),
+) -> Drained {
+    let deadline = Instant::now() + timeout;
+    let mut said = None;
+    loop {
+        let running = match running_on(store, node).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the node's sandboxes failed; retrying");
+                said.unwrap_or(usize::MAX)
+            }
+        };
+        if running == 0 {
+            return Drained::Empty;
+        }
+        if said != Some(running) {
+            progress(running);
+            said = Some(running);
+        }
+        if Instant::now() >= deadline {
+            return Drained::TimedOut { running };
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
 
 /// Sandboxes the store has running (or on their way) on `node`.
-pub async fn running_on(store: &Store, node: &str) -> Result<usize, bulkhead_store::StoreError> {
+async fn running_on(store: &Store, node: &str) -> Result<usize, bulkhead_store::StoreError> {
     Ok(store
         .node_sandboxes(node)
         .await?

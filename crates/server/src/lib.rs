@@ -24,7 +24,7 @@ pub use config::{
     ConfigError, DriverKind, NetworkConfig, NetworkDefault, ServerConfig, TemplateSize,
     default_pools,
 };
-pub use drain::{Drained, Drainer, running_on};
+pub use drain::{Drained, Drainer, wait_until_empty};
 pub use error::{ClusterError, StartError};
 pub use limits::{ConnectionLimits, LimitsError, Resolved as ResolvedLimits};
 pub use listener::serve;

@@ -1,24 +1,11 @@
 use std::time::Duration;
 
 use bulkhead_engine::Node;
-use bulkhead_engine::driver::{DriverError, SandboxSpec, StartError};
+use bulkhead_engine::driver::{DriverError, StartError};
 use bulkhead_engine::testing::base_template;
 
 use super::fake_node::FakeNode;
 use super::{Config, measure};
-
-fn spec() -> SandboxSpec {
-    let t = base_template();
-    SandboxSpec {
-        template_id: t.id.clone(),
-        rootfs: t.rootfs.clone(),
-        cpu_count: t.cpu_count,
-        memory_mb: t.memory_mb,
-        pids_max: t.pids_max,
-        disk_mb: 0,
-        volumes: Vec::new(),
-    }
-}
 
 fn is_refusal(r: &Result<bulkhead_engine::driver::DriverHandle, DriverError>) -> bool {
     matches!(
@@ -30,7 +17,7 @@ fn is_refusal(r: &Result<bulkhead_engine::driver::DriverHandle, DriverError>) ->
 #[tokio::test]
 async fn a_fake_node_admits_three_starts_at_once_and_times_its_calls() {
     let node = FakeNode::new(Duration::from_millis(300), 3);
-    let spec = spec();
+    let spec = base_template().spec();
     let starts: Vec<_> = (0..3)
         .map(|i| {
             let (node, spec) = (node.clone(), spec.clone());

@@ -147,8 +147,8 @@ impl Reconciler {
         if registered && !done.offline {
             self.take_back(&mut done).await;
         }
-        if done != Reconciled::default() && !(done.offline && done.stopped_gone + done.expired == 0)
-        {
+        // A round that did something says so (an offline one has warned already).
+        if done.stopped_gone + done.expired + done.adopted + done.orphans > 0 {
             tracing::info!(node = %self.node_id, ?done, "node reconciled with the store");
         }
         done

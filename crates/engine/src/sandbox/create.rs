@@ -359,6 +359,7 @@ impl Engine {
             lifecycle: req.lifecycle,
             timeout_ms: plan.timeout.as_millis() as i64,
             paused: None,
+            paused_once: false,
         };
         let stored = async {
             self.store.insert_sandbox(&row).await?;

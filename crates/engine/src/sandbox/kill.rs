@@ -77,7 +77,11 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
             return false;
         };
         l.state = step.during;
-        (l.handle.clone(), l.cancel.clone(), l.extra.paused.is_some())
+        (
+            l.handle.clone(),
+            l.cancel.clone(),
+            l.extra.paused.is_some() || l.extra.paused_once,
+        )
     };
     cancel.cancel();
     // Its last partial interval, while it is still in the live set.
@@ -91,16 +95,9 @@ pub(crate) async fn finish(engine: &Engine, id: &str, reason: &str) -> bool {
     {
         tracing::error!(sandbox = %id, error = %e, "sandbox teardown failed");
     }
-    // Its checkpoints, if it ever paused (one whose resume's cleanup did not finish included).
-    let paused_once = paused
-        || engine
-            .store
-            .get_persistence(id)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|p| p.generation > 0);
-    if paused_once {
+    // Its checkpoints, if it ever paused (one whose resume's cleanup did not finish included);
+    // the live set knows, so a kill reads nothing more from the store.
+    if paused {
         let root = checkpoints::sandbox_root(&engine.cfg.checkpoint_dir, id);
         engine.node.remove_checkpoint(&root).await;
     }

@@ -51,6 +51,9 @@ pub(crate) struct LiveExtra {
     pub(crate) timeout_ms: i64,
     /// Its checkpoint while it is paused.
     pub(crate) paused: Option<Paused>,
+    /// It has been paused (by this process or, as the store's generation says, an earlier
+    /// one): its end removes its checkpoints, which a resume's cleanup may have left.
+    pub(crate) paused_once: bool,
 }
 
 impl LiveExtra {
@@ -68,6 +71,7 @@ impl LiveExtra {
             },
             timeout_ms: p.timeout_ms,
             paused: None,
+            paused_once: p.generation > 0,
         }
     }
 }

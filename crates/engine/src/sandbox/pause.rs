@@ -125,6 +125,7 @@ impl Engine {
                     l.handle = None;
                     l.net_attached = false;
                     l.extra.paused = Some(paused);
+                    l.extra.paused_once = true;
                     true
                 }
                 _ => false,

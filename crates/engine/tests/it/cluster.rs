@@ -611,16 +611,7 @@ mod router {
     #[tokio::test]
     async fn warm_stock_on_one_node_is_claimed_first() {
         let c = cluster().await;
-        let t = base_template();
-        let spec = SandboxSpec {
-            template_id: t.id.clone(),
-            rootfs: t.rootfs.clone(),
-            cpu_count: t.cpu_count,
-            memory_mb: t.memory_mb,
-            pids_max: t.pids_max,
-            disk_mb: 0,
-            volumes: Vec::new(),
-        };
+        let spec = base_template().spec();
         let n3 = &c.machines[2];
         let mut pooled = Vec::new();
         for _ in 0..2 {
@@ -652,16 +643,7 @@ mod router {
     #[tokio::test]
     async fn pool_members_are_not_drawn_to_the_node_that_has_the_pool() {
         let c = cluster().await;
-        let t = base_template();
-        let spec = SandboxSpec {
-            template_id: t.id.clone(),
-            rootfs: t.rootfs.clone(),
-            cpu_count: t.cpu_count,
-            memory_mb: t.memory_mb,
-            pids_max: t.pids_max,
-            disk_mb: 0,
-            volumes: Vec::new(),
-        };
+        let spec = base_template().spec();
         let h = c.machines[0].local.start(&spec, true).await.unwrap();
         c.machines[0].local.pool_put("base", h).await;
         let mut on = BTreeMap::<String, usize>::new();
@@ -762,16 +744,7 @@ mod router {
         let doomed_handles: Vec<DriverHandle> =
             futures::future::join_all(doomed.iter().map(|id| c.handle(id))).await;
         // A leftover of n1's previous life that the store does not know (a warm member, say).
-        let t = base_template();
-        let spec = SandboxSpec {
-            template_id: t.id.clone(),
-            rootfs: t.rootfs.clone(),
-            cpu_count: t.cpu_count,
-            memory_mb: t.memory_mb,
-            pids_max: t.pids_max,
-            disk_mb: 0,
-            volumes: Vec::new(),
-        };
+        let spec = base_template().spec();
         let leftover = c.machines[0].local.start(&spec, false).await.unwrap();
 
         // n2 and n3 keep reporting; n1 is silent past the dead threshold.

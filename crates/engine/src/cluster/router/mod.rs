@@ -46,9 +46,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use super::placement::{NodeLoad, NodeStatus, PlacementConfig, PlacementError, Placer, Request};
-use crate::node::driver::{
-    AgentStream, Capabilities, DriverError, DriverHandle, SandboxSpec, StartError,
-};
+use crate::node::driver::{AgentStream, DriverError, DriverHandle, SandboxSpec, StartError};
 use crate::node::{AgentPath, Node};
 pub use directory::{
     ClientFactory, Member, NodeDirectory, StaticDirectory, StaticMember, StoreDirectory,
@@ -443,11 +441,6 @@ fn gave_up(e: PlacementError, scope: &Scope<'_>, last_failure: Option<DriverErro
         }
     };
     DriverError::NoCapacity { reason }
-}
-
-/// The capabilities every member has.
-fn common_capabilities(caps: &[Capabilities]) -> Capabilities {
-    Capabilities::common(caps)
 }
 
 #[async_trait]

@@ -10,7 +10,7 @@ use bulkhead_envd::protocol::AgentInfo;
 use bulkhead_envd::rest::InitRequest;
 use futures::future::join_all;
 
-use super::{ClusterNode, Route, Scope, common_capabilities};
+use super::{ClusterNode, Route, Scope};
 use crate::cluster::placement::NodeStatus;
 use crate::error::NetworkError;
 use crate::node::driver::{
@@ -57,7 +57,7 @@ impl Node for ClusterNode {
             .iter()
             .map(|m| m.node.capabilities())
             .collect();
-        common_capabilities(&caps)
+        Capabilities::common(&caps)
     }
 
     fn has_egress(&self) -> bool {

@@ -396,6 +396,21 @@ async fn killing_a_paused_sandbox_deletes_its_checkpoint() {
     ));
 }
 
+/// A checkpoint a resume's cleanup left behind (the server stopped first) goes when the
+/// sandbox, running again, is killed.
+#[tokio::test]
+async fn killing_a_resumed_sandbox_deletes_what_its_pauses_left() {
+    let s = setup().await;
+    let sb = s.base().await;
+    s.engine.pause(&s.owner, &sb.id, true).await.unwrap();
+    s.engine.connect(&s.owner, &sb.id, resume()).await.unwrap();
+    let leftover = s.checkpoints().join("sandboxes").join(&sb.id).join("1");
+    std::fs::create_dir_all(&leftover).unwrap();
+    std::fs::write(leftover.join("pages.img"), b"x").unwrap();
+    s.engine.kill(&s.owner, &sb.id).await.unwrap();
+    assert_eq!(files_under_when_settled(&s.checkpoints()).await, 0);
+}
+
 #[tokio::test]
 async fn a_paused_sandbox_survives_a_restart() {
     let s = setup().await;
